@@ -1,0 +1,147 @@
+"""Schemas of the ingested landing tables (CONTRACT section 1), normalized."""
+import pandera.polars as pa
+import polars as pl
+
+from fleetscope.schemas.base import register
+
+_ID = pa.Column(pl.Utf8)
+_OPT_STR = dict(nullable=True)
+
+TOPOLOGY = register("topology", pa.DataFrameSchema({
+    "ip": pa.Column(pl.Utf8, pa.Check.str_length(min_value=1)),
+    "host": pa.Column(pl.Utf8, pa.Check.str_length(min_value=1)),
+    "gpu": pa.Column(pl.Utf8, nullable=True),
+    "leaf": pa.Column(pl.Utf8, nullable=True),
+    "spine": pa.Column(pl.Utf8, nullable=True),
+    "rail": pa.Column(pl.Int32, nullable=True),
+    "rack": pa.Column(pl.Utf8, nullable=True),
+    "pod": pa.Column(pl.Utf8, nullable=True),
+    "source_file": pa.Column(pl.Utf8),
+}))
+
+FLOWS = register("flows", pa.DataFrameSchema({
+    "start_ns": pa.Column(pl.Int64, pa.Check.ge(0)),
+    "end_ns": pa.Column(pl.Int64),
+    "duration_ns": pa.Column(pl.Int64, pa.Check.ge(0, error="duration must be >= 0 (end before start)")),
+    "src_ip": pa.Column(pl.Utf8, pa.Check.str_length(min_value=1)),
+    "dst_ip": pa.Column(pl.Utf8, pa.Check.str_length(min_value=1)),
+    "bytes": pa.Column(pl.Int64, pa.Check.gt(0, error="bytes must be > 0")),
+    "packets": pa.Column(pl.Int64, pa.Check.ge(0), nullable=True),
+    "src_port": pa.Column(pl.Int32, nullable=True),
+    "dst_port": pa.Column(pl.Int32, nullable=True),
+    "src_qp": pa.Column(pl.Int64, nullable=True),
+    "dst_qp": pa.Column(pl.Int64, nullable=True),
+    "path": pa.Column(pl.List(pl.Utf8), nullable=True),
+    "source_file": pa.Column(pl.Utf8),
+}))
+
+TIMINGS = register("timings", pa.DataFrameSchema({
+    "capture_id": pa.Column(pl.Utf8),
+    "rank": pa.Column(pl.Int32, pa.Check.ge(0)),
+    "host": pa.Column(pl.Utf8, nullable=True),
+    "kind": pa.Column(pl.Utf8, pa.Check.isin(["kernel", "api", "op"])),
+    "name": pa.Column(pl.Utf8, pa.Check.str_length(min_value=1)),
+    "issue_ns": pa.Column(pl.Int64),
+    "start_ns": pa.Column(pl.Int64),
+    "end_ns": pa.Column(pl.Int64),
+    "duration_ns": pa.Column(pl.Int64, pa.Check.ge(0, error="duration must be >= 0 (end before start)")),
+    "stream": pa.Column(pl.Int64, nullable=True),
+    "flops": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
+    "bytes": pa.Column(pl.Int64, pa.Check.ge(0), nullable=True),
+    "group": pa.Column(pl.Utf8, nullable=True),
+    "group_size": pa.Column(pl.Int32, pa.Check.ge(1), nullable=True),
+    "shape": pa.Column(pl.Utf8, nullable=True),
+    "step": pa.Column(pl.Int64, nullable=True),
+    "stage": pa.Column(pl.Int32, nullable=True),
+    "dp_rank": pa.Column(pl.Int32, nullable=True),
+    "tp_rank": pa.Column(pl.Int32, nullable=True),
+    "microbatch": pa.Column(pl.Int32, nullable=True),
+    "model_chunk": pa.Column(pl.Int32, nullable=True),
+    "source_file": pa.Column(pl.Utf8),
+}))
+
+HW = register("hw", pa.DataFrameSchema({
+    "ts_ns": pa.Column(pl.Int64, pa.Check.ge(0)),
+    "host": pa.Column(pl.Utf8),
+    "gpu": pa.Column(pl.Utf8),
+    "sm_clock_mhz": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
+    "sm_clock_max_mhz": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
+    "power_w": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
+    "power_limit_w": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
+    "temp_c": pa.Column(pl.Float64, nullable=True),
+    "util_gpu_pct": pa.Column(pl.Float64, pa.Check.in_range(0, 100), nullable=True),
+    "util_mem_pct": pa.Column(pl.Float64, pa.Check.in_range(0, 100), nullable=True),
+    "throttle_reasons": pa.Column(pl.Int64, pa.Check.ge(0), nullable=True),
+    "pcie_tx_bps": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
+    "pcie_rx_bps": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
+    "nvlink_tx_bps": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
+    "nvlink_rx_bps": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
+    "nic_tx_bps": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
+    "nic_rx_bps": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
+    "source_file": pa.Column(pl.Utf8),
+}))
+
+# Capture-level layout when known (capture.json "parallel" or StragglerAnalysis meta yaml).
+CAPTURES = register("captures", pa.DataFrameSchema({
+    "capture_id": pa.Column(pl.Utf8),
+    "job_id": pa.Column(pl.Utf8, nullable=True),
+    "note": pa.Column(pl.Utf8, nullable=True),
+    "dp": pa.Column(pl.Int32, nullable=True),
+    "pp": pa.Column(pl.Int32, nullable=True),
+    "tp": pa.Column(pl.Int32, nullable=True),
+    "vpp": pa.Column(pl.Int32, nullable=True),
+    "world_size": pa.Column(pl.Int32, nullable=True),
+    "n_trace_files": pa.Column(pl.Int32),
+    "n_timing_files": pa.Column(pl.Int32),
+}))
+
+STACKS = register("stacks", pa.DataFrameSchema({
+    "incident_id": pa.Column(pl.Utf8),
+    "rank": pa.Column(pl.Int32, pa.Check.ge(0)),
+    "text": pa.Column(pl.Utf8),
+    "n_frames": pa.Column(pl.Int32),
+    "source_file": pa.Column(pl.Utf8),
+}))
+
+RING = register("ring_progress", pa.DataFrameSchema({
+    "incident_id": pa.Column(pl.Utf8),
+    "rank": pa.Column(pl.Int32, pa.Check.ge(0)),
+    "peer": pa.Column(pl.Int32, pa.Check.ge(0)),
+    "channel": pa.Column(pl.Int32, nullable=True),
+    "step": pa.Column(pl.Int64, pa.Check.ge(0)),
+    "source_file": pa.Column(pl.Utf8),
+}))
+
+INCIDENTS = register("incidents", pa.DataFrameSchema({
+    "incident_id": pa.Column(pl.Utf8),
+    "kind": pa.Column(pl.Utf8, pa.Check.isin(["slow", "hang"])),
+    "job_id": pa.Column(pl.Utf8, nullable=True),
+    "ips": pa.Column(pl.List(pl.Utf8), nullable=True),
+    "hosts": pa.Column(pl.List(pl.Utf8), nullable=True),
+    "capture": pa.Column(pl.Utf8, nullable=True),
+    "from_ns": pa.Column(pl.Int64, nullable=True),
+    "to_ns": pa.Column(pl.Int64, nullable=True),
+    "note": pa.Column(pl.Utf8, nullable=True),
+    "source_file": pa.Column(pl.Utf8),
+}))
+
+REJECTED = register("rejected_records", pa.DataFrameSchema({
+    "source_file": pa.Column(pl.Utf8),
+    "source_kind": pa.Column(pl.Utf8),
+    "row_number": pa.Column(pl.Int64, nullable=True),  # 1-based data row; null for a whole-file rejection
+    "reason": pa.Column(pl.Utf8, pa.Check.str_length(min_value=1)),
+    "partition_key": pa.Column(pl.Utf8, nullable=True),
+    "content_sha256": pa.Column(pl.Utf8, nullable=True),
+    "detected_ns": pa.Column(pl.Int64),
+}))
+
+LANDED = register("landed_files", pa.DataFrameSchema({
+    "path": pa.Column(pl.Utf8),
+    "kind": pa.Column(pl.Utf8),
+    "partition_key": pa.Column(pl.Utf8),
+    "content_sha256": pa.Column(pl.Utf8),
+    "size_bytes": pa.Column(pl.Int64, pa.Check.ge(0)),
+    "status": pa.Column(pl.Utf8, pa.Check.isin(["registered", "duplicate"])),
+    "duplicate_of": pa.Column(pl.Utf8, nullable=True),
+    "registered_ns": pa.Column(pl.Int64),
+}))
