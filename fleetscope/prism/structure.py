@@ -1,0 +1,321 @@
+"""A job's per-step execution structure, read from its timings, and an exact vectorized replay.
+
+From the op rows of one capture we recover, per rank, the ordered sequence of operation *slots*
+of a training step (ops recorded with identical start and end on a rank, like Megatron's fused
+`send_forward_recv_backward`, form one slot), and which slots of different ranks synchronize
+(point-to-point pairs of the pipeline, DP / TP / embedding / model-parallel collectives). Each
+step's slots then carry two measured numbers:
+
+- ``gap``: time the rank spent before the slot that no recorded op explains (launch delay,
+  data loading), start minus the end of the rank's previous slot (or the step start);
+- ``dur``: the slot's intrinsic duration; for compute, end - start; for a synchronizing slot,
+  end - (latest start among its group), i.e. the transfer without the time spent waiting for
+  slower peers (the StragglerAnalysis "transfer duration").
+
+`replay` runs the max-plus recurrence of that structure over any number of sampled
+(gap, dur) columns at once; with the measured columns it reproduces the measured step times,
+which is what makes forecasts and what-ifs built on it trustworthy."""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+# Megatron pipeline p2p op names: (direction, offset from this stage to the link's lower stage)
+_P2P = {
+    "forward-send": ("forward", 0),    # s -> s+1 : link s
+    "forward-recv": ("forward", -1),   # s-1 -> s : link s-1
+    "backward-send": ("backward", -1), # s -> s-1 : link s-1
+    "backward-recv": ("backward", 0),  # s+1 -> s : link s
+}
+
+
+def collective_scope(name: str) -> str | None:
+    """Which ranks synchronize in a named operation: 'dp' (same stage and TP index), 'tp' (same
+    DP replica and stage), 'embedding' (first and last stage of a DP replica), 'world', or
+    None for local work. Megatron timer names and the contract's nccl kernel names."""
+    n = name.lower()
+    if n in _P2P:
+        return "p2p"
+    if n in ("grads-reduce-scatter", "params-all-gather", "separate-grads-all-reduce", "all-grads-sync"):
+        return "dp"
+    if n.startswith("tp-") or n in ("layernorm-grads-all-reduce",):
+        return "tp"
+    if n == "embedding-grads-all-reduce":
+        return "embedding"
+    if n == "optimizer-clip-main-grad":  # grad-norm all-reduce over every rank (distributed optimizer)
+        return "world"
+    if n.startswith("nccl:") and not n.startswith(("nccl:send", "nccl:recv")):
+        return "group"
+    return None
+
+
+@dataclass
+class JobGraph:
+    capture_id: str
+    kind: str                      # which timing rows ('op' or 'kernel') the structure was built from
+    ranks: np.ndarray              # rank id per rank index
+    stage: np.ndarray              # per rank index (-1 unknown)
+    dp_rank: np.ndarray
+    tp_rank: np.ndarray
+    slots: pl.DataFrame            # slot, rank_idx, pos, name, names, microbatch, group, is_comm
+    slot_rank: np.ndarray          # rank index per slot
+    group_of: np.ndarray           # group id per slot
+    group_members: list[np.ndarray]
+    group_is_comm: np.ndarray
+    order: list[int]               # groups in a topological order of the step's dependencies
+    steps: np.ndarray              # steps kept (same structure on every rank)
+    gap: np.ndarray                # [n_slots, n_steps] ns, float64
+    dur: np.ndarray                # [n_slots, n_steps] ns, float64
+    measured_step_ns: np.ndarray   # [n_steps]
+    layout: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # steps left out, unmatched peers, clipped waits
+
+    @property
+    def n_slots(self) -> int:
+        return len(self.slot_rank)
+
+    @property
+    def n_ranks(self) -> int:
+        return len(self.ranks)
+
+    def slot_names(self) -> np.ndarray:
+        return self.slots["name"].to_numpy()
+
+
+class StructureError(ValueError):
+    pass
+
+
+def _pick_kind(t: pl.DataFrame) -> str:
+    kinds = set(t["kind"].unique().to_list())
+    for k in ("op", "kernel"):
+        if k in kinds:
+            return k
+    raise StructureError(f"timings hold no 'op' or 'kernel' rows (kinds: {sorted(kinds)}); a step structure needs one of them")
+
+
+def build_graph(timings: pl.DataFrame, capture_id: str | None = None, layout: dict | None = None) -> JobGraph:
+    """Timings of ONE capture -> its JobGraph. Raises StructureError with a reason a person can act
+    on when the rows cannot give a step structure (no step numbers, a rank missing, ...)."""
+    if timings.height == 0:
+        raise StructureError("no timing rows")
+    if capture_id is None:
+        caps = timings["capture_id"].unique().to_list() if "capture_id" in timings.columns else ["capture"]
+        if len(caps) != 1:
+            raise StructureError(f"build_graph takes one capture; got {len(caps)}: {caps[:5]}")
+        capture_id = str(caps[0])
+    kind = _pick_kind(timings)
+    t = timings.filter(pl.col("kind") == kind)
+    if t["step"].null_count() == t.height:
+        raise StructureError(f"capture {capture_id}: {kind} rows carry no step numbers; step times cannot be measured")
+    notes: list[str] = []
+    n_nostep = t["step"].null_count()
+    if n_nostep:
+        notes.append(f"{n_nostep} {kind} rows without a step number left out")
+    t = t.filter(pl.col("step").is_not_null())
+    for c in ("stage", "dp_rank", "tp_rank", "microbatch", "group"):
+        if c not in t.columns:
+            t = t.with_columns(pl.lit(None).alias(c))
+
+    # fused slots: rows of one rank with identical start and end are one operation
+    slots_all = (
+        t.group_by("rank", "step", "start_ns", "end_ns")
+        .agg(pl.col("name").sort().alias("names"), pl.col("microbatch").min(), pl.col("group").first(),
+             pl.col("stage").first(), pl.col("dp_rank").first(), pl.col("tp_rank").first())
+        .with_columns(name=pl.col("names").list.join("+"))
+        .sort("rank", "step", "start_ns", "end_ns", "name")
+        .with_columns(pos=pl.int_range(pl.len()).over("rank", "step"))
+    )
+    # one structure per rank: the most common op sequence. Steps whose ops on some rank differ
+    # (not only in order: ties such as a zero-length gc next to a send swap places) are left out.
+    slots_all = slots_all.with_columns(occ=pl.int_range(pl.len()).over("rank", "step", "name"))
+    sig = slots_all.group_by("rank", "step").agg(pl.col("name").str.join("|").alias("sig"),
+                                                 pl.col("name").sort().str.join("|").alias("bag"))
+    modal = sig.group_by("rank", "sig", "bag").len().sort("len", "sig", descending=[True, False]).group_by("rank", maintain_order=True).first()
+    sig = sig.join(modal.select("rank", pl.col("sig").alias("modal"), pl.col("bag").alias("modal_bag")), on="rank")
+    ranks = np.sort(sig["rank"].unique().to_numpy())
+    per_step = sig.group_by("step").agg((pl.col("bag") == pl.col("modal_bag")).all().alias("ok"),
+                                        (pl.col("sig") == pl.col("modal")).all().alias("same_order"), pl.len().alias("n"))
+    okx = pl.col("ok") & (pl.col("n") == len(ranks))
+    good = per_step.filter(okx)["step"].sort().to_numpy()
+    bad = per_step.filter(~okx)["step"].sort().to_list()
+    if bad:
+        notes.append(f"steps {bad[:20]}{'...' if len(bad) > 20 else ''} left out: their ops differ from the other steps or a rank is missing")
+    if len(good) == 0:
+        raise StructureError(f"capture {capture_id}: no step has the same ops on every rank; cannot build a step structure")
+    ref_step = per_step.filter(okx & pl.col("same_order"))["step"].sort()
+    if ref_step.len() == 0:
+        raise StructureError(f"capture {capture_id}: no step has every rank in its usual op order")
+
+    ref = slots_all.filter(pl.col("step") == int(ref_step[0])).sort("rank", "pos")
+    rank_index = {int(r): i for i, r in enumerate(ranks)}
+    first = ref.group_by("rank").agg(pl.col("stage", "dp_rank", "tp_rank").drop_nulls().first()).sort("rank")
+    stage = first["stage"].fill_null(-1).to_numpy().astype(np.int64)
+    dp = first["dp_rank"].fill_null(-1).to_numpy().astype(np.int64)
+    tp = first["tp_rank"].fill_null(0).to_numpy().astype(np.int64)
+    if (stage < 0).all():
+        stage[:] = 0
+    if (dp < 0).all():
+        dp[:] = np.arange(len(ranks)) if (stage == 0).all() else 0
+
+    n_slots = ref.height
+    slot_rank = np.array([rank_index[int(r)] for r in ref["rank"].to_list()], dtype=np.int64)
+    # union-find over slots that share a synchronization key
+    parent = list(range(n_slots))
+
+    def find(a):
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    keys: dict[tuple, list[int]] = defaultdict(list)
+    occ: dict[tuple, int] = defaultdict(int)
+    for i, (rk, names, grp) in enumerate(zip(ref["rank"].to_list(), ref["names"].to_list(), ref["group"].to_list())):
+        ri = rank_index[int(rk)]
+        for nm in names:
+            k = occ[(ri, nm)]
+            occ[(ri, nm)] += 1
+            scope = collective_scope(nm)
+            if scope is None:
+                continue
+            s, d, p = int(stage[ri]), int(dp[ri]), int(tp[ri])
+            if scope == "p2p":
+                direction, off = _P2P[nm.lower()]
+                key = ("p2p", direction, d, p, s + off, k)
+            elif scope == "dp":
+                key = ("dp", nm, s, p, k)
+            elif scope == "tp":
+                key = ("tp", nm, d, s, k)
+            elif scope == "embedding":
+                key = ("emb", nm, d, p, k)
+            elif scope == "group" and grp is not None:
+                key = ("grp", nm, grp, k)
+            else:  # world, or a collective without a group id: everyone who runs it
+                key = ("world", nm, k)
+            keys[key].append(i)
+    unmatched = 0
+    for key, members in keys.items():
+        if key[0] == "p2p" and len(members) < 2:
+            unmatched += 1
+        for m in members[1:]:
+            parent[find(m)] = find(members[0])
+    if unmatched:
+        notes.append(f"{unmatched} pipeline send/recv ops without a peer on the neighbouring stage: treated as local ops")
+    roots = np.array([find(i) for i in range(n_slots)])
+    _, group_of = np.unique(roots, return_inverse=True)
+    n_groups = int(group_of.max()) + 1
+    members_list = [[] for _ in range(n_groups)]
+    for i, g in enumerate(group_of):
+        members_list[g].append(i)
+    group_members = [np.array(m, dtype=np.int64) for m in members_list]
+    group_is_comm = np.array([len(m) > 1 for m in members_list])
+
+    # topological order: a group runs when it is at the head of every member rank's sequence
+    pos_arr = ref["pos"].to_numpy()
+    seq = [[] for _ in ranks]
+    for i in np.lexsort((pos_arr, slot_rank)):
+        seq[slot_rank[i]].append(i)
+    head = [0] * len(ranks)
+    at_head = np.zeros(n_groups, dtype=np.int64)
+    queue = deque()
+    for r in range(len(ranks)):
+        if seq[r]:
+            g = group_of[seq[r][0]]
+            at_head[g] += 1
+            if at_head[g] == len(members_list[g]):
+                queue.append(g)
+    order = []
+    while queue:
+        g = queue.popleft()
+        order.append(int(g))
+        for m in members_list[g]:
+            r = slot_rank[m]
+            head[r] += 1
+            if head[r] < len(seq[r]):
+                g2 = group_of[seq[r][head[r]]]
+                at_head[g2] += 1
+                if at_head[g2] == len(members_list[g2]):
+                    queue.append(g2)
+    if len(order) != n_groups:
+        stuck = [int(g) for g in range(n_groups) if g not in set(order)][:5]
+        raise StructureError(f"capture {capture_id}: the synchronizing ops form a cycle (groups {stuck} never become ready); "
+                             "check the stage / dp_rank columns and the op order")
+
+    slots = ref.select(
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("slot"),
+        pl.Series("rank_idx", slot_rank), pl.col("rank"), "pos", "occ", "name", "names", "microbatch",
+        pl.Series("group", group_of.astype(np.int64)),
+        pl.Series("is_comm", group_is_comm[group_of]),
+        pl.Series("stage", stage[slot_rank]), pl.Series("dp_rank", dp[slot_rank]), pl.Series("tp_rank", tp[slot_rank]),
+    )
+
+    # measured gap and intrinsic duration per slot and kept step
+    kept = slots_all.filter(pl.col("step").is_in(good.tolist()))
+    step_start = kept.group_by("step").agg(pl.col("start_ns").min().alias("t0"))
+    kept = (kept.join(step_start, on="step")
+            .sort("rank", "step", "pos")
+            .with_columns(prev_end=pl.col("end_ns").shift(1).over("rank", "step"))
+            .with_columns(gap=(pl.col("start_ns") - pl.coalesce("prev_end", "t0")).cast(pl.Float64))
+            .join(slots.select("rank", "name", "occ", "slot", pl.col("group").alias("gid")), on=["rank", "name", "occ"]))
+    kept = kept.with_columns(gstart=pl.col("start_ns").max().over("gid", "step"))
+    kept = kept.with_columns(
+        dur=pl.when(pl.col("gid").is_in(np.flatnonzero(group_is_comm).tolist()))
+        .then(pl.col("end_ns") - pl.col("gstart")).otherwise(pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64))
+    n_neg = kept.filter(pl.col("dur") < 0).height
+    if n_neg:
+        notes.append(f"{n_neg} synchronizing ops ended before their last peer started (eager sends); their transfer time is taken as 0")
+    step_idx = {int(s): j for j, s in enumerate(good)}
+    kept = kept.with_columns(j=pl.col("step").replace_strict(step_idx, return_dtype=pl.Int64))
+    gap = np.zeros((n_slots, len(good)))
+    dur = np.zeros((n_slots, len(good)))
+    si, sj = kept["slot"].to_numpy(), kept["j"].to_numpy()
+    gap[si, sj] = np.maximum(kept["gap"].to_numpy(), 0.0)
+    dur[si, sj] = np.maximum(kept["dur"].to_numpy(), 0.0)
+    meas = (kept.group_by("step").agg((pl.col("end_ns").max() - pl.col("t0").first()).alias("T")).sort("step"))
+    measured = meas["T"].to_numpy().astype(np.float64)
+
+    lay = dict(layout or {})
+    lay.setdefault("pp", int(stage.max()) + 1)
+    lay.setdefault("dp", int(dp.max()) + 1)
+    lay.setdefault("tp", int(tp.max()) + 1)
+    names = ref["name"].to_list()
+    per_rank_fwd = [sum(1 for i in seq[r] if names[i] == "forward-compute") for r in range(len(ranks))]
+    vpp = lay.get("vpp") or 1
+    if max(per_rank_fwd, default=0):
+        lay.setdefault("microbatches", int(max(per_rank_fwd) // max(vpp, 1)))
+        lay.setdefault("schedule", _detect_schedule([names[i] for i in seq[int(np.argmax(stage))]], vpp))
+    return JobGraph(capture_id, kind, ranks, stage, dp, tp, slots, slot_rank, group_of, group_members,
+                    group_is_comm, order, good, gap, dur, measured, lay, notes)
+
+
+def _detect_schedule(names_last_stage: list[str], vpp: int) -> str:
+    """On the last stage GPipe runs every forward before any backward; 1F1B alternates."""
+    comp = [n for n in names_last_stage if n in ("forward-compute", "backward-compute")]
+    if not comp:
+        return "unknown"
+    first_b = comp.index("backward-compute") if "backward-compute" in comp else len(comp)
+    if first_b > 1 and all(n == "backward-compute" for n in comp[first_b:]):
+        return "gpipe"
+    return "interleaved_1f1b" if vpp > 1 else "1f1b"
+
+
+def replay(g: JobGraph, gap: np.ndarray, dur: np.ndarray, per_rank: bool = False) -> np.ndarray:
+    """Max-plus recurrence of the step over S columns at once: gap, dur are [n_slots, S]
+    (ns). A local slot ends at ready + gap + dur; a synchronizing group starts when its last
+    member arrives and each member ends at that start + its dur. Returns the step time per
+    column (latest end over ranks), or [n_ranks, S] end times with per_rank=True."""
+    S = gap.shape[1]
+    ready = np.zeros((g.n_ranks, S))
+    for gi in g.order:
+        m = g.group_members[gi]
+        r = g.slot_rank[m]
+        if len(m) == 1:
+            ready[r[0]] += gap[m[0]] + dur[m[0]]
+        else:
+            start = (ready[r] + gap[m]).max(axis=0)
+            ready[r] = start[None, :] + dur[m]
+    return ready if per_rank else ready.max(axis=0)
