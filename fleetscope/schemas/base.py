@@ -30,6 +30,8 @@ def conform(df: pl.DataFrame, schema: pa.DataFrameSchema, strict: bool = False) 
     (non-strict cast: values that do not fit become null, which validation then catches for
     required columns). Extra columns are dropped. With strict=True a missing required column
     raises KeyError naming it."""
+    if not df.columns:  # selecting only literals from a column-less frame would make one row
+        return empty_frame(schema)
     exprs = []
     for name, col in schema.columns.items():
         dtype = col.dtype.type

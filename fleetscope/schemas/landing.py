@@ -141,6 +141,8 @@ LANDED = register("landed_files", pa.DataFrameSchema({
     "partition_key": pa.Column(pl.Utf8),
     "content_sha256": pa.Column(pl.Utf8),
     "size_bytes": pa.Column(pl.Int64, pa.Check.ge(0)),
+    "mtime_ns": pa.Column(pl.Int64),
+    "partition_set": pa.Column(pl.Utf8),
     "status": pa.Column(pl.Utf8, pa.Check.isin(["registered", "duplicate"])),
     "duplicate_of": pa.Column(pl.Utf8, nullable=True),
     "registered_ns": pa.Column(pl.Int64),

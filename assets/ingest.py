@@ -1,0 +1,123 @@
+"""Ingestion assets: one partition per landed file, capture or incident (dynamic partitions).
+Thin: each calls fleetscope.ingest.partitions and reports rows in / kept / rejected."""
+
+import json
+
+from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+
+from assets._tables import preview, table_schema_metadata
+from assets.partitions import captures, flow_files, flow_windows, hw_files, incidents, topology_files
+from fleetscope.ingest import partitions as ing
+from fleetscope.schemas.landing import CAPTURES, FLOWS, HW, INCIDENTS, TIMINGS, TOPOLOGY
+from fleetscope.traces.schemas import TRACE_EVENTS
+from fleetscope.windows import windows_touched
+from resources import AnalysisSettings, LandingResource, WarehouseResource
+
+
+def _metadata(s: ing.IngestSummary, schema=None) -> dict:
+    md = {
+        "rows_in": MetadataValue.int(s.rows_in),
+        "rows_kept": MetadataValue.int(s.rows_kept),
+        "rows_rejected": MetadataValue.int(s.rows_rejected),
+        "files_in": MetadataValue.int(s.files_in),
+        "files_rejected": MetadataValue.int(s.files_rejected),
+        "dagster/row_count": MetadataValue.int(s.rows_kept),
+    }
+    if s.frame is not None:
+        md["preview"] = preview(s.frame)
+    if schema is not None:
+        md["dagster/column_schema"] = MetadataValue.table_schema(table_schema_metadata(schema))
+    if s.rejected is not None and s.rejected.height:
+        md["rejected_preview"] = preview(s.rejected.select("source_file", "row_number", "reason"))
+    if s.notes:
+        md["notes"] = MetadataValue.text("; ".join(sorted(set(s.notes))))
+    for k, v in s.extra.items():
+        md[k] = MetadataValue.int(v) if isinstance(v, int) else MetadataValue.text(str(v))
+    return md
+
+
+def _log(context: AssetExecutionContext, s: ing.IngestSummary) -> None:
+    context.log.info(f"{s.table}[{s.key}]: {s.rows_in} rows in, {s.rows_kept} kept, {s.rows_rejected} rejected; "
+                     f"{s.files_in} files, {s.files_rejected} rejected")
+
+
+@asset(partitions_def=topology_files, group_name="ingest", kinds={"duckdb", "parquet"},
+       description="Cluster topology snapshots (CONTRACT 1.1), one partition per landed file.")
+def topology(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
+    s = ing.ingest_file(warehouse.get(), landing.root, "topology", context.partition_key)
+    _log(context, s)
+    return MaterializeResult(metadata=_metadata(s, TOPOLOGY))
+
+
+@asset(partitions_def=flow_files, group_name="ingest", kinds={"duckdb", "parquet"},
+       description="Switch-mirrored flow records (CONTRACT 1.2), normalized; registers the time windows it touches.")
+def flows(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource,
+          settings: AnalysisSettings) -> MaterializeResult:
+    s = ing.ingest_file(warehouse.get(), landing.root, "flows", context.partition_key)
+    _log(context, s)
+    windows = []
+    if s.frame is not None and s.frame.height:
+        windows = windows_touched(s.frame["start_ns"].to_numpy(), s.frame["end_ns"].to_numpy(), settings.window_seconds)
+        new = [w for w in windows if not context.instance.has_dynamic_partition(flow_windows.name, w)]
+        if new:
+            context.instance.add_dynamic_partitions(flow_windows.name, new)
+    md = _metadata(s, FLOWS)
+    md["windows"] = MetadataValue.json(windows)
+    return MaterializeResult(metadata=md)
+
+
+@asset(partitions_def=hw_files, group_name="ingest", kinds={"duckdb", "parquet"},
+       description="GPU hardware samples (CONTRACT 1.5), one partition per landed file.")
+def hw(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
+    s = ing.ingest_file(warehouse.get(), landing.root, "hw", context.partition_key)
+    _log(context, s)
+    return MaterializeResult(metadata=_metadata(s, HW))
+
+
+@asset(partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
+       description="Lightweight tracer timings and StragglerAnalysis per-op traces of a capture (CONTRACT 1.4).")
+def timings(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
+    wh = warehouse.get()
+    s = ing.ingest_timings_capture(wh, landing.root, context.partition_key)
+    _log(context, s)
+    return MaterializeResult(metadata=_metadata(s, TIMINGS))
+
+
+@asset(partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
+       description="PyTorch profiler traces of a capture parsed into trace_events (one row per event, per rank).")
+def trace_events(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
+    wh = warehouse.get()
+    s = ing.ingest_traces_capture(wh, landing.root, context.partition_key)
+    _log(context, s)
+    md = _metadata(s, TRACE_EVENTS)
+    if s.frame is not None and s.frame.height:
+        md["ranks"] = MetadataValue.json(sorted(int(r) for r in s.frame["rank"].unique().to_list()))
+        md["events_by_category"] = MetadataValue.json(dict(s.frame.group_by("cat").len().sort("cat").iter_rows()))
+    return MaterializeResult(metadata=md)
+
+
+@asset(partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"}, deps=[timings, trace_events],
+       description="One row per capture: job id, parallel layout (capture.json or StragglerAnalysis meta), file counts.")
+def capture_index(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
+    wh = warehouse.get()
+    key = context.partition_key
+    n_tr = len([p for p in (landing.root / "traces" / key).glob("*.json*") if p.name != "capture.json"]) if (landing.root / "traces" / key).is_dir() else 0
+    n_ti = len(list((landing.root / "timings" / key).glob("*.*"))) if (landing.root / "timings" / key).is_dir() else 0
+    df = ing.capture_record(landing.root, key, n_tr, n_ti)
+    wh.write_partition("captures", key, df)
+    return MaterializeResult(metadata={"capture": MetadataValue.json(df.to_dicts()[0]), "dagster/row_count": MetadataValue.int(1),
+                                       "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(CAPTURES))})
+
+
+@asset(partitions_def=incidents, group_name="ingest", kinds={"duckdb", "parquet"},
+       description="Incident requests (CONTRACT 1.7) and the stack dumps / ring progress of a hang (1.6).")
+def incident_inputs(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
+    s = ing.ingest_incident(warehouse.get(), landing.root, context.partition_key)
+    _log(context, s)
+    md = _metadata(s, INCIDENTS)
+    if s.frame is not None and s.frame.height:
+        md["request"] = MetadataValue.json(json.loads(s.frame.drop("source_file").write_json())[0])
+    return MaterializeResult(metadata=md)
+
+
+INGEST_ASSETS = [topology, flows, hw, timings, trace_events, capture_index, incident_inputs]

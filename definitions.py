@@ -1,0 +1,16 @@
+"""The fleetscope Dagster code location: every asset, job, sensor and schedule, gathered
+explicitly. `dagster dev` / `fleetscope ui` load this module from the repository root."""
+from dagster import Definitions
+
+from assets import ALL_ASSET_CHECKS, ALL_ASSETS
+from jobs import ALL_JOBS, ALL_SCHEDULES, ALL_SENSORS
+from resources import default_resources
+
+defs = Definitions(
+    assets=ALL_ASSETS,
+    asset_checks=ALL_ASSET_CHECKS,
+    jobs=ALL_JOBS,
+    sensors=ALL_SENSORS,
+    schedules=ALL_SCHEDULES,
+    resources=default_resources(),
+)
