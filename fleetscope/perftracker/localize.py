@@ -1,0 +1,375 @@
+"""PerfTracker 4.3 localization over behaviour patterns, and the verdicts it raises.
+
+- distance from expectation d_exp: Manhattan distance from p = (beta, mu, sigma) to the expected
+  box of the function's category (configurable; a null dimension is skipped).
+- differential distance d_diff: patterns max-normalized within the peer group; d_diff(w) = the
+  number of workers of a seeded random sample S (|S| = min(100, N)) whose normalized pattern
+  differs from w's by more than theta = 0.4 (L1).
+- abnormal: beta > 0.01 and (d_exp > 0 or d_diff > median + 5 MAD of the group). One guard the
+  paper does not state: d_diff must also reach `min_diff_share` of |S| (w differs from most of
+  its sample). Without it a tight healthy group (median = MAD = 0) flags any worker with a single
+  differing peer.
+
+Peers are pipeline-stage aware: a worker is compared with the workers of its own stage (middle
+stages legitimately send and receive more). Imbalance between whole stages is a separate check
+(`stage_imbalance`): for compute functions each stage's median pattern is compared with the other
+stages' by the same differential rule; a stage that stands out is a partitioning problem.
+
+The differential distance is brute force over |S| in cache-sized chunks of float32 (one numpy
+pass per sampled peer): 1,000,000 workers x 20 functions in seconds, see benchmarks/perftracker_scale.py.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from fleetscope.perftracker.schemas import DIMENSIONS, finish_patterns
+from fleetscope.verdicts import make_verdicts
+
+INF = float("inf")
+# expected boxes per category (PerfTracker's production experience; configurable). A missing
+# dimension is unconstrained; GPU compute kernels are never unexpected.
+DEFAULT_EXPECTED: dict[str, dict[str, tuple[float, float]]] = {
+    "python": {"beta": (0.0, 0.01)},
+    "compute": {},
+    "memory": {"beta": (0.0, 0.2)},
+    "collective": {"beta": (0.0, 0.3)},
+}
+# op-level timings (Megatron ops): communication ops include the time spent waiting for the peer
+# stage (pipeline bubbles), so their beta has no expected bound; stage_imbalance covers the cause.
+OP_LEVEL_EXPECTED: dict[str, dict[str, tuple[float, float]]] = {
+    "python": {"beta": (0.0, 0.01)},
+    "compute": {},
+    "memory": {},
+    "collective": {},
+}
+
+
+@dataclass(frozen=True)
+class LocalizeConfig:
+    expected: dict = field(default_factory=lambda: DEFAULT_EXPECTED)
+    theta: float = 0.4
+    k_mad: float = 5.0
+    sample_size: int = 100
+    min_beta: float = 0.01
+    min_diff_share: float = 0.5
+    stage_aware: bool = True
+    seed: int = 0
+    chunk: int = 1 << 15  # rows per cache-sized block in the differential distance
+
+
+class LocalizeError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# distances (numpy)
+
+
+def expectation_distance(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per-dimension distance outside [lo, hi] (x: n x 3, NaN = unknown -> 0)."""
+    d = np.maximum(np.maximum(lo - x, x - hi), 0.0)
+    return np.where(np.isnan(d), 0.0, d)
+
+
+def differential_counts(xn: np.ndarray, group_bounds: np.ndarray, theta: float, sample_size: int, seed: int,
+                        chunk: int = 1 << 15) -> tuple[np.ndarray, np.ndarray]:
+    """d_diff for rows sorted by group (group g = rows group_bounds[g]:group_bounds[g+1]) of
+    normalized patterns xn (n x 3 float32): per row, how many of the group's sampled peers lie
+    farther than theta (L1). Returns (d_diff int64, |S| per row)."""
+    n = xn.shape[0]
+    out = np.zeros(n, np.int64)
+    m_row = np.zeros(n, np.int64)
+    rng = np.random.default_rng(seed)
+    th = np.float32(theta)
+    x0, x1, x2 = (np.ascontiguousarray(xn[:, k]) for k in range(3))
+    sizes = np.diff(group_bounds)
+    small_groups = np.nonzero((sizes > 0) & (sizes <= sample_size))[0]
+    # small groups: S is the whole group; all pairs at once, in blocks of ~4M pairs
+    if small_groups.size:
+        starts = group_bounds[small_groups]
+        sz = sizes[small_groups]
+        rows = np.repeat(starts, sz) + (np.arange(sz.sum()) - np.repeat(np.cumsum(sz) - sz, sz))
+        row_sz = np.repeat(sz, sz)
+        row_start = np.repeat(starts, sz)
+        m_row[rows] = row_sz
+        pos = 0
+        while pos < rows.size:
+            cum = np.cumsum(row_sz[pos:])
+            take = max(1, int(np.searchsorted(cum, 4_000_000, side="right")))
+            r = rows[pos:pos + take]
+            k = row_sz[pos:pos + take]
+            a = np.repeat(r, k)
+            b = np.repeat(row_start[pos:pos + take], k) + (np.arange(k.sum()) - np.repeat(np.cumsum(k) - k, k))
+            d = np.abs(x0[a] - x0[b]) + np.abs(x1[a] - x1[b]) + np.abs(x2[a] - x2[b])
+            out[r] = np.add.reduceat((d > th).astype(np.int64), np.cumsum(k) - k)
+            pos += take
+    # large groups: one shared random sample; one vectorized pass per sampled peer per block
+    buf = np.empty(chunk, np.float32)
+    tmp = np.empty(chunk, np.float32)
+    msk = np.empty(chunk, bool)
+    for g in np.nonzero(sizes > sample_size)[0]:
+        lo, hi = int(group_bounds[g]), int(group_bounds[g + 1])
+        peers = lo + rng.choice(hi - lo, size=sample_size, replace=False)
+        m_row[lo:hi] = sample_size
+        sp = np.stack([x0[peers], x1[peers], x2[peers]], axis=1)
+        for c0 in range(lo, hi, chunk):
+            c1 = min(c0 + chunk, hi)
+            L = c1 - c0
+            a0, a1, a2 = x0[c0:c1], x1[c0:c1], x2[c0:c1]
+            bb, tt, mm = buf[:L], tmp[:L], msk[:L]
+            cnt = np.zeros(L, np.int64)
+            for s0, s1, s2 in sp:
+                np.subtract(a0, s0, out=bb); np.abs(bb, out=bb)
+                np.subtract(a1, s1, out=tt); np.abs(tt, out=tt); bb += tt
+                np.subtract(a2, s2, out=tt); np.abs(tt, out=tt); bb += tt
+                np.greater(bb, th, out=mm); cnt += mm
+            out[c0:c1] = cnt
+    return out, m_row
+
+
+def _group_median_mad(values: np.ndarray, gid: np.ndarray, n_groups: int, vmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Median and MAD of small non-negative integers per group, by histograms (no sort)."""
+    def median_from_hist(h: np.ndarray) -> np.ndarray:
+        cnt = h.sum(1)
+        cum = np.cumsum(h, axis=1)
+        k1 = (cnt - 1) // 2
+        k2 = cnt // 2
+        v1 = (cum > k1[:, None]).argmax(1)
+        v2 = (cum > k2[:, None]).argmax(1)
+        return (v1 + v2) / 2.0
+
+    w = vmax + 1
+    h = np.bincount(gid * w + values, minlength=n_groups * w).reshape(n_groups, w)
+    med = median_from_hist(h)
+    dev2 = np.abs(2 * values - (2 * med[gid]).astype(np.int64))  # 2|x - med| is an integer
+    h2 = np.bincount(gid * (2 * w) + dev2, minlength=n_groups * 2 * w).reshape(n_groups, 2 * w)
+    mad = median_from_hist(h2) / 2.0
+    return med, mad
+
+
+# ---------------------------------------------------------------------------------------------
+# localization
+
+
+def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig()) -> pl.DataFrame:
+    """behavior_patterns -> the same rows with d_exp, d_diff, abnormal and the explanation columns
+    (peer_group, n_peers, d_diff_threshold, diff_dim, diff_delta, exp_dim, reason) filled."""
+    need = ["capture_id", "rank", "function", "category", "beta", "mu", "sigma"]
+    missing = [c for c in need if c not in patterns.columns]
+    if missing:
+        raise LocalizeError(f"behavior patterns lack column(s) {missing}")
+    if patterns.height == 0:
+        return finish_patterns(patterns)
+    bad = patterns.filter(pl.col("beta").is_null() | ~pl.col("beta").is_between(0.0, 1.0))
+    if bad.height:
+        raise LocalizeError(f"{bad.height} pattern rows have beta outside [0, 1] or null (e.g. rank {bad['rank'][0]}, {bad['function'][0]!r})")
+    df = patterns
+    if "stage" not in df.columns:
+        df = df.with_columns(stage=pl.lit(None, dtype=pl.Int32))
+    stage_key = pl.col("stage").cast(pl.Int64).fill_null(-1) if config.stage_aware else pl.lit(-1, dtype=pl.Int64)
+    # integer group key (capture, function, stage) without hashing strings per row twice
+    df = df.with_columns(
+        _cap=pl.col("capture_id").cast(pl.Categorical).to_physical().cast(pl.Int64),
+        _fn=pl.col("function").cast(pl.Categorical).to_physical().cast(pl.Int64),
+        _st=stage_key,
+    )
+    st_min = int(df["_st"].min())
+    n_st = int(df["_st"].max()) - st_min + 1
+    n_fn = int(df["_fn"].max()) + 1
+    df = df.with_columns(_g=(pl.col("_cap") * n_fn + pl.col("_fn")) * n_st + (pl.col("_st") - st_min)).sort("_g", "rank")
+    graw = df["_g"].to_numpy()
+    change = np.empty(graw.size, bool)
+    change[0] = True
+    change[1:] = graw[1:] != graw[:-1]
+    gid = np.cumsum(change) - 1
+    bounds = np.concatenate([np.nonzero(change)[0], [graw.size]])
+    n_groups = bounds.size - 1
+
+    x = np.stack([df[c].cast(pl.Float64).fill_null(np.nan).to_numpy() for c in DIMENSIONS], axis=1)
+    # expectation boxes per category
+    cats = df["category"].to_numpy()
+    lo = np.zeros_like(x)
+    hi = np.ones_like(x)
+    for cat, box in config.expected.items():
+        m = cats == cat
+        if not m.any():
+            continue
+        for k, dim in enumerate(DIMENSIONS):
+            if dim in box:
+                lo[m, k], hi[m, k] = box[dim]
+    dexp_parts = expectation_distance(x, lo, hi)
+    d_exp = dexp_parts.sum(1)
+    exp_dim = np.where(d_exp > 0, np.array(DIMENSIONS, dtype=object)[dexp_parts.argmax(1)], None)
+
+    # max-normalization within the peer group; unknown dimensions count as 0
+    x0 = np.nan_to_num(x, nan=0.0)
+    gmax = np.maximum.reduceat(x0, bounds[:-1], axis=0)
+    scale = np.where(gmax > 0, gmax, 1.0)
+    xn = (x0 / scale[gid]).astype(np.float32)
+    d_diff, m_row = differential_counts(xn, bounds, config.theta, config.sample_size, config.seed, config.chunk)
+    med, mad = _group_median_mad(d_diff, gid, n_groups, int(config.sample_size))
+    thr = med + config.k_mad * mad
+    diff_flag = (d_diff > thr[gid]) & (d_diff >= config.min_diff_share * m_row) & (m_row >= 3)
+
+    # how it differs: the normalized dimension farthest from the group's median (raw delta kept)
+    gmed = df.select(pl.col("_g"), *[pl.col(c).cast(pl.Float64).median().over("_g").alias(f"_m{c}") for c in DIMENSIONS])
+    medx = np.stack([gmed[f"_m{c}"].fill_null(np.nan).to_numpy() for c in DIMENSIONS], axis=1)
+    dn = np.abs(np.nan_to_num(x - medx, nan=0.0)) / scale[gid]
+    kdim = dn.argmax(1)
+    diff_delta = np.take_along_axis(np.nan_to_num(x - medx, nan=0.0), kdim[:, None], 1)[:, 0]
+
+    beta = x[:, 0]
+    exp_flag = d_exp > 0
+    abnormal = (beta > config.min_beta) & (exp_flag | diff_flag)
+    reason = np.where(exp_flag & diff_flag, "both", np.where(exp_flag, "expectation", np.where(diff_flag, "differential", None)))
+    peer = pl.concat_str([pl.col("function"), pl.lit(" @stage "), pl.col("stage").cast(pl.Utf8)]) if config.stage_aware else pl.col("function")
+    out = df.with_columns(
+        d_exp=pl.Series(d_exp, dtype=pl.Float64),
+        d_diff=pl.Series(d_diff, dtype=pl.Int64),
+        n_peers=pl.Series(m_row, dtype=pl.Int64),
+        d_diff_threshold=pl.Series(thr[gid], dtype=pl.Float64),
+        abnormal=pl.Series(abnormal, dtype=pl.Boolean),
+        diff_dim=pl.Series(np.array(DIMENSIONS)[kdim].tolist(), dtype=pl.Utf8),
+        diff_delta=pl.Series(diff_delta, dtype=pl.Float64),
+        exp_dim=pl.Series(exp_dim.tolist(), dtype=pl.Utf8),
+        reason=pl.Series(reason.tolist(), dtype=pl.Utf8),
+        peer_group=pl.when(pl.col("stage").is_not_null()).then(peer).otherwise(pl.col("function")),
+    ).drop("_cap", "_fn", "_st", "_g")
+    return finish_patterns(out)
+
+
+def stage_imbalance(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig()) -> pl.DataFrame:
+    """Compute functions whose whole pipeline stage differs from the other stages: per (capture,
+    function, stage) the median pattern; stages compared with each other by the differential rule
+    (normalize by the max over stages, count the other stages farther than theta, flag above
+    median + k MAD and at least min_diff_share of them) and only when the stage holds the
+    critical path longer than the others (beta above their median, and > min_beta).
+    Returns (capture_id, function, stage, beta, beta_others, d_diff, n_stages, ranks)."""
+    schema = {"capture_id": pl.Utf8, "function": pl.Utf8, "stage": pl.Int32, "beta": pl.Float64, "beta_others": pl.Float64,
+              "d_diff": pl.Int64, "n_stages": pl.Int64, "ranks": pl.List(pl.Int32)}
+    if "stage" not in patterns.columns or patterns.filter(pl.col("stage").is_not_null()).height == 0:
+        return pl.DataFrame(schema=schema)
+    s = (patterns.filter((pl.col("category") == "compute") & pl.col("stage").is_not_null())
+         .group_by("capture_id", "function", "stage")
+         .agg(*[pl.col(c).median() for c in DIMENSIONS], ranks=pl.col("rank").sort()))
+    s = s.with_columns(n_stages=pl.len().over("capture_id", "function")).filter(pl.col("n_stages") >= 3)
+    if s.height == 0:
+        return pl.DataFrame(schema=schema)
+    s = s.with_columns(*[(pl.col(c).fill_null(0.0) / pl.col(c).fill_null(0.0).max().over("capture_id", "function")).fill_nan(0.0).fill_null(0.0).alias(f"_n{c}")
+                         for c in DIMENSIONS])
+    pairs = s.join(s.select("capture_id", "function", pl.col("stage").alias("o_stage"), *[pl.col(f"_n{c}").alias(f"_o{c}") for c in DIMENSIONS],
+                            pl.col("beta").alias("o_beta")), on=["capture_id", "function"]).filter(pl.col("stage") != pl.col("o_stage"))
+    pairs = pairs.with_columns(dist=pl.sum_horizontal(*[(pl.col(f"_n{c}") - pl.col(f"_o{c}")).abs() for c in DIMENSIONS]))
+    per = pairs.group_by("capture_id", "function", "stage").agg(
+        d_diff=(pl.col("dist") > config.theta).sum().cast(pl.Int64), beta_others=pl.col("o_beta").median(),
+        beta=pl.col("beta").first(), n_stages=pl.col("n_stages").first(), ranks=pl.col("ranks").first(),
+    )
+    per = per.with_columns(
+        _med=pl.col("d_diff").median().over("capture_id", "function"),
+    ).with_columns(_mad=(pl.col("d_diff") - pl.col("_med")).abs().median().over("capture_id", "function"))
+    flagged = per.filter(
+        (pl.col("d_diff") > pl.col("_med") + config.k_mad * pl.col("_mad"))
+        & (pl.col("d_diff") >= config.min_diff_share * (pl.col("n_stages") - 1))
+        & (pl.col("beta") > pl.col("beta_others")) & (pl.col("beta") > config.min_beta)
+    )
+    return flagged.select(list(schema)).cast({"stage": pl.Int32}).sort("capture_id", "function", "stage")
+
+
+# ---------------------------------------------------------------------------------------------
+# verdicts
+
+# (category, kind) -> team. kind: 'differential' (some workers differ from their peers) or
+# 'expectation' (the function is out of its expected box, typically on every worker).
+TEAM_RULES = {
+    ("compute", "differential"): ("operations", "GPU slower than its peers (throttling or a faulty GPU)"),
+    ("compute", "expectation"): ("infrastructure", "GPU kernel outside its expected pattern"),
+    ("memory", "differential"): ("operations", "memory copies slower than on peers (PCIe / host)"),
+    ("memory", "expectation"): ("infrastructure", "memory operations hold the critical path"),
+    ("collective", "differential"): ("operations", "collective communication slower than on peers (link, NVLink or NIC)"),
+    ("collective", "expectation"): ("infrastructure", "collective communication holds the critical path (communication configuration)"),
+    ("python", "differential"): ("algorithm", "a CPU function stalls some workers (e.g. garbage collection at random times)"),
+    ("python", "expectation"): ("algorithm", "a CPU function bottlenecks training (user code: data loading, CPU-bound Python)"),
+}
+
+
+def _ranks_text(ranks: list[int], limit: int = 24) -> str:
+    ranks = sorted(set(int(r) for r in ranks))
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    text = ",".join(parts)
+    return text if len(parts) <= limit else ",".join(parts[:limit]) + f",... ({len(ranks)} ranks)"
+
+
+def _short(function: str, n: int = 120) -> str:
+    leaf = function.rsplit(" > ", 1)[-1]
+    return leaf if len(leaf) <= n else leaf[: n - 3] + "..."
+
+
+def patterns_verdicts(localized: pl.DataFrame, stages: pl.DataFrame | None = None, job_id: str | None = None,
+                      config: LocalizeConfig = LocalizeConfig()) -> pl.DataFrame:
+    """Localized patterns (+ stage_imbalance rows) -> anomaly_verdicts: one verdict per abnormal
+    function and kind (differential: the workers that differ from their peers, with the dimension;
+    expectation: the workers outside the expected box, with the dimension), one per imbalanced
+    stage. Severity: critical when the function holds >= 5 % of the window on the flagged
+    workers, else warning."""
+    rows: list[dict] = []
+    ab = localized.filter(pl.col("abnormal").fill_null(False))
+    if ab.height:
+        ab = ab.with_columns(kind=pl.when(pl.col("reason") == "expectation").then(pl.lit("expectation")).otherwise(pl.lit("differential")),
+                             dim=pl.when(pl.col("reason") == "expectation").then(pl.col("exp_dim")).otherwise(pl.col("diff_dim")))
+        peers = localized.group_by("capture_id", "function").agg(
+            *[pl.col(c).filter(~pl.col("abnormal").fill_null(False)).median().alias(f"peer_{c}") for c in DIMENSIONS],
+            n_workers=pl.len())
+        grp = ab.group_by("capture_id", "function", "kind", "dim").agg(
+            category=pl.col("category").first(), ranks=pl.col("rank").sort(), stages=pl.col("stage").drop_nulls().unique().sort(),
+            beta=pl.col("beta").median(), mu=pl.col("mu").median(), sigma=pl.col("sigma").median(), d_exp=pl.col("d_exp").max(),
+            d_diff=pl.col("d_diff").median(), thr=pl.col("d_diff_threshold").max(), delta=pl.col("diff_delta").median(),
+            mu_source=pl.col("mu_source").first(), resource=pl.col("resource").first(), window_ns=pl.col("window_ns").max(),
+        ).join(peers, on=["capture_id", "function"], how="left").sort("capture_id", "function", "kind", "dim")
+        for r in grp.iter_rows(named=True):
+            team, why = TEAM_RULES[(r["category"], r["kind"])]
+            dim = r["dim"] or "beta"
+            val, base = r[dim], r[f"peer_{dim}"]
+            workers = _ranks_text(r["ranks"])
+            if r["kind"] == "differential":
+                direction = "higher" if (r["delta"] or 0) > 0 else "lower"
+                how = (f"{dim} {val:.3g} vs {base:.3g} on their peers ({direction}; d_diff {r['d_diff']:.0f} of the sampled peers "
+                       f"> threshold {r['thr']:.3g})") if base is not None else f"{dim} {val:.3g} ({direction} than peers)"
+            else:
+                box = config.expected.get(r["category"], {}).get(dim, (0.0, 1.0))
+                how = f"{dim} {val:.3g} outside the expected [{box[0]:g}, {box[1]:g}] (d_exp {r['d_exp']:.3g})"
+            res = f" [{dim == 'beta' and 'critical-path share' or (r['resource'] or '') + ' utilization, ' + (r['mu_source'] or '')}]"
+            expl = (f"{_short(r['function'])} ({r['category']}) abnormal on {len(r['ranks'])} of {r['n_workers']} workers "
+                    f"(ranks {workers}): {how}{res}. {why}.")
+            rows.append(dict(
+                detector="perftracker", scope="function", subject=r["function"], job_id=job_id, capture_id=r["capture_id"],
+                metric=f"{r['kind']}_{dim}", value=float(val) if val is not None else None,
+                baseline=float(base) if base is not None else None,
+                severity="critical" if (r["beta"] or 0) >= 0.05 else "warning", team=team, explanation=expl,
+                evidence=json.dumps({"ranks": [int(x) for x in r["ranks"]], "stages": [int(x) for x in r["stages"]], "kind": r["kind"],
+                                     "dimension": dim, "beta": r["beta"], "mu": r["mu"], "sigma": r["sigma"], "d_diff": r["d_diff"],
+                                     "d_exp": r["d_exp"], "mu_source": r["mu_source"], "resource": r["resource"]}),
+            ))
+    if stages is not None and stages.height:
+        for r in stages.iter_rows(named=True):
+            ratio = r["beta"] / r["beta_others"] if r["beta_others"] else float("inf")
+            rows.append(dict(
+                detector="perftracker", scope="stage", subject=str(r["stage"]), job_id=job_id, capture_id=r["capture_id"],
+                metric=f"stage_beta:{r['function']}", value=float(r["beta"]), baseline=float(r["beta_others"]),
+                severity="critical" if ratio >= 1.25 else "warning", team="algorithm",
+                explanation=(f"pipeline stage {r['stage']} (ranks {_ranks_text(r['ranks'])}) holds the critical path in {r['function']} "
+                             f"{ratio:.2f}x as long as the other {r['n_stages'] - 1} stages (beta {r['beta']:.3g} vs {r['beta_others']:.3g}): "
+                             f"the stages are unbalanced; repartition layers across stages (stage partitioning)."),
+                evidence=json.dumps({"ranks": [int(x) for x in r["ranks"]], "stage": int(r["stage"]), "function": r["function"],
+                                     "d_diff": int(r["d_diff"]), "n_stages": int(r["n_stages"])}),
+            ))
+    return make_verdicts(rows)
