@@ -1,0 +1,177 @@
+"""A small real data-parallel training run on CPU (torch.distributed gloo), with optional injected
+faults, used by the collectors' tests and benchmarks (and as a usage example of the tracer).
+
+    python -m collectors.demo_train --world 4 --steps 60 --landing /tmp/landing --capture demo-1 \
+        [--no-trace] [--gc-stall-rank 1 --gc-stall-every 5] [--sync-in-forward 2] [--slow-dataloader-ms 5]
+
+Model: an MLP (Linear+GELU layers); gradients are all-reduced per layer bucket from backward hooks
+(async, like DDP's reducer, so communication overlaps the rest of backward) and awaited before
+optimizer.step. Faults:
+- GC stall: rank R keeps a large cyclic heap and runs gc.collect() in forward every K steps.
+- unnecessary synchronization: N tiny all-reduces of a scalar inside forward through the c10d module
+  directly (what a profiling timer or a `.item()` on a synchronized loss does), i.e. not a traced API.
+- slow dataloader: the dataset sleeps per batch.
+Prints one JSON line per rank at the end: step times and the tracer's summary.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import socket
+import sys
+import time
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker(rank: int, a, port: int, q):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(a.world))
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    from torch.utils.data import DataLoader, Dataset
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=a.world)
+    torch.manual_seed(0)
+
+    class Data(Dataset):
+        def __init__(self, n, dim):
+            g = torch.Generator().manual_seed(rank)
+            self.x = torch.randn(n, dim, generator=g)
+            self.y = torch.randn(n, 1, generator=g)
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return self.x[i], self.y[i]
+
+    def collate(batch):
+        if a.slow_dataloader_ms:
+            time.sleep(a.slow_dataloader_ms / 1000)
+        xs, ys = zip(*batch)
+        return torch.stack(xs), torch.stack(ys)
+
+    layers = []
+    for _ in range(a.layers):
+        layers += [torch.nn.Linear(a.hidden, a.hidden), torch.nn.GELU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(a.hidden, 1))
+    sync_t = torch.zeros(1)
+
+    class Forward(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x, step):
+            if a.gc_stall_rank == rank and a.gc_stall_every and step % a.gc_stall_every == 0:
+                gc.collect()  # a full collection over the big heap below: a real GC stall
+            n = len(self.m)
+            every = max(1, n // (a.sync_in_forward + 1)) if a.sync_in_forward else 0
+            for i, layer in enumerate(self.m):
+                x = layer(x)
+                if every and i % every == every - 1 and i // every < a.sync_in_forward:
+                    c10d.all_reduce(sync_t)  # unnecessary synchronization (not a traced API)
+            return x
+
+    net = Forward(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    # the GC-stall heap: many small cyclic objects make a full collection expensive
+    heap = [[i, None] for i in range(a.gc_heap)] if a.gc_stall_rank == rank else []
+    for i in range(len(heap) - 1):
+        heap[i][1] = heap[i + 1]
+    gc.disable() if a.gc_stall_rank == rank else None  # only the injected collections run there
+
+    # per-layer gradient buckets reduced asynchronously as backward produces them (DDP-like)
+    works = []
+    linears = [m for m in model if isinstance(m, torch.nn.Linear)]
+
+    def hook(p):
+        works.append(dist.all_reduce(p.grad, async_op=True))
+
+    for m in linears:
+        m.weight.register_post_accumulate_grad_hook(hook)
+
+    if a.trace:
+        import collectors.tracer as ft
+        ft.start(landing_dir=a.landing, capture=a.capture, rank=rank, job_id=a.job_id,
+                 flush_interval_s=a.flush_s, profiler=True, stacks=True)
+    loader = DataLoader(Data(a.batch * (a.steps + 2), a.hidden), batch_size=a.batch, collate_fn=collate)
+    it = iter(loader)
+    times = []
+    for step in range(a.steps):
+        t0 = time.perf_counter()
+        x, y = next(it)
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(net(x, step), y)
+        loss.backward()
+        for w in works:
+            w.wait()
+        works.clear()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        if a.hang_rank == rank and step == a.hang_step:
+            time.sleep(a.hang_s)  # a rank stuck outside any collective
+    summary = None
+    if a.trace:
+        import collectors.tracer as ft
+        summary = ft.stop()
+    q.put(json.dumps({"rank": rank, "step_times": times, "tracer": summary}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--landing", default="data/landing")
+    ap.add_argument("--capture", default="demo")
+    ap.add_argument("--job-id", default="demo")
+    ap.add_argument("--no-trace", dest="trace", action="store_false")
+    ap.add_argument("--flush-s", type=float, default=30.0)
+    ap.add_argument("--gc-stall-rank", type=int, default=-1)
+    ap.add_argument("--gc-stall-every", type=int, default=0)
+    ap.add_argument("--gc-heap", type=int, default=300_000)
+    ap.add_argument("--sync-in-forward", type=int, default=0)
+    ap.add_argument("--slow-dataloader-ms", type=float, default=0.0)
+    ap.add_argument("--hang-rank", type=int, default=-1)
+    ap.add_argument("--hang-step", type=int, default=-1)
+    ap.add_argument("--hang-s", type=float, default=0.0)
+    return ap.parse_args(argv)
+
+
+def run(argv=None) -> list[dict]:
+    """Run the job in `world` forked processes; returns each rank's result dict."""
+    import torch.multiprocessing as mp
+
+    a = parse(argv)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=worker, args=(r, a, port, q)) for r in range(a.world)]
+    for p in procs:
+        p.start()
+    out = [json.loads(q.get(timeout=600)) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        if p.exitcode not in (0, None):
+            raise RuntimeError(f"a training process failed with exit code {p.exitcode}")
+    return sorted(out, key=lambda d: d["rank"])
+
+
+if __name__ == "__main__":
+    res = run(sys.argv[1:])
+    for r in res:
+        st = sorted(r["step_times"][5:])
+        print(json.dumps({"rank": r["rank"], "median_step_ms": 1000 * st[len(st) // 2], "tracer": r["tracer"]}))

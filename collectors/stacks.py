@@ -1,0 +1,126 @@
+"""Stack dumps of every rank during a hang, into landing/stacks/<incident>/rank<R>.txt (CONTRACT 1.6).
+
+In the job (started by collectors.tracer.start, or `collectors.stacks.install(landing, rank)`):
+a daemon thread polls `landing/requests/<job_id>.stacks.json` = {"incident": "inc-7"} and, for each
+new incident, writes a faulthandler dump of all its threads. It works while the training thread is
+blocked inside a collective (torch releases the GIL while it waits). SIGUSR1 dumps too (incident
+"sig<n>").
+
+From outside the job (no cooperation needed, py-spy if installed):
+
+    python -m collectors.stacks --landing L --incident inc-7 --pid 0:4242 --pid 1:4243
+    python -m collectors.stacks --landing L --incident inc-7 --job job42      # ask the ranks' watchers
+"""
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+
+def dump_now(landing_dir, incident: str, rank: int) -> Path:
+    out = Path(landing_dir) / "stacks" / incident
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"rank{rank}.txt"
+    tmp = out / f".rank{rank}.txt.tmp"
+    with open(tmp, "w") as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+    os.replace(tmp, path)
+    return path
+
+
+class _Watcher:
+    def __init__(self, landing_dir, rank, job_id, poll_s):
+        self.landing, self.rank, self.poll_s = Path(landing_dir), int(rank), poll_s
+        self.req = self.landing / "requests" / f"{job_id}.stacks.json"
+        self.served: set[str] = set()
+        self.n_signals = 0
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="fleetscope-stacks-watch", daemon=True)
+
+    def _loop(self):
+        while not self._stop.wait(self.poll_s):
+            try:
+                inc = str(json.loads(self.req.read_text()).get("incident", ""))
+            except (OSError, ValueError):
+                continue
+            if inc and inc not in self.served:
+                self.served.add(inc)
+                dump_now(self.landing, inc, self.rank)
+
+    def on_signal(self, signum, frame):
+        self.n_signals += 1
+        dump_now(self.landing, f"sig{self.n_signals}", self.rank)
+
+
+_WATCHER = None
+
+
+def install(landing_dir, rank: int, job_id: str | None = None, poll_s: float = 0.5):
+    global _WATCHER
+    if _WATCHER is not None:
+        return _WATCHER
+    job_id = job_id or os.environ.get("FLEETSCOPE_JOB_ID", "job")
+    w = _Watcher(landing_dir, rank, job_id, poll_s)
+    if threading.current_thread() is threading.main_thread():
+        try:
+            signal.signal(signal.SIGUSR1, w.on_signal)
+        except (ValueError, OSError):
+            pass
+    w.thread.start()
+    _WATCHER = w
+    return w
+
+
+def request(landing_dir, job_id: str, incident: str) -> Path:
+    p = Path(landing_dir) / "requests" / f"{job_id}.stacks.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"incident": incident, "created_ns": time.time_ns()}))
+    os.replace(tmp, p)
+    return p
+
+
+def pyspy_dump(landing_dir, incident: str, rank_pids: dict[int, int]) -> list[Path]:
+    exe = shutil.which("py-spy")
+    if exe is None:
+        raise RuntimeError("py-spy is not installed; use --job to ask the ranks' own watchers instead")
+    out = Path(landing_dir) / "stacks" / incident
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for rank, pid in rank_pids.items():
+        res = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+        p = out / f"rank{rank}.txt"
+        p.write_text(res.stdout if res.returncode == 0 else f"py-spy failed: {res.stderr}")
+        paths.append(p)
+    return paths
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="dump the Python stacks of a hung job's ranks into landing/stacks/<incident>/")
+    ap.add_argument("--landing", required=True)
+    ap.add_argument("--incident", required=True)
+    ap.add_argument("--pid", action="append", default=[], help="RANK:PID (py-spy)")
+    ap.add_argument("--job", help="job id: ask the ranks' watchers via a request file")
+    a = ap.parse_args(argv)
+    if a.pid:
+        pids = {int(r): int(p) for r, p in (x.split(":") for x in a.pid)}
+        for p in pyspy_dump(a.landing, a.incident, pids):
+            print(p)
+    elif a.job:
+        print(request(a.landing, a.job, a.incident))
+    else:
+        ap.error("give --pid RANK:PID ... or --job JOB_ID")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

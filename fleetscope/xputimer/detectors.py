@@ -1,0 +1,292 @@
+"""XPUTimer slowdown detectors over the metric tables -> anomaly_verdicts rows, routed to the team
+of XPUTimer's Table 1: unnecessary synchronization / new algorithms (data, stage partitioning)
+-> algorithm; un-optimized kernels (misaligned GEMM shapes, minority kernels) and memory
+management (Python GC) -> infrastructure; GPU underclocking and network jitter -> operations.
+
+Thresholds are keyword arguments with defaults that raise nothing on healthy runs (tests check both).
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import polars as pl
+from scipy import stats
+
+from fleetscope.verdicts import make_verdicts
+from fleetscope.xputimer import metrics as M
+
+DETECTOR = "xputimer"
+
+
+def _v(**kw) -> dict:
+    kw.setdefault("detector", DETECTOR)
+    if isinstance(kw.get("evidence"), dict):
+        kw["evidence"] = json.dumps(kw["evidence"], default=float)
+    return kw
+
+
+def _job(capture_id: str, job_id: str | None) -> str:
+    return job_id or capture_id
+
+
+# -- slow GPUs (FLOPS across ranks) ----------------------------------------------------------------
+def slow_rank_rows(kf: pl.DataFrame, job_id: str | None = None, min_ratio: float = 0.8, k_mad: float = 5.0) -> list[dict]:
+    """A rank whose compute kernels run below `min_ratio` of the other ranks' FLOP/s (median over
+    its kernel shapes, weighted by nothing: each shape votes once) and is a robust outlier."""
+    per = kf.filter(pl.col("ratio_to_ranks").is_not_null()).group_by("capture_id", "rank").agg(
+        pl.col("ratio_to_ranks").median().alias("r"), pl.col("median_flops_per_s").median().alias("fps"),
+        pl.len().alias("n_shapes"))
+    per = per.with_columns(pl.len().over("capture_id").alias("n_ranks"),
+                           pl.col("r").median().over("capture_id").alias("med"),
+                           (pl.col("r") - pl.col("r").median().over("capture_id")).abs().median().over("capture_id").alias("mad"))
+    bad = per.filter((pl.col("n_ranks") >= 3) & (pl.col("r") < min_ratio)
+                     & ((pl.col("med") - pl.col("r")) > k_mad * 1.4826 * pl.max_horizontal(pl.col("mad"), 0.02 * pl.col("med"))))
+    rows = []
+    for r in bad.iter_rows(named=True):
+        rows.append(_v(scope="rank", subject=str(r["rank"]), job_id=_job(r["capture_id"], job_id), capture_id=r["capture_id"],
+                       metric="kernel_flops_ratio", value=r["r"], baseline=1.0,
+                       severity="critical" if r["r"] < 0.5 else "warning", team="operations",
+                       explanation=f"rank {r['rank']} runs the same compute kernels at {r['r']:.0%} of the other ranks' FLOP/s "
+                                   f"(median over {r['n_shapes']} kernel shapes): a slow GPU (underclocking, thermal or power "
+                                   f"throttling); isolate the machine.",
+                       evidence={"median_flops_per_s": r["fps"], "n_ranks": r["n_ranks"]}))
+    return rows
+
+
+# -- misaligned GEMM shapes ------------------------------------------------------------------------
+_ALIGN_BYTES = 128  # tensor cores want 128-byte aligned leading dimensions
+_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "fp8": 1, "fp64": 8}
+
+
+def _parse_shape(shape: str) -> dict:
+    return {k: v for k, v in re.findall(r"(\w+)=([\w.]+)", shape or "")}
+
+
+def shape_alignment(kf: pl.DataFrame) -> pl.DataFrame:
+    """Per capture, kernel name, shape: median FLOP/s over ranks, whether every GEMM dimension
+    (m, n, k) is a multiple of 128 bytes, and the FLOP/s of aligned shapes of similar size."""
+    sh = kf.group_by("capture_id", "name", "shape").agg(pl.col("median_flops_per_s").median().alias("fps"),
+                                                         pl.col("flops_per_call").median().alias("fpc"))
+    al, dims = [], []
+    for s in sh["shape"].to_list():
+        p = _parse_shape(s)
+        elem = _ALIGN_BYTES // _DTYPE_BYTES.get(p.get("dtype", "bf16"), 2)
+        ds = [int(p[d]) for d in ("m", "n", "k") if d in p and p[d].isdigit()]
+        # m is the token dimension and follows the batch; n and k are the model's (the ones to pad)
+        nk = [int(p[d]) for d in ("n", "k") if d in p and p[d].isdigit()]
+        al.append(None if not nk else all(d % elem == 0 for d in nk))
+        dims.append(ds)
+    sh = sh.with_columns(pl.Series("aligned", al, dtype=pl.Boolean))
+    ref = sh.filter(pl.col("aligned") == True)  # noqa: E712
+    joined = sh.join(ref.select("capture_id", "name", pl.col("fps").alias("ref_fps"), pl.col("fpc").alias("ref_fpc")),
+                     on=["capture_id", "name"], how="left")
+    # aligned shapes doing comparable work (within 4x FLOPs per call) set the expectation
+    joined = joined.filter(pl.col("ref_fpc").is_null() | ((pl.col("ref_fpc") / pl.col("fpc")).is_between(0.25, 4.0)))
+    exp = joined.group_by("capture_id", "name", "shape").agg(pl.col("ref_fps").median().alias("expected_fps"))
+    return sh.join(exp, on=["capture_id", "name", "shape"], how="left").with_columns(
+        (pl.col("fps") / pl.col("expected_fps")).alias("ratio_to_expected"))
+
+
+def misaligned_shape_rows(kf: pl.DataFrame, job_id: str | None = None, min_ratio: float = 0.8) -> list[dict]:
+    sa = shape_alignment(kf).filter((pl.col("aligned") == False) & (pl.col("ratio_to_expected") < min_ratio))  # noqa: E712
+    rows = []
+    for r in sa.iter_rows(named=True):
+        rows.append(_v(scope="kernel", subject=f"{r['name']}[{r['shape']}]", job_id=_job(r["capture_id"], job_id),
+                       capture_id=r["capture_id"], metric="flops_ratio_to_aligned", value=r["ratio_to_expected"], baseline=1.0,
+                       severity="warning", team="infrastructure",
+                       explanation=f"{r['name']} with shape {r['shape']} reaches {r['ratio_to_expected']:.0%} of the FLOP/s of "
+                                   f"128-byte-aligned shapes of similar size in the same job: an un-optimized kernel for a "
+                                   f"misaligned layout (pad the dimension, e.g. 8484 -> 8512).",
+                       evidence={"flops_per_s": r["fps"], "expected_flops_per_s": r["expected_fps"]}))
+    return rows
+
+
+# -- communication bandwidth -----------------------------------------------------------------------
+def slow_comm_rows(bw: pl.DataFrame, job_id: str | None = None, expected_busbw_bps: dict | None = None,
+                   min_ratio: float = 0.5, min_n: int = 3) -> list[dict]:
+    """A group whose median bus bandwidth is below `min_ratio` of comparable groups of the same
+    capture (same collective, group size, bytes) or of the offline-profiled expectation
+    (`expected_busbw_bps`: {collective: bps})."""
+    b = bw.filter(pl.col("n") >= min_n).with_columns(
+        pl.col("median_busbw_bps").median().over("capture_id", "collective", "group_size", "bytes").alias("peer"),
+        pl.len().over("capture_id", "collective", "group_size", "bytes").alias("n_groups"))
+    rows = []
+    for r in b.iter_rows(named=True):
+        base, how = None, ""
+        if expected_busbw_bps and r["collective"] in expected_busbw_bps:
+            base, how = float(expected_busbw_bps[r["collective"]]), "the profiled expectation"
+        elif r["n_groups"] >= 3:
+            base, how = r["peer"], f"the median of {r['n_groups']} comparable groups"
+        if base is None or not r["median_busbw_bps"] or r["median_busbw_bps"] >= min_ratio * base:
+            continue
+        ratio = r["median_busbw_bps"] / base
+        rows.append(_v(scope="dp_group", subject=str(r["group"]), job_id=_job(r["capture_id"], job_id), capture_id=r["capture_id"],
+                       metric="busbw_ratio", value=ratio, baseline=1.0, severity="warning", team="operations",
+                       explanation=f"{r['collective']} of {r['bytes']} B in group {r['group']} runs at {ratio:.0%} of {how} "
+                                   f"bus bandwidth: network congestion or a degraded link in that group.",
+                       evidence={"median_busbw_bps": r["median_busbw_bps"], "baseline_bps": base}))
+    return rows
+
+
+# -- issue latency (kernel-issue stalls) -----------------------------------------------------------
+def _api_share(t: pl.DataFrame, name: str) -> float:
+    p = M.prepare(t)
+    steps = M.rank_steps(t)["span_ns"].sum()
+    tot = p.filter((pl.col("kind") == "api") & (pl.col("name") == name))["dur_ns"].sum()
+    return float(tot) / float(steps) if steps else 0.0
+
+
+def _api_per_step(t: pl.DataFrame, name: str) -> float:
+    p = M.prepare(t)
+    n_steps = max(1, M.rank_steps(t).height)
+    return p.filter((pl.col("kind") == "api") & (pl.col("name") == name)).height / n_steps
+
+
+def issue_latency_summary(lat: pl.DataFrame, history: pl.DataFrame | None = None) -> pl.DataFrame:
+    from fleetscope.schemas.base import conform
+    from fleetscope.xputimer import schemas as S
+    q = lat.group_by("capture_id").agg(
+        pl.col("mode").first(), pl.len().cast(pl.Int64).alias("n"),
+        *[pl.col("latency_frac").quantile(p).alias(f"p{int(p * 100)}") for p in (0.1, 0.25, 0.5, 0.75, 0.9)])
+    ks, pv = [], []
+    for cap in q["capture_id"].to_list():
+        if history is None or history.height == 0:
+            ks.append(None), pv.append(None)
+            continue
+        cur = lat.filter(pl.col("capture_id") == cap)["latency_frac"].drop_nulls().to_numpy()
+        hist = history.filter(pl.col("capture_id") != cap)["latency_frac"].drop_nulls().to_numpy()
+        if len(cur) < 20 or len(hist) < 20:
+            ks.append(None), pv.append(None)
+            continue
+        r = stats.ks_2samp(cur, hist)
+        ks.append(float(r.statistic)), pv.append(float(r.pvalue))
+    q = q.with_columns(pl.Series("ks_vs_history", ks, dtype=pl.Float64), pl.Series("p_value", pv, dtype=pl.Float64))
+    return S.ISSUE_LATENCY_SUMMARY.validate(conform(q.sort("capture_id"), S.ISSUE_LATENCY_SUMMARY))
+
+
+def issue_stall_rows(t: pl.DataFrame, history_t: pl.DataFrame | None, job_id: str | None = None,
+                     d_threshold: float = 0.2, p_threshold: float = 1e-3, gc_factor: float = 3.0,
+                     lat: pl.DataFrame | None = None, history_lat: pl.DataFrame | None = None) -> tuple[list[dict], pl.DataFrame]:
+    """Compare each capture's issue-latency distribution (fractions of its median step) with the
+    job's healthy history (earlier captures of the same job, given as timings). A KS distance above
+    `d_threshold` (and significant) flags a kernel-issue stall; GC time that grew `gc_factor`-fold
+    routes it to infrastructure (memory management), otherwise to algorithm (unnecessary
+    synchronization, e.g. timers or .item() calls in forward)."""
+    lat = M.issue_latencies(t) if lat is None else lat
+    if history_lat is None and history_t is not None and history_t.height:
+        history_lat = M.issue_latencies(history_t)
+    summ = issue_latency_summary(lat, history_lat)
+    rows = []
+    if history_lat is None or history_lat.height == 0:
+        return rows, summ
+    h_gc, h_sync = _api_share(history_t, "gc"), _api_per_step(history_t, "cuda.synchronize")
+    for r in summ.filter((pl.col("ks_vs_history") > d_threshold) & (pl.col("p_value") < p_threshold)).iter_rows(named=True):
+        cur = t.filter(pl.col("capture_id") == r["capture_id"]) if "capture_id" in t.columns else t
+        gc_share, n_sync = _api_share(cur, "gc"), _api_per_step(cur, "cuda.synchronize")
+        hmed = float(history_lat["latency_frac"].median())
+        ev = {"ks": r["ks_vs_history"], "p_value": r["p_value"], "p50": r["p50"], "history_p50": hmed,
+              "gc_share": gc_share, "history_gc_share": h_gc, "sync_per_step": n_sync, "history_sync_per_step": h_sync}
+        if gc_share > 0.01 and gc_share > gc_factor * max(h_gc, 1e-4):
+            team, cause = "infrastructure", (f"Python GC stalls the issuing thread (GC takes {gc_share:.1%} of step time vs "
+                                             f"{h_gc:.1%} in healthy runs): manage GC in the framework (gc.freeze, scheduled collections)")
+        else:
+            extra = f"; cuda.synchronize calls per step {n_sync:.1f} vs {h_sync:.1f}" if n_sync > h_sync else ""
+            team, cause = "algorithm", f"unnecessary synchronization in the training step stalls kernel issue{extra} (timers, .item(), prints of device values)"
+        rows.append(_v(scope="job", subject=_job(r["capture_id"], job_id), job_id=_job(r["capture_id"], job_id),
+                       capture_id=r["capture_id"], metric="issue_latency_ks", value=r["ks_vs_history"], baseline=d_threshold,
+                       severity="warning", team=team,
+                       explanation=f"kernel-issue latency distribution differs from this job's healthy history "
+                                   f"(KS {r['ks_vs_history']:.2f}, median {r['p50']:.3f} vs {hmed:.3f} of a step): {cause}.",
+                       evidence=ev))
+    return rows, summ
+
+
+def gc_stall_rows(t: pl.DataFrame, job_id: str | None = None, max_share: float = 0.03) -> list[dict]:
+    """Without history: a rank whose Python GC pauses take more than `max_share` of its step time."""
+    p = M.prepare(t)
+    steps = M.rank_steps(t).group_by("capture_id", "rank").agg(pl.col("span_ns").sum().alias("span"))
+    gcs = p.filter((pl.col("kind") == "api") & (pl.col("name") == "gc")).group_by("capture_id", "rank").agg(
+        pl.col("dur_ns").sum().alias("gc"), pl.col("dur_ns").max().alias("gc_max"), pl.len().alias("n"))
+    j = gcs.join(steps, on=["capture_id", "rank"]).with_columns((pl.col("gc") / pl.col("span")).alias("share"))
+    rows = []
+    for r in j.filter(pl.col("share") > max_share).iter_rows(named=True):
+        rows.append(_v(scope="rank", subject=str(r["rank"]), job_id=_job(r["capture_id"], job_id), capture_id=r["capture_id"],
+                       metric="gc_share_of_step", value=r["share"], baseline=max_share, severity="warning", team="infrastructure",
+                       explanation=f"Python GC pauses take {r['share']:.1%} of rank {r['rank']}'s step time ({r['n']} collections, "
+                                   f"longest {r['gc_max'] / 1e6:.1f} ms); every other rank waits for it at the next collective.",
+                       evidence={"gc_ns": r["gc"], "n": r["n"]}))
+    return rows
+
+
+# -- void percentages ------------------------------------------------------------------------------
+def void_rows(void: pl.DataFrame, job_id: str | None = None, history_void: pl.DataFrame | None = None,
+              v_inter_max: float = 0.15, v_minority_max: float = 0.2, margin: float = 0.05) -> list[dict]:
+    """Median V_inter / V_minority per capture above a threshold (and above the healthy history's
+    median by `margin` when a history is given)."""
+    s = void.group_by("capture_id").agg(pl.col("v_inter").median(), pl.col("v_minority").median(), pl.len().alias("n"))
+    hi = float(history_void["v_inter"].median()) if history_void is not None and history_void.height else 0.0
+    hm = float(history_void["v_minority"].median()) if history_void is not None and history_void.height else 0.0
+    rows = []
+    for r in s.iter_rows(named=True):
+        if r["v_inter"] > max(v_inter_max, hi + margin):
+            rows.append(_v(scope="job", subject=_job(r["capture_id"], job_id), job_id=_job(r["capture_id"], job_id),
+                           capture_id=r["capture_id"], metric="v_inter", value=r["v_inter"], baseline=max(v_inter_max, hi),
+                           severity="warning", team="algorithm",
+                           explanation=f"{r['v_inter']:.0%} of each step passes between steps with no traced kernel "
+                                       f"(V_inter, median over {r['n']} rank-steps): the data loader or other inter-step CPU "
+                                       f"work (e.g. attention-mask generation for longer sequences) starves the GPUs."))
+        if r["v_minority"] > max(v_minority_max, hm + margin):
+            rows.append(_v(scope="job", subject=_job(r["capture_id"], job_id), job_id=_job(r["capture_id"], job_id),
+                           capture_id=r["capture_id"], metric="v_minority", value=r["v_minority"], baseline=max(v_minority_max, hm),
+                           severity="warning", team="infrastructure",
+                           explanation=f"{r['v_minority']:.0%} of the in-step GPU time goes to untraced minority kernels "
+                                       f"(V_minority): un-optimized element-wise operators (position embedding, activation, "
+                                       f"normalization); fuse or optimize them."))
+    return rows
+
+
+# -- pipeline stage imbalance ----------------------------------------------------------------------
+def stage_imbalance_rows(sm: pl.DataFrame, job_id: str | None = None, min_ratio: float = 1.15) -> list[dict]:
+    """A pipeline stage whose compute per step exceeds the median stage by `min_ratio`: the model
+    is partitioned unevenly (every other stage waits for it in each microbatch)."""
+    st = sm.filter(pl.col("stage").is_not_null()).group_by("capture_id", "stage").agg(
+        pl.col("compute_ns_per_step").mean().alias("c"), pl.col("rank").sort().alias("ranks"))
+    st = st.with_columns(pl.col("c").median().over("capture_id").alias("med"), pl.len().over("capture_id").alias("n"))
+    rows = []
+    for r in st.filter((pl.col("n") >= 2) & (pl.col("c") > min_ratio * pl.col("med"))).iter_rows(named=True):
+        ratio = r["c"] / r["med"]
+        rows.append(_v(scope="stage", subject=str(r["stage"]), job_id=_job(r["capture_id"], job_id), capture_id=r["capture_id"],
+                       metric="stage_compute_ratio", value=ratio, baseline=1.0, severity="warning", team="algorithm",
+                       explanation=f"pipeline stage {r['stage']} (ranks {r['ranks']}) computes {ratio:.2f}x the median stage per "
+                                   f"step ({r['c'] / 1e9:.2f} s vs {r['med'] / 1e9:.2f} s): stage-partitioning imbalance; move "
+                                   f"layers (or the loss/embedding) off that stage.",
+                       evidence={"compute_ns_per_step": r["c"], "median_ns": r["med"]}))
+    return rows
+
+
+def analyze(t: pl.DataFrame, history: pl.DataFrame | None = None, job_id: str | None = None,
+            samples_per_step: int | None = None, expected_busbw_bps: dict | None = None) -> dict[str, pl.DataFrame]:
+    """Every XPUTimer metric table of a timings frame plus its verdicts ('verdicts', validated
+    anomaly_verdicts rows). history: timings of the same job's healthy captures (for the
+    issue-latency and void comparisons); without it those compare with fixed thresholds only."""
+    out: dict[str, pl.DataFrame] = {}
+    out["xputimer_step_throughput"] = st = M.step_throughput(t, samples_per_step)
+    out["xputimer_job_throughput"] = M.job_throughput(st)
+    out["xputimer_kernel_flops"] = kf = M.kernel_flops(t)
+    out["xputimer_comm_instances"] = ci = M.comm_instances(t)
+    out["xputimer_comm_bandwidth"] = bw = M.comm_bandwidth(ci)
+    out["xputimer_issue_latency"] = lat = M.issue_latencies(t)
+    out["xputimer_void"] = void = M.void_percentages(t)
+    out["xputimer_stage_metrics"] = sm = M.stage_metrics(t)
+    rows = slow_rank_rows(kf, job_id) + misaligned_shape_rows(kf, job_id) + slow_comm_rows(bw, job_id, expected_busbw_bps)
+    stall, summ = issue_stall_rows(t, history, job_id, lat=lat)
+    out["xputimer_issue_latency_summary"] = summ
+    rows += stall
+    if not any(r["team"] == "infrastructure" and r["metric"] == "issue_latency_ks" for r in stall):
+        rows += gc_stall_rows(t, job_id)
+    hv = M.void_percentages(history) if history is not None and history.height else None
+    rows += void_rows(void, job_id, hv) + stage_imbalance_rows(sm, job_id)
+    out["verdicts"] = make_verdicts(rows)
+    return out
