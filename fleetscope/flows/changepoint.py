@@ -1,0 +1,131 @@
+"""Online change-point split of a flow sequence into training steps (LLMPrism IV-B step division).
+
+The paper runs BOCD on inter-flow gaps with "P(r_t = 0) > 0.95". With a constant hazard that
+posterior equals the hazard at every t, so the rule never fires (DESIGN.md); and the big gaps
+between steps are isolated outliers, not regimes. What works here is an online two-level filter
+on log gaps, a sequential 2-means with robust (clipped) updates:
+
+* lo tracks the level of within-step gaps, hi the level of between-step gaps;
+* gap t is a change point (a new step starts) when log(gap) lies above the midpoint of lo and hi
+  and at least `min_ratio` times above lo;
+* only the level the gap was assigned to moves, by alpha * clip(x - level, +-clip), so a single
+  huge gap (job pause, missing flows) cannot drag a level away.
+
+The levels start from the first `warmup` gaps (median and max; a bounded lag, like BOCD's lagged P(r_{t+L})).
+It is causal after the warm-up and runs vectorized across all sequences at once: the Python
+loop is over the position inside a sequence (hundreds to a few thousands), never over rows."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SplitParams:
+    min_ratio: float = 4.0  # a step gap is at least this many times the within-step gap
+    alpha: float = 0.2  # learning rate of the two levels
+    clip: float = 1.0  # max move of a level per update, in log units (robust to outliers)
+    warmup: int = 64  # gaps used to initialise the two levels (a bounded lag)
+    min_gap_ns: int = 1_000  # gaps below 1 us (overlapping channels) count as 1 us
+    one_flow_gap_ratio: float = 10.0  # flat sequences whose gaps are 10x their flows: a flow per step
+
+
+def sequence_gaps(group: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray) -> np.ndarray:
+    """Gap before each flow to the latest end of the earlier flows of the same group (flows of
+    parallel channels overlap, so the previous flow's end alone is wrong). Rows must be sorted by
+    (group, start). The first flow of a group gets NaN."""
+    n = len(group)
+    out = np.full(n, np.nan)
+    if n == 0:
+        return out
+    first = np.ones(n, dtype=bool)
+    first[1:] = group[1:] != group[:-1]
+    # running max of end within each group: offset groups so a plain cumulative max works
+    seg = np.cumsum(first) - 1
+    end = end_ns.astype(np.float64)
+    span = end.max() - min(end.min(), start_ns.min()) + 1.0
+    run = np.maximum.accumulate(end + seg * span) - seg * span
+    out[1:] = start_ns[1:].astype(np.float64) - run[:-1]
+    out[first] = np.nan
+    return out
+
+
+def split_steps(group: np.ndarray, gaps: np.ndarray, params: SplitParams = SplitParams(),
+                durations: np.ndarray | None = None) -> np.ndarray:
+    """Boolean array, True where a flow starts a new step (the first flow of each group too).
+    `group` sorted and contiguous; `gaps` from sequence_gaps (NaN at group starts).
+
+    A sequence that never shows two gap levels but whose gaps dwarf its flows (one flow per step:
+    a single bucket on one channel) is split at every flow, given `durations`."""
+    n = len(group)
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    first = np.ones(n, dtype=bool)
+    first[1:] = group[1:] != group[:-1]
+    starts = np.flatnonzero(first)
+    lengths = np.diff(np.append(starts, n))
+    pos = np.arange(n) - np.repeat(starts, lengths)
+    x = np.log(np.maximum(np.nan_to_num(gaps, nan=params.min_gap_ns), params.min_gap_ns))
+    lmin = np.log(params.min_ratio)
+
+    # initial levels from the first `warmup` gaps of each group: lo = their median (most gaps are
+    # inside a step), hi = their max (the warm-up spans a step boundary when steps have fewer
+    # flows than the warm-up); gaps of several within-step levels (channels, buckets) then all
+    # fall under the midpoint
+    import polars as pl
+
+    w = (pos >= 1) & (pos <= params.warmup)
+    gid_all = np.cumsum(first) - 1
+    lv = (pl.DataFrame({"g": gid_all[w], "x": x[w]}).group_by("g")
+          .agg(lo=pl.col("x").median(), hi=pl.col("x").max()))
+    lo = np.zeros(len(starts))
+    hi = np.zeros(len(starts))
+    gi = lv["g"].to_numpy()
+    lo[gi] = lv["lo"].to_numpy()
+    hi[gi] = lv["hi"].to_numpy()
+    hi = np.where(hi - lo < lmin, lo, hi)  # levels closer than min_ratio: no step gap seen yet
+
+    boundary = first.copy()
+    ever = hi - lo >= lmin
+    maxlen = int(lengths.max())
+    for t in range(1, maxlen):
+        act = np.flatnonzero(lengths > t)
+        idx = starts[act] + t
+        xt = x[idx]
+        l, h = lo[act], hi[act]
+        established = h - l >= lmin
+        thr = l + np.maximum(lmin, np.where(established, (h - l) / 2.0, 0.0))
+        b = xt > thr
+        boundary[idx] = b
+        c = params.clip
+        # the level the gap belongs to follows it (hi jumps to the first step gap it sees)
+        new_h = np.where(established, h + params.alpha * np.clip(xt - h, -c, c), xt)
+        hi[act] = np.where(b, new_h, h)
+        lo[act] = np.where(b, l, l + params.alpha * np.clip(xt - l, -c, c))
+        ever[act] |= b
+    if durations is not None:
+        gid = np.cumsum(first) - 1
+        flat_g = ~ever & (lengths >= 3)
+        if flat_g.any():
+            import polars as pl  # per-group medians, vectorized
+
+            rows = flat_g[gid] & ~first
+            med = (pl.DataFrame({"g": gid[rows], "gap": gaps[rows], "dur": durations[rows]})
+                   .group_by("g").agg(pl.col("gap").median(), pl.col("dur").median()))
+            one = med.filter(pl.col("gap") > params.one_flow_gap_ratio * pl.col("dur").clip(lower_bound=1.0))["g"]
+            if one.len():
+                sel = np.zeros(len(starts), dtype=bool)
+                sel[one.to_numpy()] = True
+                boundary |= sel[gid]
+    return boundary
+
+
+def step_index(group: np.ndarray, boundary: np.ndarray) -> np.ndarray:
+    """0-based step number of each flow within its group."""
+    first = np.ones(len(group), dtype=bool)
+    first[1:] = group[1:] != group[:-1]
+    cs = np.cumsum(boundary)
+    starts = np.flatnonzero(first)
+    lengths = np.diff(np.append(starts, len(group)))
+    return cs - np.repeat(cs[starts], lengths)

@@ -1,0 +1,39 @@
+"""Settings of the flow analytics (all configurable; defaults documented in docs/figures/flows.md)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fleetscope.flows.changepoint import SplitParams
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    split: SplitParams = field(default_factory=SplitParams)
+    # a pair is job traffic (periodic) with at least this many flows in at least this many steps;
+    # fewer is aperiodic background (control, one-off copies) and never creates or merges jobs
+    min_pair_flows: int = 4
+    min_pair_steps: int = 2
+    # two cross-machine clusters on the same host set are one job only when their steps line up:
+    # periods within period_tol and step ends within phase_tol of a period of each other
+    period_tol: float = 0.05
+    phase_tol: float = 0.1
+    # timing fallback for pairs whose size count says PP: DP if most of their flows fall inside
+    # the endpoints' DP phases (found from unambiguous DP pairs), or, with no such pair in the job,
+    # if their flows run back to back within a step (duty cycle)
+    fallback_in_dp_phase: float = 0.5
+    fallback_duty: float = 0.5
+    # a step belongs to the window [ws, we) when end + edge_guard_ns falls in it; the guard must
+    # exceed any gap inside one step's DP phase (so a step cut by the window end is not claimed)
+    edge_guard_ns: int = 2_000_000_000
+    # verdicts: robust k-sigma (median + k * 1.4826 MAD) with a relative floor so that tiny jitter
+    # on a perfectly regular fleet is not an anomaly
+    k_sigma: float = 3.0
+    min_rel_excess: float = 0.10
+    min_steps_for_verdict: int = 2
+    # switch over-subscription: max concurrent DP flows a switch carries (None: compare switches)
+    switch_dp_flow_capacity: int | None = None
+    dp_flows_per_nic: int = 8  # default capacity: 4 channels each way per NIC at line rate
+    # network localization: time bins, min flows per (candidate, bin), min bandwidth drop
+    diag_bin_ns: int = 10_000_000_000
+    min_flows_per_cell: int = 8
+    min_bw_drop: float = 0.25

@@ -1,0 +1,132 @@
+"""Reconstructed step timelines (LLMPrism IV-C) and their Chrome/Perfetto trace export.
+
+Per GPU address, its DP flows (both directions) are split into steps with the same online
+change-point split; a step ends where its DP traffic ends, starts where the previous one ended;
+PP flows between are the PP events, the rest is compute. An ip with no DP pair (pure PP) uses
+its PP flows instead (boundary_source).
+
+Windows: the caller passes the window's flows plus a margin before it. A step belongs to the
+window [ws, we) where end + edge_guard_ns falls: a step whose DP phase is cut by the window end
+has its last seen flow within the guard of we and is left to the next window, which sees it
+whole (the guard must exceed any gap inside one DP phase). So no step is lost or counted twice."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+
+from fleetscope.flows.config import FlowConfig
+from fleetscope.flows.prepare import segment
+
+
+def ip_flows(flows: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
+    """Each labeled flow twice: once for its sender (role send), once for its receiver."""
+    lab = flows.join(pairs.select("ip_a", "ip_b", "job_id", "comm_type"), on=["ip_a", "ip_b"])
+    cols = ["job_id", "comm_type", "start_ns", "end_ns", "bytes", "src_ip", "dst_ip"]
+    return pl.concat([
+        lab.select(*cols, ip=pl.col("src_ip"), peer=pl.col("dst_ip"), role=pl.lit("send")),
+        lab.select(*cols, ip=pl.col("dst_ip"), peer=pl.col("src_ip"), role=pl.lit("recv")),
+    ])
+
+
+def reconstruct_steps(ipf: pl.DataFrame, window_start_ns: int, window_end_ns: int, window_id: str,
+                      cfg: FlowConfig) -> pl.DataFrame:
+    """ip_flows rows (window + margin) -> step_timelines rows claimed by this window."""
+    has_dp = ipf.filter(pl.col("comm_type") == "DP").select("ip").unique()
+    src = ipf.join(has_dp.with_columns(dp=pl.lit(True)), on="ip", how="left").with_columns(
+        source=pl.when(pl.col("dp")).then(pl.lit("DP")).otherwise(pl.lit("PP")))
+    bnd = src.filter(pl.col("comm_type") == pl.col("source"))
+    # a flow seen by both ends is one event per ip; channels give several rows per ip, fine
+    seg = segment(bnd, ["ip"], cfg.split)
+    steps = seg.group_by("job_id", "ip", "seg").agg(
+        boundary_source=pl.col("source").first(),
+        dp_start_ns=pl.col("start_ns").min(), end_ns=pl.col("end_ns").max(),
+        dp_send_start_ns=pl.col("start_ns").filter(pl.col("role") == "send").min(),
+        dp_bytes=pl.col("bytes").sum().cast(pl.Int64), n_dp_flows=pl.len().cast(pl.Int64),
+    ).sort("ip", "seg")
+    first_seen = ipf.group_by("ip").agg(first=pl.col("start_ns").min())
+    steps = steps.join(first_seen, on="ip").with_columns(
+        prev=pl.col("end_ns").shift(1).over("ip")).with_columns(
+        start_observed=pl.col("prev").is_not_null(),
+        start_ns=pl.coalesce("prev", pl.min_horizontal("first", "dp_start_ns")),
+    )
+    # PP events inside each step: PP flows attach to the first step ending at or after them
+    pp = ipf.filter(pl.col("comm_type") == "PP").select("ip", t=pl.col("end_ns")).sort("ip", "t")
+    cnt = pp.join_asof(steps.select("ip", "seg", t=pl.col("end_ns")).sort("ip", "t"), on="t", by="ip",
+                       strategy="forward", check_sortedness=False).group_by("ip", "seg").agg(n_pp_flows=pl.len().cast(pl.Int64))
+    steps = steps.join(cnt, on=["ip", "seg"], how="left").with_columns(pl.col("n_pp_flows").fill_null(0))
+    steps = steps.with_columns(
+        dp_start_ns=pl.when(pl.col("boundary_source") == "DP").then("dp_start_ns"),
+        dp_end_ns=pl.when(pl.col("boundary_source") == "DP").then("end_ns"),
+        dp_send_start_ns=pl.when(pl.col("boundary_source") == "DP").then("dp_send_start_ns"),
+        dp_bytes=pl.when(pl.col("boundary_source") == "DP").then("dp_bytes").otherwise(0),
+        n_dp_flows=pl.when(pl.col("boundary_source") == "DP").then("n_dp_flows").otherwise(0),
+    )
+    claim = (pl.col("end_ns") + cfg.edge_guard_ns >= window_start_ns) & (pl.col("end_ns") + cfg.edge_guard_ns < window_end_ns)
+    steps = steps.filter(claim).sort("ip", "end_ns").with_columns(
+        step=pl.int_range(pl.len()).over("ip").cast(pl.Int64), window_id=pl.lit(window_id))
+    return _align_job_steps(steps)
+
+
+def _align_job_steps(steps: pl.DataFrame) -> pl.DataFrame:
+    """job_step: steps of one job's ips ending together (within half a step) share an index."""
+    if steps.height == 0:
+        return steps.with_columns(job_step=pl.lit(0, dtype=pl.Int64))
+    s = steps.with_columns(dur=pl.col("end_ns") - pl.col("start_ns")).sort("job_id", "end_ns")
+    s = s.with_columns(med=pl.col("dur").median().over("job_id")).with_columns(
+        new=(pl.col("end_ns").diff().over("job_id").fill_null(1 << 62) > 0.5 * pl.col("med")))
+    return s.with_columns(job_step=(pl.col("new").cum_sum().over("job_id") - 1).cast(pl.Int64)).drop("dur", "med", "new")
+
+
+def export_perfetto(steps: pl.DataFrame, ipf: pl.DataFrame, job_id: str, path: str | Path,
+                    topology: pl.DataFrame | None = None) -> Path:
+    """Write one job's reconstructed timeline as a Chrome trace (JSON, opens in ui.perfetto.dev):
+    one track (tid) per GPU; X events `DP` (the step's DP phase), `PP send`/`PP recv` per PP flow,
+    and `compute` for the gaps between communication inside a step. Times in microseconds."""
+    st = steps.filter(pl.col("job_id") == job_id).sort("ip", "step")
+    if st.height == 0:
+        raise ValueError(f"no reconstructed steps for job {job_id!r}")
+    ips = st["ip"].unique().sort().to_list()
+    tid = {ip: i for i, ip in enumerate(ips)}
+    names = {}
+    if topology is not None and "gpu" in topology.columns:
+        names = dict(zip(topology["ip"].to_list(), topology["gpu"].to_list()))
+    t0 = int(st["start_ns"].min())
+    lo, hi = t0, int(st["end_ns"].max())
+    ev = [{"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": job_id}}]
+    ev += [{"ph": "M", "name": "thread_name", "pid": 0, "tid": tid[ip],
+            "args": {"name": f"{names.get(ip) or ip} ({ip})"}} for ip in ips]
+
+    def us(ns):
+        return (ns - t0) / 1000.0
+
+    comm = []
+    for r in st.filter(pl.col("dp_start_ns").is_not_null()).iter_rows(named=True):
+        comm.append((r["ip"], r["dp_start_ns"], r["dp_end_ns"], "DP", {"step": r["step"], "dp_bytes": r["dp_bytes"]}))
+    pp = ipf.filter((pl.col("job_id") == job_id) & (pl.col("comm_type") == "PP")
+                    & (pl.col("end_ns") >= lo) & (pl.col("start_ns") <= hi)
+                    & pl.col("ip").is_in(ips))
+    for r in pp.iter_rows(named=True):
+        comm.append((r["ip"], r["start_ns"], r["end_ns"], f"PP {r['role']}", {"peer": r["peer"], "bytes": r["bytes"]}))
+    for ip, s, e, name, args in comm:
+        ev.append({"ph": "X", "pid": 0, "tid": tid[ip], "name": name, "cat": "comm", "ts": us(s),
+                   "dur": max((e - s) / 1000.0, 0.001), "args": args})
+    # compute = the gaps between merged communication intervals inside each step
+    cf = pl.DataFrame(comm, schema={"ip": pl.Utf8, "s": pl.Int64, "e": pl.Int64, "name": pl.Utf8, "args": pl.Object},
+                      orient="row").select("ip", "s", "e") if comm else pl.DataFrame(schema={"ip": pl.Utf8, "s": pl.Int64, "e": pl.Int64})
+    bounds = st.select("ip", s=pl.col("start_ns"), e=pl.col("start_ns"))  # zero-length marks at step starts
+    ends = st.select("ip", s=pl.col("end_ns"), e=pl.col("end_ns"))
+    iv = pl.concat([cf, bounds, ends]).sort("ip", "s").with_columns(
+        run_end=pl.col("e").cum_max().over("ip")).with_columns(prev_end=pl.col("run_end").shift(1).over("ip"))
+    gaps = iv.filter(pl.col("prev_end").is_not_null() & (pl.col("s") > pl.col("prev_end")))
+    # keep only gaps inside a step (not before the first step start of the ip)
+    first = st.group_by("ip").agg(f=pl.col("start_ns").min(), l=pl.col("end_ns").max())
+    gaps = gaps.join(first, on="ip").filter((pl.col("prev_end") >= pl.col("f")) & (pl.col("s") <= pl.col("l")))
+    for r in gaps.iter_rows(named=True):
+        ev.append({"ph": "X", "pid": 0, "tid": tid[r["ip"]], "name": "compute", "cat": "compute",
+                   "ts": us(r["prev_end"]), "dur": (r["s"] - r["prev_end"]) / 1000.0})
+    path = Path(path)
+    path.write_text(json.dumps({"traceEvents": ev, "displayTimeUnit": "ms",
+                                "otherData": {"source": "fleetscope.flows", "job_id": job_id, "t0_ns": t0}}))
+    return path

@@ -1,0 +1,108 @@
+"""One window of flows -> the tables jobs, job_clusters, comm_pairs, step_timelines,
+anomaly_verdicts (and flow_background): the entry point the Dagster assets call."""
+from __future__ import annotations
+
+import time
+
+import pandera.polars as pa
+import polars as pl
+
+from fleetscope.flows.comm_types import classify_pairs
+from fleetscope.flows.config import FlowConfig
+from fleetscope.flows.diagnosis import flow_verdicts
+from fleetscope.flows.jobs import pair_summary, recognize_jobs
+from fleetscope.flows.prepare import add_pairs, check_flows, check_topology, segment
+from fleetscope.flows.schemas import COMM_PAIRS, JOB_CLUSTERS, JOBS, STEP_TIMELINES
+from fleetscope.flows.timelines import ip_flows, reconstruct_steps
+from fleetscope.schemas.base import conform, register
+
+# traffic that is not a job's: addresses outside the topology, aperiodic pairs (evidence, not dropped)
+FLOW_BACKGROUND = register(
+    "flow_background",
+    pa.DataFrameSchema({
+        "window_id": pa.Column(pl.Utf8),
+        "src_ip": pa.Column(pl.Utf8),
+        "dst_ip": pa.Column(pl.Utf8),
+        "reason": pa.Column(pl.Utf8, pa.Check.isin(["outside_topology", "aperiodic"])),
+        "n_flows": pa.Column(pl.Int64),
+        "bytes": pa.Column(pl.Int64),
+    }),
+)
+
+
+def window_id_for(window_start_ns: int, window_end_ns: int) -> str:
+    return f"{window_start_ns}-{window_end_ns}"
+
+
+def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns: int, window_end_ns: int,
+                   config: FlowConfig | None = None, window_id: str | None = None,
+                   timings: dict | None = None) -> dict[str, pl.DataFrame]:
+    """flows: normalized flows (CONTRACT 1.2) starting in [window_start_ns - margin, window_end_ns);
+    the margin (recommended: >= 2 step periods + edge_guard_ns; 30 s is plenty) lets the first
+    steps of the window be delimited. Jobs and comm types come from the flows inside the window,
+    step timelines from all of them. Returns validated frames keyed jobs, job_clusters,
+    comm_pairs, step_timelines, anomaly_verdicts, flow_background. `timings`, when a dict,
+    receives per-stage seconds."""
+    cfg = config or FlowConfig()
+    if window_end_ns <= window_start_ns:
+        raise ValueError(f"empty window [{window_start_ns}, {window_end_ns})")
+    wid = window_id or window_id_for(window_start_ns, window_end_ns)
+    tm = timings if timings is not None else {}
+    t = time.perf_counter()
+
+    f = add_pairs(check_flows(flows))
+    topo = check_topology(topology)
+    f = f.filter(pl.col("start_ns") < window_end_ns)
+    known = topo.select("ip")
+    inside = f.join(known.rename({"ip": "src_ip"}), on="src_ip", how="semi").join(
+        known.rename({"ip": "dst_ip"}), on="dst_ip", how="semi")
+    outside = f.join(inside.select("src_ip", "dst_ip").unique(), on=["src_ip", "dst_ip"], how="anti")
+    win = inside.filter(pl.col("start_ns") >= window_start_ns)
+    tm["prepare"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    seg = segment(win, ["ip_a", "ip_b"], cfg.split)
+    pairs = pair_summary(seg, cfg)
+    members, job_pairs = recognize_jobs(pairs, seg, topo, cfg)
+    tm["jobs"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    labeled = classify_pairs(pairs, job_pairs, seg, cfg)
+    tm["comm_types"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    ipf = ip_flows(inside, labeled)
+    steps = reconstruct_steps(ipf, window_start_ns, window_end_ns, wid, cfg)
+    tm["timelines"] = time.perf_counter() - t
+
+    # tables
+    period = steps.with_columns(d=pl.col("end_ns") - pl.col("start_ns")).filter("start_observed") \
+        .group_by("job_id").agg(step_period_ns=pl.col("d").median().cast(pl.Int64))
+    span = win.join(members.select(pl.col("ip").alias("src_ip"), "job_id"), on="src_ip").group_by("job_id").agg(
+        first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max(), n_flows=pl.len().cast(pl.Int64))
+    jobs = members.group_by("job_id").agg(
+        n_gpus=pl.col("ip").n_unique().cast(pl.Int64), n_hosts=pl.col("host").n_unique().cast(pl.Int64),
+        n_clusters=pl.col("cluster_id").n_unique().cast(pl.Int64),
+    ).join(span, on="job_id", how="left").join(period, on="job_id", how="left").with_columns(
+        window_id=pl.lit(wid), n_flows=pl.col("n_flows").fill_null(0)).sort("job_id")
+    tables = {
+        "jobs": JOBS.validate(conform(jobs, JOBS)),
+        "job_clusters": JOB_CLUSTERS.validate(conform(members.with_columns(window_id=pl.lit(wid)), JOB_CLUSTERS)),
+        "comm_pairs": COMM_PAIRS.validate(conform(labeled.with_columns(window_id=pl.lit(wid)), COMM_PAIRS)),
+        "step_timelines": STEP_TIMELINES.validate(conform(steps, STEP_TIMELINES)),
+    }
+    bg_out = outside.filter(pl.col("start_ns") >= window_start_ns).group_by("src_ip", "dst_ip").agg(
+        n_flows=pl.len().cast(pl.Int64), bytes=pl.col("bytes").sum().cast(pl.Int64)).with_columns(reason=pl.lit("outside_topology"))
+    aper = win.join(pairs.filter(~pl.col("periodic")).select("ip_a", "ip_b"), on=["ip_a", "ip_b"], how="semi") \
+        .join(labeled.select("ip_a", "ip_b"), on=["ip_a", "ip_b"], how="anti")
+    bg_ap = aper.group_by("src_ip", "dst_ip").agg(
+        n_flows=pl.len().cast(pl.Int64), bytes=pl.col("bytes").sum().cast(pl.Int64)).with_columns(reason=pl.lit("aperiodic"))
+    bg = pl.concat([bg_out, bg_ap], how="diagonal").with_columns(window_id=pl.lit(wid)).sort("reason", "src_ip", "dst_ip")
+    tables["flow_background"] = FLOW_BACKGROUND.validate(conform(bg, FLOW_BACKGROUND))
+
+    t = time.perf_counter()
+    tables["anomaly_verdicts"] = flow_verdicts(tables, inside.filter(pl.col("start_ns") >= window_start_ns),
+                                               topo, wid, cfg)
+    tm["verdicts"] = time.perf_counter() - t
+    tables["_ip_flows"] = ipf  # for export_perfetto; not a warehouse table
+    return tables
