@@ -1,0 +1,472 @@
+"""Step-time forecasts (CONTRACT step_forecasts) and the PRISM what-if scenarios, per capture.
+
+The Monte Carlo model of a capture (`StepModel`) samples every op slot of the step structure
+(fleetscope.prism.structure) as
+
+    duration = typical(slot) x iteration_factor(op, step) x residual(op)
+
+- typical: the slot's median over steps on its rank (spatial: ranks differ persistently);
+- iteration_factor: the median ratio of all slots of that op in one measured step, drawn as one
+  measured step per sample for every op together (the part of temporal variation that every
+  rank shares, e.g. a network-wide slow all-reduce; correlated across ops);
+- residual: per slot, from the family fitted for that op (variability.py); a synchronizing group
+  draws one residual for all its members (a collective has one transfer time).
+Gaps (untraced time before an op) are drawn from the slot's measured gaps.
+
+Scenarios: `baseline` (as measured, with KS distance and mean error against the measured
+steps), `no_stragglers` (every op and gap at the typical value of its op type over all ranks
+and steps: no slow rank, no slow stage, no slow iteration), `slow_node_worst`, and
+`scale_<N>ranks`; the sweeps behind them go to step_forecast_details."""
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+from scipy import stats
+
+from fleetscope.prism.compose import PipelineModel, replica_step_samples, step_distribution
+from fleetscope.prism.schemas import SCENARIO_DETAILS, STEP_FORECASTS
+from fleetscope.prism.structure import JobGraph, build_graph, replay
+from fleetscope.prism.variability import Dist, fit_families, select, temporal_ratios, variability_models, hw_correlation
+from fleetscope.verdicts import make_verdicts
+
+COMPUTE_HINTS = ("compute", "optimizer", "gemm", "flash", "attn", "gc", "matmul", "loss")
+
+
+@dataclass
+class StepModel:
+    graph: JobGraph
+    typ: np.ndarray                 # [n_slots] ns
+    factor: np.ndarray              # [n_slots, n_steps] iteration factor of the slot's op
+    resid: dict[str, Dist]          # op name -> residual model
+    name_typ: dict[str, float]      # op name -> typical duration over all ranks and steps
+    name_gap: dict[str, float]      # op name -> typical gap before it
+
+
+def fit_step_model(g: JobGraph) -> StepModel:
+    typ, ratio = temporal_ratios(g)
+    names = g.slot_names()
+    # a collective has one transfer time: its members share the ratio
+    for m in g.group_members:
+        if len(m) > 1:
+            ratio[m] = ratio[m].mean(axis=0)
+    factor = np.ones_like(ratio)
+    resid = {}
+    for nm in np.unique(names):
+        sel = names == nm
+        factor[sel] = np.median(ratio[sel], axis=0)
+        pos = sel & (typ > 0)
+        if pos.any():
+            fits = fit_families((ratio[pos] / factor[pos]).ravel())
+            resid[nm] = fits[select(fits)][0]
+        else:
+            resid[nm] = Dist("constant", {"value": 1.0})
+    name_typ = {nm: float(np.median(g.dur[names == nm])) for nm in np.unique(names)}
+    name_gap = {nm: float(np.median(g.gap[names == nm])) for nm in np.unique(names)}
+    return StepModel(g, typ, factor, resid, name_typ, name_gap)
+
+
+def sample_durations(sm: StepModel, n: int, rng: np.random.Generator, only: np.ndarray | None = None):
+    """[n_slots, n] sampled (gap, dur); with `only` (bool per slot) the other slots stay at
+    their typical duration and median gap."""
+    g = sm.graph
+    names = g.slot_names()
+    J = rng.integers(0, g.dur.shape[1], n)
+    dur = np.repeat(sm.typ[:, None], n, axis=1)
+    for nm, d in sm.resid.items():
+        sel = names == nm
+        if only is not None:
+            sel = sel & only
+        idx = np.flatnonzero(sel)
+        if not len(idx):
+            continue
+        ug, inv = np.unique(g.group_of[idx], return_inverse=True)
+        draws = d.sample(rng, (len(ug), n))[inv]
+        dur[idx] = sm.typ[idx, None] * sm.factor[idx][:, J] * draws
+    gi = rng.integers(0, g.gap.shape[1], (g.n_slots, n))
+    gap = np.take_along_axis(g.gap, gi, axis=1)
+    if only is not None:
+        gap[~only] = np.median(g.gap[~only], axis=1)[:, None]
+    return gap, dur
+
+
+def ideal_columns(sm: StepModel) -> tuple[np.ndarray, np.ndarray]:
+    names = sm.graph.slot_names()
+    dur = np.array([sm.name_typ[n] for n in names])[:, None]
+    gap = np.array([sm.name_gap[n] for n in names])[:, None]
+    return gap, dur
+
+
+def ks_distance(pred: np.ndarray, measured: np.ndarray) -> float:
+    return float(stats.ks_2samp(pred, measured).statistic)
+
+
+def ks_noise_floor(pred: np.ndarray, n_measured: int, rng: np.random.Generator, reps: int = 400) -> float:
+    """Median KS distance between the prediction and n_measured draws from the prediction itself:
+    the KS a perfect model would show against that few measured steps."""
+    return float(np.median([stats.ks_2samp(pred, rng.choice(pred, n_measured)).statistic for _ in range(reps)]))
+
+
+def _row(cap, scenario, n_ranks, x, measured=None, params=None, n_samples=None):
+    x = np.asarray(x, dtype=float)
+    r = {"capture_id": cap, "scenario": scenario, "n_ranks": int(n_ranks), "mean_ns": float(x.mean()),
+         "p5_ns": float(np.percentile(x, 5)), "p50_ns": float(np.percentile(x, 50)), "p95_ns": float(np.percentile(x, 95)),
+         "ks_vs_measured": None, "mean_error_pct": None, "measured_mean_ns": None,
+         "n_samples": int(n_samples or len(x)), "n_measured": None, "params": json.dumps(params) if params else None}
+    if measured is not None:
+        r.update(ks_vs_measured=ks_distance(x, measured), mean_error_pct=float(100 * (x.mean() / measured.mean() - 1)),
+                 measured_mean_ns=float(measured.mean()), n_measured=len(measured))
+    return r
+
+
+def _detail(cap, scenario, subject, parameter=None, x=None, slowdown=None, probability=None, rank_order=None):
+    r = {"capture_id": cap, "scenario": scenario, "subject": str(subject), "parameter": parameter,
+         "mean_ns": None, "p50_ns": None, "p95_ns": None, "slowdown": None if slowdown is None else float(slowdown),
+         "probability": None if probability is None else float(probability), "rank_order": rank_order}
+    if x is not None:
+        x = np.atleast_1d(np.asarray(x, dtype=float))
+        r.update(mean_ns=float(x.mean()), p50_ns=float(np.percentile(x, 50)), p95_ns=float(np.percentile(x, 95)))
+    return r
+
+
+# ---------------------------------------------------------------- scenarios on the capture's structure
+def slow_node_placement(sm: StepModel, slow_factor: float | None = None) -> list[dict]:
+    """PRISM use case I on the capture itself: everything at its typical (p50) duration, one GPU
+    (rank) at the p95 of its ops' temporal models (or `slow_factor` times slower); the step time
+    for every placement, and per stage and TP position the mean over the placements there."""
+    g = sm.graph
+    names = g.slot_names()
+    gap0, dur0 = np.median(g.gap, axis=1)[:, None], sm.typ[:, None]
+    base = float(replay(g, gap0, dur0)[0])
+    compute = ~g.group_is_comm[g.group_of]
+    k = np.ones(g.n_slots)
+    for nm, d in sm.resid.items():
+        sel = names == nm
+        k[sel] = slow_factor if slow_factor else float(np.quantile(sm.factor[sel], 0.95) * d.ppf(0.95) / max(d.ppf(0.5), 1e-12))
+    cols = np.repeat(dur0, g.n_ranks, axis=1)
+    for r in range(g.n_ranks):
+        sel = (g.slot_rank == r) & compute
+        cols[sel, r] *= k[sel]
+    T = replay(g, np.repeat(gap0, g.n_ranks, axis=1), cols)
+    cap = g.capture_id
+    rows = []
+    order = np.argsort(-T)
+    rk = {int(r): i + 1 for i, r in enumerate(order)}
+    for r in range(g.n_ranks):
+        rows.append(_detail(cap, "slow_node_placement", f"rank={g.ranks[r]},stage={g.stage[r]},dp={g.dp_rank[r]},tp={g.tp_rank[r]}",
+                            "p95_vs_p50" if not slow_factor else f"factor={slow_factor}", T[r], T[r] / base, rank_order=rk[r]))
+    for key, arr in (("stage", g.stage), ("tp", g.tp_rank)):
+        u = np.unique(arr)
+        if len(u) < 2:
+            continue
+        means = np.array([T[arr == v].mean() for v in u])
+        ro = {int(v): i + 1 for i, v in enumerate(u[np.argsort(-means)])}
+        for v, mval in zip(u, means):
+            rows.append(_detail(cap, "slow_node_placement", f"{key}={v}", "mean over placements", mval, mval / base, rank_order=ro[int(v)]))
+    return rows
+
+
+def kernel_sensitivity(sm: StepModel, n: int = 2000, cvs=(0.05, 0.1, 0.2, 0.4), seed: int = 0) -> list[dict]:
+    """PRISM use case III: every op at its typical duration except one op type, whose slots get
+    a normal variation of coefficient cv around their typical value (and, as `measured`, its own
+    fitted variability); the change of the p95 step time ranks which op's variance matters most."""
+    g = sm.graph
+    rng = np.random.default_rng(seed)
+    names = g.slot_names()
+    gap0, dur0 = np.median(g.gap, axis=1)[:, None], sm.typ[:, None]
+    base = float(replay(g, gap0, dur0)[0])
+    res = []
+    for nm in np.unique(names):
+        sel = names == nm
+        if sm.typ[sel].max() <= 0:
+            continue
+        idx = np.flatnonzero(sel)
+        ug, inv = np.unique(g.group_of[idx], return_inverse=True)
+        for cv in cvs:
+            dur = np.repeat(dur0, n, axis=1)
+            z = rng.standard_normal((len(ug), n))[inv]
+            dur[idx] = np.maximum(sm.typ[idx, None] * (1 + cv * z), 0)
+            T = replay(g, np.repeat(gap0, n, axis=1), dur)
+            res.append((nm, f"cv={cv}", T))
+        gap, dur = sample_durations(sm, n, rng, only=sel)
+        res.append((nm, "measured", replay(g, np.repeat(gap0, n, axis=1), dur)))
+    rows = []
+    for param in sorted({p for _, p, _ in res}):
+        pts = [(nm, T) for nm, p, T in res if p == param]
+        p95 = np.array([np.percentile(T, 95) for _, T in pts])
+        ro = {pts[i][0]: j + 1 for j, i in enumerate(np.argsort(-p95))}
+        for (nm, T), q in zip(pts, p95):
+            rows.append(_detail(g.capture_id, "kernel_sensitivity", nm, param, T, q / base, rank_order=ro[nm]))
+    return rows
+
+
+def attribution(sm: StepModel) -> tuple[float, float, list[dict]]:
+    """StragglerAnalysis-style decomposition: start from the ideal (every op at its typical
+    value), give one group of slots (an op type, a stage, a rank) back its measured durations
+    and gaps, replay every measured step, and report mean step / ideal step."""
+    g = sm.graph
+    gi, di = ideal_columns(sm)
+    ideal = float(replay(g, gi, di)[0])
+    S = g.dur.shape[1]
+    names = g.slot_names()
+    groups = [("op", nm, names == nm) for nm in np.unique(names)]
+    groups += [("stage", int(s), g.stage[g.slot_rank] == s) for s in np.unique(g.stage)]
+    groups += [("rank", int(g.ranks[r]), g.slot_rank == r) for r in range(g.n_ranks)]
+    rows = []
+    for kind, subj, sel in groups:
+        gap = np.repeat(gi, S, axis=1)
+        dur = np.repeat(di, S, axis=1)
+        gap[sel], dur[sel] = g.gap[sel], g.dur[sel]
+        T = replay(g, gap, dur)
+        rows.append(_detail(g.capture_id, "attribution", f"{kind}:{subj}", "restore measured", T, T.mean() / ideal))
+    return ideal, float(g.measured_step_ns.mean()), rows
+
+
+# ---------------------------------------------------------------- scenarios on the hierarchical model
+def sync_group_size(pm: PipelineModel, sizes=(1, 8, 16, 72), slow_rate: float = 0.1, slow_factor: float | None = None,
+                    n: int = 20_000, seed: int = 0, cap: str = "") -> tuple[list[dict], dict]:
+    """PRISM use case II: the capture's pipeline with synchronous (TP) groups of each size, every
+    GPU slow with probability slow_rate (its ops at p95: slow_factor, default from the data).
+    Step time relative to the same layout without variation; returns detail rows and the
+    per-size slowdown samples (for the plot)."""
+    rng = np.random.default_rng(seed)
+    k = slow_factor or max(pm.slow_factor.values())
+    rows, curves = [], {}
+    for size in sizes:
+        m = pm.at_layout(tp=size, dp=1)
+        ref = replica_step_samples(m, 1, rng, np.zeros(1, dtype=int), variability=False)[0]
+        T = _replica_with_slow_rate(m, n, rng, slow_rate, k)
+        sd = T / ref
+        curves[size] = sd
+        for q in (0.5, 0.8, 0.95):
+            rows.append(_detail(cap, "sync_group_size", f"tp={size}", f"slowdown_q{int(q * 100)}", T, float(np.quantile(sd, q))))
+        for thr in (1.02, 1.05):
+            rows.append(_detail(cap, "sync_group_size", f"tp={size}", f"P(slowdown>={thr})", None, None, float((sd >= thr).mean())))
+    return rows, curves
+
+
+def _replica_with_slow_rate(m: PipelineModel, n, rng, rate, k):
+    """Like replica_step_samples, with per-sample Binomial(tp, rate) slow GPUs in every stage."""
+    from fleetscope.prism.compose import max_of_iid_quantile, pipeline_end_times, schedule
+    sched = schedule(m.schedule, m.pp, m.microbatches, m.vpp)
+    fi = rng.integers(0, len(m.step_factor), n)
+    f = m.step_factor[fi]
+    durs = []
+    for s in range(m.pp):
+        ns = rng.binomial(m.tp, rate, n)
+        nf = m.tp - ns
+        row = []
+        for b, _, _ in sched[s]:
+            X = m.X_bwd if b else m.X_fwd
+            base = (m.bwd_ns if b else m.fwd_ns)[s] / m.vpp
+            a = np.where(nf > 0, max_of_iid_quantile(X, rng.random(n), np.maximum(nf, 1)), 0)
+            c = np.where(ns > 0, k * max_of_iid_quantile(X, rng.random(n), np.maximum(ns, 1)), 0)
+            row.append(base * f * np.maximum(a, c))
+        durs.append(row)
+    pre = np.stack([p[rng.integers(0, len(p), n)] for p in m.pre])
+    post = np.stack([p[rng.integers(0, len(p), n)] for p in m.post])
+    return (pipeline_end_times(sched, durs, m.p2p_ns, m.pp, m.vpp, start=pre) + post).max(axis=0)
+
+
+def scale_slowdown(pm: PipelineModel, ranks=(1024, 8192, 65536), n: int = 10_000, n_pipeline: int = 50_000,
+                   seed: int = 0, cap: str = "") -> tuple[list[dict], dict]:
+    """PRISM use case IV: the same job (tp, pp, per-stage work, variability) with dp grown to N
+    ranks; the probability of each slowdown against the job at its own size (median step)."""
+    own = step_distribution(pm, n, n_pipeline, seed)
+    ref = float(np.median(own))
+    rows, curves = [], {pm.n_ranks: own}
+    for N in ranks:
+        dp = N // (pm.tp * pm.pp)
+        if dp < 1 or dp * pm.tp * pm.pp != N:
+            continue
+        T = step_distribution(pm.at_layout(dp=dp), n, n_pipeline, seed)
+        curves[N] = T
+        sd = T / ref
+        rows.append(_detail(cap, "scale_slowdown", f"ranks={N}", "median slowdown", T, float(np.median(sd))))
+        for thr in (1.01, 1.02, 1.05, 1.10):
+            rows.append(_detail(cap, "scale_slowdown", f"ranks={N}", f"P(slowdown>={thr})", None, None, float((sd >= thr).mean())))
+    return rows, curves
+
+
+# ---------------------------------------------------------------- verdicts
+SLOW_JOB = 1.10       # measured / no_stragglers that makes a job slow (StragglerAnalysis uses 1.1)
+SLOW_GROUP = 1.03     # a group whose measured durations alone slow the ideal step this much
+IMBALANCE = 1.10      # a stage's typical compute over the other stages' median
+
+
+def straggler_verdicts(sm: StepModel, ideal: float, measured_mean: float, attrib: list[dict], job_id: str | None = None) -> pl.DataFrame:
+    """Verdicts where the measured steps are far slower than no_stragglers, attributed by op type,
+    stage and rank. A stage whose compute is consistently longer on all its ranks is a
+    stage-partitioning imbalance (team algorithm); a rank slower than its stage peers is a
+    hardware suspect (operations); slow collectives / p2p go to operations, other ops to
+    infrastructure. Below SLOW_JOB nothing above info is raised."""
+    g = sm.graph
+    cap = g.capture_id
+    S = measured_mean / ideal
+    slow = S >= SLOW_JOB
+    sev_job = "critical" if S >= 1.25 else "warning" if slow else "info"
+    rows = []
+    names = g.slot_names()
+    comp = np.isin(names, ["forward-compute", "backward-compute"])
+    stage_slot = g.stage[g.slot_rank]
+    stage_comp = {int(s): float(np.median(sm.typ[comp & (stage_slot == s)])) if (comp & (stage_slot == s)).any() else np.nan
+                  for s in np.unique(g.stage)}
+    att = {r["subject"]: r["slowdown"] for r in attrib}
+    top = sorted(((v, k) for k, v in att.items()), reverse=True)[:3]
+    rows.append({"detector": "prism.no_stragglers", "scope": "job", "subject": cap, "job_id": job_id, "capture_id": cap,
+                 "metric": "measured_over_no_stragglers", "value": S, "baseline": 1.0, "severity": sev_job,
+                 "team": "algorithm" if any(k.startswith("stage:") and _imbalanced(stage_comp, int(k.split(':')[1])) for _, k in top) else "operations",
+                 "explanation": f"measured steps average {measured_mean / 1e9:.3f} s vs {ideal / 1e9:.3f} s with every op at its typical duration "
+                                f"({S:.2f}x); largest contributors: " + ", ".join(f"{k} {v:.2f}x" for v, k in top),
+                 "evidence": json.dumps({"attribution": {k: round(v, 4) for k, v in att.items()}})})
+    if S < SLOW_GROUP:
+        return make_verdicts(rows)
+    sev = (lambda x: "critical" if slow and x >= 1.25 else "warning" if slow and x >= 1.05 else "info")
+    for s, c in stage_comp.items():
+        x = att.get(f"stage:{s}", 1.0)
+        if x < SLOW_GROUP:
+            continue
+        imb = _imbalanced(stage_comp, s)
+        others = np.nanmedian([v for k, v in stage_comp.items() if k != s]) if len(stage_comp) > 1 else np.nan
+        rows.append({"detector": "prism.attribution", "scope": "stage", "subject": str(s), "job_id": job_id, "capture_id": cap,
+                     "metric": "slowdown_if_only_this_stage_as_measured", "value": x, "baseline": 1.0, "severity": sev(x),
+                     "team": "algorithm" if imb else "operations",
+                     "explanation": (f"stage {s} alone slows the ideal step {x:.2f}x: its typical forward/backward compute is "
+                                     f"{c / others:.2f}x the other stages' on every rank: stage-partitioning imbalance, rebalance the layers"
+                                     if imb else f"stage {s} alone slows the ideal step {x:.2f}x without a compute imbalance: look at its hosts and links"),
+                     "evidence": json.dumps({"stage_compute_ns": c, "other_stages_ns": others})})
+    for r in range(g.n_ranks):
+        x = att.get(f"rank:{g.ranks[r]}", 1.0)
+        peers = [att.get(f"rank:{g.ranks[q]}", 1.0) for q in range(g.n_ranks) if g.stage[q] == g.stage[r] and q != r]
+        if x < SLOW_GROUP or (peers and x - max(peers) < 0.02):
+            continue  # explained by its stage (all its peers are as slow)
+        rows.append({"detector": "prism.attribution", "scope": "rank", "subject": str(g.ranks[r]), "job_id": job_id, "capture_id": cap,
+                     "metric": "slowdown_if_only_this_rank_as_measured", "value": x, "baseline": max(peers) if peers else 1.0,
+                     "severity": sev(x), "team": "operations",
+                     "explanation": f"rank {g.ranks[r]} (stage {g.stage[r]}) alone slows the ideal step {x:.2f}x, more than its stage peers: a slow GPU or host"})
+    for nm in np.unique(names):
+        x = att.get(f"op:{nm}", 1.0)
+        if x < SLOW_GROUP:
+            continue
+        is_comm = bool(g.group_is_comm[g.group_of[names == nm]].any())
+        imb_stages = [s for s in stage_comp if _imbalanced(stage_comp, s)]
+        team = "operations" if is_comm else ("algorithm" if imb_stages and nm in ("forward-compute", "backward-compute") else "infrastructure")
+        rows.append({"detector": "prism.attribution", "scope": "kernel" if g.kind == "kernel" else "function", "subject": nm,
+                     "job_id": job_id, "capture_id": cap, "metric": "slowdown_if_only_this_op_as_measured", "value": x, "baseline": 1.0,
+                     "severity": sev(x), "team": team,
+                     "explanation": f"{nm} as measured alone slows the ideal step {x:.2f}x"
+                                    + (f" (its excess sits on imbalanced stage(s) {imb_stages})" if team == "algorithm" else "")})
+    return make_verdicts(rows)
+
+
+def _imbalanced(stage_comp: dict, s: int) -> bool:
+    others = [v for k, v in stage_comp.items() if k != s and np.isfinite(v)]
+    return bool(others) and stage_comp[s] / np.median(others) >= IMBALANCE
+
+
+# ---------------------------------------------------------------- plots
+def cdf_plot(curves: dict[str, np.ndarray], title: str, xlabel: str = "step time (s)", scale: float = 1e-9,
+             vlines: dict[str, float] | None = None) -> bytes:
+    """Empirical CDFs as a PNG (matplotlib Agg), for the asset's metadata."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    for label, x in curves.items():
+        x = np.sort(np.asarray(x, dtype=float)) * scale
+        ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post", label=label)
+    for label, v in (vlines or {}).items():
+        ax.axvline(v * scale, ls="--", lw=1, color="gray")
+        ax.text(v * scale, 0.02, label, rotation=90, fontsize=7, va="bottom")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("cumulative probability")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------- one call per capture
+@dataclass
+class PrismResult:
+    graph: JobGraph
+    variability_models: pl.DataFrame
+    hw_correlation: pl.DataFrame
+    step_forecasts: pl.DataFrame
+    details: pl.DataFrame
+    verdicts: pl.DataFrame
+    plots: dict[str, bytes] = field(default_factory=dict)
+    samples: dict[str, np.ndarray] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def forecast_capture(timings: pl.DataFrame, hw: pl.DataFrame | None = None, capture_id: str | None = None,
+                     layout: dict | None = None, n_samples: int = 10_000, seed: int = 0,
+                     scale_ranks=(1024, 8192, 65536), sync_sizes=(1, 8, 16, 72), job_id: str | None = None,
+                     plots: bool = True) -> PrismResult:
+    """Everything PRISM gives for one capture: variability models, hw correlation, step
+    forecasts (baseline, no_stragglers, slow_node_worst, scale_<N>ranks), the scenario sweeps,
+    verdicts and CDF plots (PNG bytes)."""
+    g = build_graph(timings, capture_id, layout)
+    cap = g.capture_id
+    rng = np.random.default_rng(seed)
+    sm = fit_step_model(g)
+    meas = g.measured_step_ns
+    gap, dur = sample_durations(sm, n_samples, rng)
+    base = replay(g, gap, dur)
+    gi, di = ideal_columns(sm)
+    ideal = float(replay(g, gi, di)[0])
+    floor = ks_noise_floor(base, len(meas), rng)
+    rows = [_row(cap, "baseline", g.n_ranks, base, meas, {"ks_noise_floor": floor}),
+            _row(cap, "no_stragglers", g.n_ranks, np.array([ideal]), meas, {"typical": "median per op type over ranks and steps"})]
+    details = []
+    details += slow_node_placement(sm)
+    details += kernel_sensitivity(sm, seed=seed)
+    ideal2, mmean, att = attribution(sm)
+    details += att
+    worst = max((d for d in details if d["scenario"] == "slow_node_placement" and d["subject"].startswith("rank=")),
+                key=lambda d: d["slowdown"])
+    rows.append({**_row(cap, "slow_node_worst", g.n_ranks, np.array([worst["mean_ns"]])),
+                 "params": json.dumps({"placement": worst["subject"], "slowdown": worst["slowdown"]})})
+    curves_sync, curves_scale = {}, {}
+    notes = list(g.notes)
+    try:
+        pm = PipelineModel.from_graph(g, seed=seed)
+        r1, curves_sync = sync_group_size(pm, sync_sizes, seed=seed, cap=cap)
+        r2, curves_scale = scale_slowdown(pm, scale_ranks, n=n_samples, seed=seed, cap=cap)
+        details += r1 + r2
+        for N, T in curves_scale.items():
+            if N != pm.n_ranks:
+                rows.append(_row(cap, f"scale_{N}ranks", N, T, params={"tp": pm.tp, "pp": pm.pp, "dp": N // (pm.tp * pm.pp),
+                                                                       "reference_median_ns": float(np.median(curves_scale[pm.n_ranks]))}))
+    except ValueError as exc:  # no pipeline (no forward/backward ops): the capture-level scenarios still stand
+        notes.append(f"pipeline scenarios skipped: {exc}")
+    fc = STEP_FORECASTS.validate(pl.DataFrame(rows, schema={c: col.dtype.type for c, col in STEP_FORECASTS.columns.items()}))
+    det = SCENARIO_DETAILS.validate(pl.DataFrame(details, schema={c: col.dtype.type for c, col in SCENARIO_DETAILS.columns.items()}))
+    verdicts = straggler_verdicts(sm, ideal, mmean, att, job_id)
+    vm = variability_models(g)
+    hwc = hw_correlation(timings, hw, cap) if hw is not None else hw_correlation(timings.head(0), pl.DataFrame(), cap)
+    png = {}
+    if plots:
+        png["step_cdf"] = cdf_plot({"measured": meas, "baseline forecast": base}, f"{cap}: step time",
+                                   vlines={"no_stragglers": ideal})
+        if curves_sync:
+            png["sync_group_cdf"] = cdf_plot({f"TP={k}": v for k, v in curves_sync.items()}, f"{cap}: slowdown vs synchronous group size",
+                                             xlabel="normalized slowdown", scale=1.0)
+        if curves_scale:
+            png["scale_cdf"] = cdf_plot({f"{k} ranks": v for k, v in curves_scale.items()}, f"{cap}: step time at scale")
+    return PrismResult(g, vm, hwc, fc, det, verdicts, png, {"baseline": base, "measured": meas}, notes)
+
+
+def step_forecasts(timings: pl.DataFrame, **kw) -> pl.DataFrame:
+    """The step_forecasts table for every capture in the timings frame."""
+    frames = [forecast_capture(t, capture_id=str(c), plots=False, **kw).step_forecasts
+              for (c,), t in timings.group_by("capture_id", maintain_order=True)]
+    return pl.concat(frames)
