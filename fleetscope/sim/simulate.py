@@ -1,0 +1,255 @@
+"""`simulate`: model a fleet's execution, then render it as a landing folder plus ground truth.
+
+out_dir/landing/topology/topology.csv     CONTRACT 1.1
+out_dir/landing/flows/erspan-cNNN-<minute>.{parquet,csv.gz}   CONTRACT 1.2, one per collector per minute
+out_dir/landing/traces|timings|hw/...      from fleetscope.sim.capture when it is installed
+out_dir/ground_truth/jobs.csv, pairs.csv, steps.csv, faults.csv   CONTRACT 3
+out_dir/ground_truth/job_layout.csv, background.csv             extra: layouts, out-of-topology ips
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from fleetscope.schemas.base import conform, empty_frame
+from fleetscope.sim import schemas as S
+from fleetscope.sim.execution import KIND_DP, KIND_PP, run_job
+from fleetscope.sim.fabric import GPUS_PER_HOST, build_fabric
+from fleetscope.sim.faults import choose_faults
+from fleetscope.sim.jobs import dp_rings, place_jobs
+from fleetscope.sim.render import add_collector_noise, background_flows, write_flow_files
+
+DEFAULT_START_NS = int(datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc).timestamp()) * 1_000_000_000
+VALIDATE_SAMPLE = 200_000
+
+
+def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 1.0, faults: str = "",
+             seed: int = 0, start_ns: int | None = None, captures: bool = True, overwrite: bool = False) -> dict:
+    """Simulate `gpus` GPUs for `minutes` minutes; deterministic by seed. Returns a summary dict."""
+    t0 = time.perf_counter()
+    out = Path(out_dir)
+    if minutes <= 0:
+        raise ValueError(f"minutes must be > 0, got {minutes}")
+    landing, truth = out / "landing", out / "ground_truth"
+    for d in (landing, truth):
+        if d.exists() and any(d.iterdir()) and not overwrite:
+            raise FileExistsError(f"{d} is not empty; simulate into a new folder or pass overwrite=True")
+    if overwrite:
+        _clear_previous(landing, truth)
+    W0 = DEFAULT_START_NS if start_ns is None else int(start_ns)
+    W1 = W0 + int(round(minutes * 60e9))
+    window = (W0, W1)
+    rng = np.random.default_rng(seed)
+
+    fab = build_fabric(gpus)
+    job_list, idle_hosts = place_jobs(fab, jobs, np.random.default_rng([seed, 1]), window)
+    fault_list = choose_faults(faults, job_list, fab, np.random.default_rng([seed, 2]), window)
+
+    # ---- model the execution -----------------------------------------------------------------
+    runs = [run_job(j, i, fab, fault_list, window, seed) for i, j in enumerate(job_list)]
+    parts = []
+    for i, r in enumerate(runs):
+        f = r.flows
+        parts.append(pl.DataFrame({"job": np.full(f["src"].size, i, np.int32), "kind": f["kind"], "step": f["step"].astype(np.int64),
+                                   "src": f["src"], "dst": f["dst"], "start": f["start"], "dur": f["dur"],
+                                   "bytes": f["bytes"], "ch": f["ch"]}))
+    job_flows = pl.concat(parts) if parts else pl.DataFrame(schema={"job": pl.Int32, "kind": pl.Int8, "step": pl.Int64, "src": pl.Int32,
+                                                                     "dst": pl.Int32, "start": pl.Int64, "dur": pl.Int64, "bytes": pl.Int64, "ch": pl.Int8})
+    for f in fault_list:
+        if f.kind == "hang":
+            hn = runs[f.job_idx].hang_ns
+            f.start_ns = hn if hn is not None else f.start_ns
+    t_model = time.perf_counter() - t0
+
+    # ---- ground truth (true times, before collector noise) ------------------------------------
+    job_ids = [j.job_id for j in job_list]
+    truth.mkdir(parents=True, exist_ok=True)
+    steps = _truth_steps(job_flows, runs, job_ids, fab, window)
+    in_win = job_flows.filter((pl.col("start") >= W0) & (pl.col("start") < W1))
+    pairs = _truth_pairs(in_win, job_ids, fab)
+    jobs_df, layout = _truth_jobs(job_list, runs, fab, steps)
+    fault_rows = [f.row() | {"affected_jobs": _affected(f, in_win, job_ids, fab), "source": "fleet"} for f in fault_list]
+
+    # ---- render the flows --------------------------------------------------------------------
+    bg = pl.DataFrame(background_flows(fab, window, np.random.default_rng([seed, 3])))
+    allf = pl.concat([in_win, bg.select(in_win.columns)])
+    noisy = add_collector_noise(allf, fab, np.random.default_rng([seed, 4]))
+    flow_files = write_flow_files(noisy, fab, landing / "flows", W0)
+    (landing / "topology").mkdir(parents=True, exist_ok=True)
+    fab.topology().write_csv(landing / "topology" / "topology.csv")
+    t_render = time.perf_counter() - t0 - t_model
+
+    # ---- captures from the colleague's renderer (optional) ------------------------------------
+    capture_ids, capture_note = [], None
+    if captures:
+        capture_ids, extra, capture_note = _captures(landing, job_list, runs, fab, fault_rows, seed, window, steps)
+        fault_rows += extra
+
+    # ---- write ground truth ------------------------------------------------------------------
+    S.TRUTH_JOBS.validate(jobs_df).select("job_id", "ip", pl.exclude("job_id", "ip")).write_csv(truth / "jobs.csv")
+    S.TRUTH_JOB_LAYOUT.validate(layout).write_csv(truth / "job_layout.csv")
+    S.TRUTH_PAIRS.validate(pairs).write_csv(truth / "pairs.csv")
+    S.TRUTH_STEPS.validate(steps).write_csv(truth / "steps.csv")
+    fdf = conform(pl.DataFrame(fault_rows, infer_schema_length=None), S.TRUTH_FAULTS) if fault_rows else conform(pl.DataFrame(), S.TRUTH_FAULTS)
+    S.TRUTH_FAULTS.validate(fdf).write_csv(truth / "faults.csv")
+    n_st = fab.n_bg - 2
+    pl.DataFrame({"ip": fab.ip[fab.n_gpus:], "role": ["storage"] * n_st + ["monitoring"] * 2}).write_csv(truth / "background.csv")
+    _validate_rendered(noisy.head(VALIDATE_SAMPLE), fab)
+
+    summary = {
+        "out_dir": str(out), "landing": str(landing), "ground_truth": str(truth),
+        "gpus": fab.n_gpus, "hosts": fab.n_hosts, "jobs": len(job_list), "idle_hosts": int(idle_hosts.size),
+        "window": [W0, W1], "seed": seed,
+        "flows_modelled": int(in_win.height), "background_flows": int(bg.height), "flow_records": int(noisy.height),
+        "flow_files": len(flow_files), "pairs": int(pairs.height), "steps": int(steps.height),
+        "faults": [{k: r[k] for k in ("fault_id", "kind", "subject", "job_id")} for r in fault_rows],
+        "captures": capture_ids, "capture_note": capture_note,
+        "seconds": round(time.perf_counter() - t0, 3), "seconds_model": round(t_model, 3), "seconds_render": round(t_render, 3),
+    }
+    (truth / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def _lookup(names, idx: pl.Series) -> pl.Series:
+    """names[idx] as a string Series (vectorized)."""
+    return pl.Series(np.asarray(names, dtype=str)).gather(idx.cast(pl.Int64))
+
+
+def _clear_previous(landing: Path, truth: Path) -> None:
+    """Remove only what a previous simulate wrote (never anything else in the folder)."""
+    for p in list((landing / "flows").glob("erspan-c*")) + [landing / "topology" / "topology.csv"]:
+        if p.is_file():
+            p.unlink()
+    for name in ("jobs.csv", "job_layout.csv", "pairs.csv", "steps.csv", "faults.csv", "background.csv", "summary.json"):
+        if (truth / name).is_file():
+            (truth / name).unlink()
+
+
+def _truth_steps(job_flows: pl.DataFrame, runs, job_ids, fab, window) -> pl.DataFrame:
+    """LLMPrism's step: it ends where the step's DP traffic on an ip ends; it starts where the
+    previous one ended (first step of a job: when its compute began). Only steps that lie entirely
+    inside the window (start, all their DP traffic, end)."""
+    W0, W1 = window
+    dp = job_flows.filter(pl.col("kind") == KIND_DP).select("job", "step", "src", "dst", "start",
+                                                            end=pl.col("start") + pl.col("dur"))
+    ep = pl.concat([dp.select("job", "step", ep="src", start="start", end="end"),
+                    dp.select("job", "step", ep="dst", start="start", end="end")])
+    g = (ep.group_by("job", "ep", "step").agg(first=pl.col("start").min(), end_ns=pl.col("end").max())
+         .sort("job", "ep", "step"))
+    cs = pl.concat([pl.DataFrame({"job": np.full(r.steps.size, i, np.int32), "step": r.steps.astype(np.int64),
+                                  "compute_start_ns": r.step_start.astype(np.int64)}) for i, r in enumerate(runs)]) if runs else None
+    if cs is None or g.height == 0:
+        return empty_frame(S.TRUTH_STEPS)
+    g = g.join(cs, on=["job", "step"], how="left").with_columns(
+        prev_end=pl.col("end_ns").shift(1).over("job", "ep"), prev_step=pl.col("step").shift(1).over("job", "ep"))
+    g = g.with_columns(start_ns=pl.when(pl.col("prev_step") == pl.col("step") - 1).then(pl.col("prev_end"))
+                       .otherwise(pl.col("compute_start_ns")))
+    g = g.filter((pl.col("first") >= W0) & (pl.col("start_ns") >= W0) & (pl.col("end_ns") < W1))
+    return g.select(job_id=_lookup(job_ids, g["job"]), ip=_lookup(fab.ip, g["ep"]), step="step", start_ns="start_ns", end_ns="end_ns", compute_start_ns="compute_start_ns").sort("job_id", "ip", "step")
+
+
+def _truth_pairs(flows: pl.DataFrame, job_ids, fab) -> pl.DataFrame:
+    g = flows.group_by("job", "src", "dst", "kind").agg(n=pl.len())
+    ips = pl.Series(fab.ip)
+    g = g.with_columns(s=_lookup(fab.ip, g["src"]), d=_lookup(fab.ip, g["dst"]))
+    g = g.with_columns(ip_a=pl.min_horizontal("s", "d"), ip_b=pl.max_horizontal("s", "d"))
+    out = g.group_by("ip_a", "ip_b", "job", "kind").agg(n_flows=pl.col("n").sum())
+    out = (out.with_columns(job_id=_lookup(job_ids, out["job"]),
+                         comm_type=pl.when(pl.col("kind") == KIND_PP).then(pl.lit("PP")).otherwise(pl.lit("DP")))
+           .select("ip_a", "ip_b", "job_id", "comm_type", pl.col("n_flows").cast(pl.Int64)).sort("job_id", "ip_a", "ip_b"))
+    return out
+
+
+def _truth_jobs(job_list, runs, fab, steps) -> tuple[pl.DataFrame, pl.DataFrame]:
+    rows, lay = [], []
+    hosts = fab.host_name
+    gname = fab.gpu_name()
+    med = steps.group_by("job_id", "ip").agg(d=(pl.col("end_ns") - pl.col("start_ns")).median()).group_by("job_id").agg(pl.col("d").median())
+    med = dict(zip(med["job_id"].to_list(), med["d"].to_list()))
+    for j, r in zip(job_list, runs):
+        rank = np.arange(j.world)
+        rows.append(pl.DataFrame({
+            "job_id": [j.job_id] * j.world, "ip": fab.ip[j.gpus], "host": hosts[j.gpus // GPUS_PER_HOST], "gpu": gname[j.gpus],
+            "tenant": [j.tenant] * j.world, "rank": rank.astype(np.int32), "tp_rank": (rank % j.tp).astype(np.int32),
+            "pp_stage": (rank // (j.tp * j.dp)).astype(np.int32), "dp_rank": ((rank // j.tp) % j.dp).astype(np.int32)}))
+        m = med.get(j.job_id)
+        lay.append({"job_id": j.job_id, "tenant": j.tenant, "tp": j.tp, "pp": j.pp, "dp": j.dp, "n_microbatches": j.n_microbatches,
+                    "n_gpus": j.world, "n_hosts": int(np.unique(j.gpus // GPUS_PER_HOST).size), "dp_style": j.dp_style,
+                    "n_buckets": int(j.buckets.size), "channels": j.channels, "act_bytes": j.act_bytes, "grad_bytes": j.grad_bytes,
+                    "start_ns": j.start_ns, "stop_ns": j.stop_ns, "hang_ns": r.hang_ns, "median_step_ns": None if m is None else int(m)})
+    return pl.concat(rows), conform(pl.DataFrame(lay, infer_schema_length=None), S.TRUTH_JOB_LAYOUT)
+
+
+def _affected(f, flows: pl.DataFrame, job_ids, fab) -> str | None:
+    """Jobs whose flows cross a network fault while it is active (compute faults: their job)."""
+    if f.kind == "degraded_nic":
+        sel = flows.filter(((pl.col("src") == f.endpoint) | (pl.col("dst") == f.endpoint)))
+    elif f.kind == "congested_switch":
+        src, dst = flows["src"].to_numpy(), flows["dst"].to_numpy()
+        ls, sp, ld = fab.path_switches(src, dst)
+        sel = flows.filter(pl.Series((ls == f.switch) | (sp == f.switch) | (ld == f.switch)))
+    elif f.gpu_mask is not None:
+        sel = flows.filter(pl.Series(f.gpu_mask[flows["src"].to_numpy()]))
+    else:
+        return f.job_id
+    sel = sel.filter((pl.col("start") >= f.start_ns) & (pl.col("start") < f.end_ns))
+    js = sorted({job_ids[i] for i in sel["job"].unique().to_list()})
+    return "|".join(js) if js else None
+
+
+def _validate_rendered(df: pl.DataFrame, fab) -> None:
+    ips = pl.Series(fab.ip)
+    view = df.select("start_ns", "duration_ns", src_ip=_lookup(fab.ip, df["src"]),
+                     dst_ip=_lookup(fab.ip, df["dst"]), bytes="bytes", packets="packets",
+                     src_port="src_port", dst_port="dst_port", src_qp="src_qp", dst_qp="dst_qp", path=pl.lit("x"))
+    S.SIM_FLOWS.validate(view)
+
+
+def _captures(landing, job_list, runs, fab, fault_rows, seed, window, steps):
+    """Traces/timings for a few sampled jobs and hw samples, via fleetscope.sim.capture if present."""
+    if importlib.util.find_spec("fleetscope.sim.capture") is None:
+        return [], [], "fleetscope.sim.capture not installed: no traces/timings/hw rendered"
+    cap = importlib.import_module("fleetscope.sim.capture")
+    if not hasattr(cap, "render_capture") or not hasattr(cap, "CaptureJob"):
+        return [], [], "fleetscope.sim.capture has no render_capture/CaptureJob yet"
+    W0, W1 = window
+    # sample: a small pipelined job, and jobs a compute fault touches (so the trace shows it)
+    pick = [i for i, j in enumerate(job_list) if j.pp > 1 and j.world <= 64][:1]
+    for r in fault_rows:
+        if r.get("job_id") in [j.job_id for j in job_list] and r["kind"] not in ("congested_switch", "degraded_nic"):
+            i = [j.job_id for j in job_list].index(r["job_id"])
+            if i not in pick and job_list[i].world <= 512:
+                pick.append(i)
+    pick = pick[:3]
+    ids, extra = [], []
+    hosts, gname = fab.host_name, fab.gpu_name()
+    t = datetime.fromtimestamp(W0 / 1e9, tz=timezone.utc)
+    for i in pick:
+        j, r = job_list[i], runs[i]
+        ok = (r.step_start >= W0) & (r.step_start < W1)
+        if not ok.any():
+            continue
+        k0 = int(np.argmax(ok))
+        step_ns = int(np.median(np.diff(r.step_start))) if r.step_start.size > 1 else int(j.nominal_step_ns())
+        cj = cap.CaptureJob(job_id=j.job_id, tp=j.tp, pp=j.pp, dp=j.dp, n_microbatches=j.n_microbatches,
+                            hosts=[str(h) for h in hosts[j.gpus // GPUS_PER_HOST]], gpus=[str(g) for g in gname[j.gpus]],
+                            ips=[str(x) for x in fab.ip[j.gpus]], start_ns=int(r.step_start[k0]),
+                            n_steps=int(min(5, ok.sum())), step_ns=step_ns)
+        cid = f"{j.job_id}-{t:%Y%m%dT%H%M}"
+        rows = cap.render_capture(landing, cid, cj, [dict(x) for x in fault_rows], seed) or []
+        extra += [dict(x) | {"source": f"capture:{cid}"} for x in rows]
+        ids.append(cid)
+    note = None
+    if hasattr(cap, "render_hw") and fab.n_gpus <= 2048:
+        gdf = pl.DataFrame({"host": hosts[np.arange(fab.n_gpus) // GPUS_PER_HOST], "gpu": gname, "ip": fab.ip[:fab.n_gpus]})
+        period = 1_000_000_000 if fab.n_gpus <= 256 else 10_000_000_000
+        cap.render_hw(landing, gdf, [dict(x) for x in fault_rows], W0, W1, seed, period)
+        note = f"hw samples every {period / 1e9:g} s"
+    return ids, extra, note
