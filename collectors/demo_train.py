@@ -116,8 +116,12 @@ def worker(rank: int, a, port: int, q):
             w.wait()
         works.clear()
         opt.step()
+        if a.log_loss:  # average the loss over ranks for logging (a synchronous collective per step)
+            dist.all_reduce(loss.detach().clone())
         times.append(time.perf_counter() - t0)
         if a.hang_rank == rank and step == a.hang_step:
+            if a.hang_marker:
+                open(a.hang_marker, "w").write(str(os.getpid()))
             time.sleep(a.hang_s)  # a rank stuck outside any collective
     summary = None
     if a.trace:
@@ -148,6 +152,8 @@ def parse(argv=None):
     ap.add_argument("--hang-rank", type=int, default=-1)
     ap.add_argument("--hang-step", type=int, default=-1)
     ap.add_argument("--hang-s", type=float, default=0.0)
+    ap.add_argument("--hang-marker", default="")
+    ap.add_argument("--log-loss", action="store_true")
     return ap.parse_args(argv)
 
 

@@ -285,6 +285,21 @@ def _payload_bytes(fn, a, kw):
     return 0
 
 
+class _TracedWork:
+    """Proxy of an async collective's Work: wait() is a Python frame in this file, so a stack dump of
+    a rank blocked on it shows that it waits for a collective (the C++ wait leaves no Python frame)."""
+    __slots__ = ("_work",)
+
+    def __init__(self, work):
+        self._work = work
+
+    def wait(self, *a, **kw):
+        return self._work.wait(*a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self._work, name)
+
+
 def _timed_collective(tr: _Tracer, fn: str):
     names = {}
 
@@ -315,7 +330,7 @@ def _timed_collective(tr: _Tracer, fn: str):
                                     gid, gsize, None, step))
                     return None
                 out.get_future().then(done)
-                return out
+                return _TracedWork(out)
             tr.add("kernel", kname, issue, issue, _now(), nbytes=nbytes, group=gid, group_size=gsize)
             return out
         return wrapper
@@ -409,7 +424,7 @@ def start(landing_dir: str | os.PathLike | None = None, capture: str | None = No
         profiler_capture.attach(tr)
     if stacks:
         from collectors import stacks as _stacks
-        _stacks.install(landing_dir, tr.rank)
+        _stacks.install(landing_dir, tr.rank, job_id=job_id)
     return tr
 
 

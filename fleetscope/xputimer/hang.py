@@ -1,0 +1,170 @@
+"""Hang diagnosis (XPUTimer 5.1) over landing/stacks/<incident>/ (CONTRACT 1.6).
+
+1. Call-stack analysis: each rank's main-thread stack (py-spy dump or faulthandler text) is inside
+   a collective or not. Ranks not inside a collective while others wait in one are the culprits
+   (a non-communication error: crash, dead loop, I/O, a GPU that stopped).
+2. All ranks inside the same collective: a communication hang. ring.json
+   ([{"rank", "peer", "channel", "step"}], the loop step each ring connection reached in the hung
+   kernel) names the faulty link: the connection with the lowest step, and its two GPUs.
+Verdicts go to operations (isolate the machines, restart the job).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import polars as pl
+
+from fleetscope.schemas.base import conform
+from fleetscope.verdicts import make_verdicts
+from fleetscope.xputimer import schemas as S
+
+_COLLECTIVES = {"all_reduce", "allreduce", "all_gather", "all_gather_into_tensor", "allgather", "reduce_scatter",
+                "reduce_scatter_tensor", "_reduce_scatter_base", "_all_gather_base", "reducescatter", "broadcast",
+                "barrier", "monitored_barrier", "all_to_all", "all_to_all_single", "alltoall", "reduce", "gather",
+                "scatter", "send", "recv", "isend", "irecv", "batch_isend_irecv", "wait", "synchronize"}
+# names that are collectives only inside torch.distributed / NCCL code (too generic elsewhere)
+_GENERIC = {"send", "recv", "wait", "reduce", "gather", "scatter", "broadcast", "synchronize"}
+# (collectors/tracer.py: the tracer's proxy of an async collective's Work.wait)
+_DIST_FILE = re.compile(r"distributed|c10d|nccl|gloo|megatron/core/parallel|deepspeed/comm|collectors[/\\\\]tracer", re.I)
+
+_PYSPY_THREAD = re.compile(r'^Thread (\S+) \((\w+)\)(?:: "(.*)")?')
+_PYSPY_FRAME = re.compile(r"^\s+(\S.*?) \((.*?)(?::(\d+))?\)\s*$")
+_FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)(?: \[(.*?)\])? \(most recent call first\):")
+_FH_FRAME = re.compile(r'^\s+File "(.*?)", line (\d+) in (\S+)')
+
+
+def parse_stack_dump(text: str) -> list[dict]:
+    """py-spy or faulthandler text -> threads [{"id", "name", "frames": [(function, file)] innermost first}]."""
+    threads: list[dict] = []
+    for line in text.splitlines():
+        m = _FH_THREAD.match(line)
+        if m:
+            threads.append({"id": m.group(2), "name": m.group(3) or ("current" if m.group(1).startswith("Current") else ""), "frames": []})
+            continue
+        m = _PYSPY_THREAD.match(line)
+        if m:
+            threads.append({"id": m.group(1), "name": m.group(3) or "", "frames": []})
+            continue
+        if not threads:
+            continue
+        m = _FH_FRAME.match(line)
+        if m:
+            threads[-1]["frames"].append((m.group(3), m.group(1)))
+            continue
+        m = _PYSPY_FRAME.match(line)
+        if m:
+            threads[-1]["frames"].append((m.group(1), m.group(2)))
+    return threads
+
+
+def main_thread(threads: list[dict]) -> dict | None:
+    """The training thread: py-spy's MainThread, else the thread not started by threading (its
+    outermost frame is not threading.py's _bootstrap), else the first."""
+    for th in threads:
+        if th["name"] == "MainThread":
+            return th
+    for th in threads:
+        if th["frames"] and not th["frames"][-1][1].endswith("threading.py"):
+            return th
+    return threads[0] if threads else None
+
+
+def collective_frame(frames: list[tuple[str, str]]) -> str | None:
+    """The innermost frame that is a collective call (its function name, normalized)."""
+    for func, file in frames:
+        f = func.split(".")[-1].lower()
+        if f in _COLLECTIVES and (f not in _GENERIC or _DIST_FILE.search(file or "")):
+            return f.replace("_into_tensor", "").replace("_tensor", "")
+        if f.startswith("nccl") and ("kernel" in f or f.startswith("ncclallreduce")):
+            return f
+    return None
+
+
+def stack_ranks(incident_dir: str | Path) -> pl.DataFrame:
+    """xputimer_hang_ranks: one row per rank<R>.txt of an incident folder."""
+    d = Path(incident_dir)
+    files = sorted(d.glob("rank*.txt"))
+    if not files:
+        raise FileNotFoundError(f"no rank<R>.txt stack dumps in {d}")
+    rows = []
+    for f in files:
+        m = re.match(r"rank(\d+)\.txt$", f.name)
+        if not m:
+            raise ValueError(f"{f}: stack dump names must be rank<R>.txt (CONTRACT 1.6)")
+        th = main_thread(parse_stack_dump(f.read_text(errors="replace")))
+        frames = th["frames"] if th else []
+        coll = collective_frame(frames)
+        rows.append({"incident": d.name, "rank": int(m.group(1)), "in_collective": coll is not None, "collective": coll,
+                     "top_function": frames[0][0] if frames else None, "frames": len(frames)})
+    df = pl.DataFrame(rows, infer_schema_length=None).with_columns(pl.lit(False).alias("culprit"))
+    any_in = df["in_collective"].any()
+    df = df.with_columns((~pl.col("in_collective") & pl.lit(bool(any_in))).alias("culprit")).sort("rank")
+    return S.HANG_RANKS.validate(conform(df, S.HANG_RANKS))
+
+
+def ring_lowest(ring_path: str | Path) -> dict | None:
+    p = Path(ring_path)
+    if not p.exists():
+        return None
+    ring = json.loads(p.read_text())
+    if not isinstance(ring, list) or not ring:
+        raise ValueError(f"{p}: ring.json must be a non-empty list of {{rank, peer, channel, step}}")
+    bad = [i for i, r in enumerate(ring) if not {"rank", "peer", "step"} <= set(r)]
+    if bad:
+        raise ValueError(f"{p}: entries {bad[:5]} lack rank/peer/step")
+    steps = sorted(int(r["step"]) for r in ring)
+    low = min(ring, key=lambda r: int(r["step"]))
+    return {"rank": int(low["rank"]), "peer": int(low["peer"]), "channel": low.get("channel"), "step": int(low["step"]),
+            "median_step": steps[len(steps) // 2], "n": len(ring)}
+
+
+def diagnose_hang(incident_dir: str | Path, job_id: str | None = None, rank_hosts: dict[int, str] | None = None,
+                  rank_ips: dict[int, str] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """-> (xputimer_hang_ranks, verdicts). rank_hosts / rank_ips (when known from topology or
+    capture metadata) name the machines and the link in the subjects."""
+    d = Path(incident_dir)
+    ranks = stack_ranks(d)
+    inc = d.name
+    rows = []
+    culprits = ranks.filter(pl.col("culprit"))
+    name = (lambda r: f"rank {r} ({rank_hosts[r]})" if rank_hosts and r in rank_hosts else f"rank {r}")
+    if culprits.height:
+        waiting = ranks.filter(pl.col("in_collective"))
+        colls = sorted(set(waiting["collective"].drop_nulls().to_list()))
+        for r in culprits.iter_rows(named=True):
+            rows.append(dict(detector="xputimer_hang", scope="rank", subject=str(r["rank"]), job_id=job_id,
+                             metric="hang_not_in_collective", value=1.0, severity="critical", team="operations",
+                             explanation=f"hang {inc}: {name(r['rank'])} is stuck outside any collective (in {r['top_function']}) "
+                                         f"while {waiting.height} rank(s) wait in {', '.join(colls)}: its machine is the "
+                                         f"source; isolate it and restart the job.",
+                             evidence=json.dumps({"incident": inc, "top_function": r["top_function"]}), window_id=inc))
+    elif ranks.height and ranks["in_collective"].all():
+        colls = sorted(set(ranks["collective"].to_list()))
+        low = ring_lowest(d / "ring.json")
+        if low is None:
+            rows.append(dict(detector="xputimer_hang", scope="job", subject=job_id or inc, job_id=job_id,
+                             metric="hang_in_collective", value=float(ranks.height), severity="critical", team="operations",
+                             explanation=f"hang {inc}: all {ranks.height} ranks wait in {', '.join(colls)} (a communication "
+                                         f"hang); no ring.json to name the link: collect intra-kernel ring progress.",
+                             window_id=inc))
+        else:
+            a, b = low["rank"], low["peer"]
+            subj = f"{rank_ips[a]}-{rank_ips[b]}" if rank_ips and a in rank_ips and b in rank_ips else f"rank{a}-rank{b}"
+            rows.append(dict(detector="xputimer_hang", scope="link", subject=subj, job_id=job_id,
+                             metric="ring_min_step", value=float(low["step"]), baseline=float(low["median_step"]),
+                             severity="critical", team="operations",
+                             explanation=f"hang {inc}: all ranks wait in {', '.join(colls)}; the ring connection {name(a)} -> "
+                                         f"{name(b)} (channel {low['channel']}) reached step {low['step']} while the median "
+                                         f"connection reached {low['median_step']}: the link between these GPUs is faulty.",
+                             evidence=json.dumps({"incident": inc, "gpus": [a, b], **low}), window_id=inc))
+    return ranks, make_verdicts(rows)
+
+
+def diagnose_all(stacks_dir: str | Path, job_id: str | None = None, **kw) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Every incident folder under landing/stacks/."""
+    parts = [diagnose_hang(d, job_id, **kw) for d in sorted(Path(stacks_dir).iterdir()) if d.is_dir() and any(d.glob("rank*.txt"))]
+    if not parts:
+        return conform(pl.DataFrame(), S.HANG_RANKS), make_verdicts([])
+    return pl.concat([p[0] for p in parts]), pl.concat([p[1] for p in parts])
