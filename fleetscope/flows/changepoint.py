@@ -66,8 +66,13 @@ def split_steps(group: np.ndarray, gaps: np.ndarray, params: SplitParams = Split
     starts = np.flatnonzero(first)
     lengths = np.diff(np.append(starts, n))
     pos = np.arange(n) - np.repeat(starts, lengths)
+    # a flow that starts before the earlier ones ended (parallel channels, concurrent buckets)
+    # is inside a burst: no information about step boundaries, never a change point
+    valid = ~first & (np.nan_to_num(gaps, nan=0.0) > params.min_gap_ns)
     x = np.log(np.maximum(np.nan_to_num(gaps, nan=params.min_gap_ns), params.min_gap_ns))
     lmin = np.log(params.min_ratio)
+    vcs = np.cumsum(valid)
+    vpos = vcs - np.repeat(vcs[starts] - valid[starts], lengths)  # 1-based rank among valid gaps
 
     # initial levels from the first `warmup` gaps of each group: lo = their median (most gaps are
     # inside a step), hi = their max (the warm-up spans a step boundary when steps have fewer
@@ -75,7 +80,7 @@ def split_steps(group: np.ndarray, gaps: np.ndarray, params: SplitParams = Split
     # fall under the midpoint
     import polars as pl
 
-    w = (pos >= 1) & (pos <= params.warmup)
+    w = valid & (vpos <= params.warmup)
     gid_all = np.cumsum(first) - 1
     lv = (pl.DataFrame({"g": gid_all[w], "x": x[w]}).group_by("g")
           .agg(lo=pl.col("x").median(), hi=pl.col("x").max()))
@@ -96,13 +101,14 @@ def split_steps(group: np.ndarray, gaps: np.ndarray, params: SplitParams = Split
         l, h = lo[act], hi[act]
         established = h - l >= lmin
         thr = l + np.maximum(lmin, np.where(established, (h - l) / 2.0, 0.0))
-        b = xt > thr
+        v = valid[idx]
+        b = v & (xt > thr)
         boundary[idx] = b
         c = params.clip
         # the level the gap belongs to follows it (hi jumps to the first step gap it sees)
         new_h = np.where(established, h + params.alpha * np.clip(xt - h, -c, c), xt)
         hi[act] = np.where(b, new_h, h)
-        lo[act] = np.where(b, l, l + params.alpha * np.clip(xt - l, -c, c))
+        lo[act] = np.where(b | ~v, l, l + params.alpha * np.clip(xt - l, -c, c))
         ever[act] |= b
     if durations is not None:
         gid = np.cumsum(first) - 1
@@ -110,7 +116,7 @@ def split_steps(group: np.ndarray, gaps: np.ndarray, params: SplitParams = Split
         if flat_g.any():
             import polars as pl  # per-group medians, vectorized
 
-            rows = flat_g[gid] & ~first
+            rows = flat_g[gid] & valid
             med = (pl.DataFrame({"g": gid[rows], "gap": gaps[rows], "dur": durations[rows]})
                    .group_by("g").agg(pl.col("gap").median(), pl.col("dur").median()))
             one = med.filter(pl.col("gap") > params.one_flow_gap_ratio * pl.col("dur").clip(lower_bound=1.0))["g"]

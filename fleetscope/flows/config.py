@@ -9,14 +9,13 @@ from fleetscope.flows.changepoint import SplitParams
 @dataclass(frozen=True)
 class FlowConfig:
     split: SplitParams = field(default_factory=SplitParams)
-    # a pair is job traffic (periodic) with at least this many flows in at least this many steps;
-    # fewer is aperiodic background (control, one-off copies) and never creates or merges jobs
+    # a pair is job traffic (periodic) with at least this many flows of recurring sizes; fewer is
+    # aperiodic background (control, one-off copies) and never creates or merges jobs
     min_pair_flows: int = 4
-    min_pair_steps: int = 2
-    # two cross-machine clusters on the same host set are one job only when their steps line up:
-    # periods within period_tol and step ends within phase_tol of a period of each other
-    period_tol: float = 0.05
-    phase_tol: float = 0.1
+    # two cross-machine clusters on the same host set are one job only when they move in lockstep:
+    # at least sync_min_share of one's flows start within sync_tol_ns of a same-size flow of the other
+    sync_tol_ns: int = 2_000_000
+    sync_min_share: float = 0.5
     # timing fallback for pairs whose size count says PP: DP if most of their flows fall inside
     # the endpoints' DP phases (found from unambiguous DP pairs), or, with no such pair in the job,
     # if their flows run back to back within a step (duty cycle)

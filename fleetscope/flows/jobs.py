@@ -18,9 +18,14 @@ from fleetscope.flows.config import FlowConfig
 
 def pair_summary(seg_flows: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
     """Per unordered pair: n_flows, bytes, n_steps, mode of distinct sizes per step, step period,
-    duty cycle inside steps, and `periodic` (job traffic). `seg_flows` has ip_a, ip_b, seg."""
-    steps = seg_flows.group_by("ip_a", "ip_b", "seg").agg(
-        n=pl.len(), sizes=pl.col("bytes").n_unique(),
+    duty cycle inside steps, and `periodic` (job traffic). `seg_flows` has ip_a, ip_b, seg.
+
+    Sizes are counted only when they recur (>= 2 flows of the pair have that size): collective
+    chunks and activations repeat every step, while the pieces of a flow split by a
+    retransmission have one-off sizes that would otherwise make a PP pair look like DP."""
+    f = seg_flows.with_columns(rec=pl.len().over("ip_a", "ip_b", "bytes") >= 2)
+    steps = f.group_by("ip_a", "ip_b", "seg").agg(
+        n=pl.len(), sizes=pl.col("bytes").filter("rec").n_unique(),
         first=pl.col("start_ns").min(), last=pl.col("end_ns").max(),
         busy=(pl.col("end_ns") - pl.col("start_ns")).sum(),
     )
@@ -28,20 +33,22 @@ def pair_summary(seg_flows: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
         period=pl.col("last").diff().over("ip_a", "ip_b"),
         duty=pl.when(pl.col("n") >= 2).then(pl.col("busy") / (pl.col("last") - pl.col("first")).clip(lower_bound=1)),
     )
-    out = steps.group_by("ip_a", "ip_b").agg(
-        n_flows=pl.col("n").sum().cast(pl.Int64),
-        n_steps=pl.len().cast(pl.Int64),
+    out = steps.filter(pl.col("sizes") > 0).group_by("ip_a", "ip_b").agg(
         # mode of distinct sizes per step; ties go to the larger count (DP), which refinement never undoes
         mode_distinct_sizes=pl.col("sizes").mode().max().cast(pl.Int64),
+    )
+    base = steps.group_by("ip_a", "ip_b").agg(
+        n_flows=pl.col("n").sum().cast(pl.Int64),
+        n_steps=pl.len().cast(pl.Int64),
         period_ns=pl.col("period").median(),
         duty=pl.col("duty").median(),
         first_ns=pl.col("first").min(), last_ns=pl.col("last").max(),
     )
-    by = seg_flows.group_by("ip_a", "ip_b").agg(bytes=pl.col("bytes").sum().cast(pl.Int64))
-    out = out.join(by, on=["ip_a", "ip_b"])
-    return out.with_columns(
-        periodic=(pl.col("n_flows") >= cfg.min_pair_flows) & (pl.col("n_steps") >= cfg.min_pair_steps)
-    ).sort("ip_a", "ip_b")
+    by = f.group_by("ip_a", "ip_b").agg(bytes=pl.col("bytes").sum().cast(pl.Int64),
+                                        n_recurring=pl.col("rec").sum().cast(pl.Int64))
+    out = base.join(out, on=["ip_a", "ip_b"], how="left").join(by, on=["ip_a", "ip_b"])
+    # job traffic repeats: enough flows of recurring sizes (one-off control or copy flows do not)
+    return out.with_columns(periodic=pl.col("n_recurring") >= cfg.min_pair_flows).sort("ip_a", "ip_b")
 
 
 def pair_step_ends(seg_flows: pl.DataFrame) -> pl.DataFrame:
@@ -52,18 +59,19 @@ def job_id_for(ips: list[str]) -> str:
     return "job-" + hashlib.sha1(",".join(sorted(ips)).encode()).hexdigest()[:12]
 
 
-def _same_job(ends_a: np.ndarray, ends_b: np.ndarray, pa_: float, pb: float, cfg: FlowConfig) -> bool:
-    if not (np.isfinite(pa_) and np.isfinite(pb)) or max(pa_, pb) <= 0:
-        return False
-    if abs(pa_ - pb) > cfg.period_tol * max(pa_, pb):
-        return False
-    if len(ends_a) == 0 or len(ends_b) == 0:
-        return False
-    i = np.clip(np.searchsorted(ends_b, ends_a), 1, len(ends_b) - 1) if len(ends_b) > 1 else np.zeros(len(ends_a), int)
-    d = np.abs(ends_a - ends_b[i])
-    if len(ends_b) > 1:
-        d = np.minimum(d, np.abs(ends_a - ends_b[i - 1]))
-    return float(np.median(d)) <= cfg.phase_tol * pa_
+def _co_occurrence(fa: pl.DataFrame, fb: pl.DataFrame, tol_ns: int, sample: int = 4000) -> float:
+    """Share of B's flows that start within tol_ns of a flow of A with the same size. Ranks of one
+    job move in lockstep (the TP shards of a stage send the same activation or bucket chunk at
+    the same moment), two independent jobs do not."""
+    if fa.height == 0 or fb.height == 0:
+        return 0.0
+    b = fb.select("start_ns", "bytes")
+    if b.height > sample:
+        b = b.gather(np.linspace(0, b.height - 1, sample).astype(np.int64))
+    a = fa.select(t=pl.col("start_ns"), bytes="bytes").sort("bytes", "t")
+    j = b.sort("bytes", "start_ns").join_asof(a, left_on="start_ns", right_on="t", by="bytes",
+                                              strategy="nearest", check_sortedness=False)
+    return float(((j["t"] - j["start_ns"]).abs() <= tol_ns).fill_null(False).mean())
 
 
 def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.DataFrame,
@@ -84,15 +92,10 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
     members = idx.with_columns(cluster_id=pl.Series(comp, dtype=pl.Int64)).join(
         topology.select("ip", "host", "gpu"), on="ip", how="left")
 
-    # cross-machine cluster -> host set, step period and step-end times (from its periodic pairs)
+    # cross-machine cluster -> host set; clusters on one host set are one job when their flows
+    # move in lockstep (co-occurrence), so a tenant's two jobs on the same hosts stay apart
     hostsets = members.group_by("cluster_id").agg(hosts=pl.col("host").unique().sort().str.join(","))
-    cl_pairs = edges.join(members.select(pl.col("ip").alias("ip_a"), "cluster_id"), on="ip_a")
-    period = cl_pairs.group_by("cluster_id").agg(period=pl.col("period_ns").median())
-    ends = pair_step_ends(seg_flows).join(cl_pairs.select("ip_a", "ip_b", "cluster_id", "mode_distinct_sizes"),
-                                          on=["ip_a", "ip_b"])
-    info = hostsets.join(period, on="cluster_id", how="left").sort("cluster_id")
-
-    # merge clusters with identical host sets whose steps line up (union-find over a few clusters)
+    info = hostsets.sort("cluster_id")
     parent = {c: c for c in info["cluster_id"].to_list()}
 
     def find(c: int) -> int:
@@ -101,21 +104,23 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
             c = parent[c]
         return c
 
-    ends_by = {}
-    for (cid,), grp in ends.group_by(["cluster_id"]):
-        # prefer multi-size (DP) pairs: their step ends are the job's step boundaries
-        dp = grp.filter(pl.col("mode_distinct_sizes") >= 2)
-        ends_by[cid] = np.sort((dp if dp.height else grp)["end"].to_numpy().astype(np.float64))
-    per = dict(zip(info["cluster_id"].to_list(), info["period"].to_list()))
-    for (_,), grp in info.group_by(["hosts"]):
-        cids = grp["cluster_id"].to_list()
-        for i, a in enumerate(cids):
-            for b in cids[i + 1:]:
-                if find(a) == find(b):
-                    continue
-                pa_, pb = per.get(a) or np.nan, per.get(b) or np.nan
-                if _same_job(ends_by.get(a, np.array([])), ends_by.get(b, np.array([])), pa_, pb, cfg):
-                    parent[find(b)] = find(a)
+    multi = info.filter(pl.len().over("hosts") > 1)
+    if multi.height:
+        cl_of = members.select(pl.col("ip").alias("ip_a"), "cluster_id")
+        fl = seg_flows.join(edges.select("ip_a", "ip_b"), on=["ip_a", "ip_b"], how="semi").join(cl_of, on="ip_a") \
+            .filter(pl.col("cluster_id").is_in(multi["cluster_id"].implode())).select("cluster_id", "start_ns", "bytes")
+        by_cl = {cid: g for (cid,), g in fl.group_by(["cluster_id"])}
+        empty = pl.DataFrame(schema={"cluster_id": pl.Int64, "start_ns": pl.Int64, "bytes": pl.Int64})
+        for (_,), grp in multi.group_by(["hosts"]):
+            cids = sorted(grp["cluster_id"].to_list())
+            for i, a in enumerate(cids):
+                for b in cids[i + 1:]:
+                    if find(a) == find(b):
+                        continue
+                    fa, fb = by_cl.get(a, empty), by_cl.get(b, empty)
+                    score = max(_co_occurrence(fa, fb, cfg.sync_tol_ns), _co_occurrence(fb, fa, cfg.sync_tol_ns))
+                    if score >= cfg.sync_min_share:
+                        parent[find(b)] = find(a)
     root = pl.DataFrame({"cluster_id": list(parent), "root": [find(c) for c in parent]},
                         schema={"cluster_id": pl.Int64, "root": pl.Int64})
     members = members.join(root, on="cluster_id")
