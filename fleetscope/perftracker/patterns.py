@@ -343,4 +343,44 @@ def op_patterns(timings: pl.DataFrame, capture_id: str | None = None, config: Pa
     return patterns_from_pieces(pieces, worker_windows(ev, by_step=by_step), cap, workers=workers, config=config)
 
 
-__all__ = ["PatternConfig", "PatternError", "behavior_patterns", "op_patterns", "patterns_from_pieces", "hw_utilization", "BEHAVIOR_PATTERNS"]
+__all__ = ["PatternConfig", "PatternError", "behavior_patterns", "op_patterns", "patterns_from_pieces", "hw_utilization", "workers_from_capture", "BEHAVIOR_PATTERNS"]
+
+
+def workers_from_capture(events: pl.DataFrame | None = None, timings: pl.DataFrame | None = None,
+                         hw: pl.DataFrame | None = None, layout: dict | None = None) -> pl.DataFrame:
+    """(rank, host, gpu, stage) for a capture from what landed: host and stage per rank from the
+    timings (host column, stage column), the GPU from the trace (device index of its kernels)
+    matched to the hw samples' GPU ids on that host (`<host>/gpu<device>`, or an id on the host
+    ending in the device index). Columns it cannot find stay null (hw then cannot be joined for
+    that rank and the trace proxy is used; the table says so in mu_source)."""
+    parts = []
+    if timings is not None and timings.height:
+        aggs = []
+        if "host" in timings.columns:
+            aggs.append(pl.col("host").drop_nulls().mode().first().cast(pl.Utf8).alias("host"))
+        if "stage" in timings.columns:
+            aggs.append(pl.col("stage").drop_nulls().mode().first().cast(pl.Int32).alias("stage"))
+        if aggs:
+            parts.append(timings.group_by(pl.col("rank").cast(pl.Int32)).agg(aggs))
+    if events is not None and events.height and "device" in events.columns:
+        parts.append(events.filter(pl.col("device").is_not_null()).group_by(pl.col("rank").cast(pl.Int32))
+                     .agg(device=pl.col("device").mode().first().cast(pl.Int32)))
+    if not parts:
+        return pl.DataFrame(schema={"rank": pl.Int32, "host": pl.Utf8, "gpu": pl.Utf8, "stage": pl.Int32})
+    w = parts[0]
+    for p in parts[1:]:
+        w = w.join(p, on="rank", how="full", coalesce=True)
+    for c, t in (("host", pl.Utf8), ("stage", pl.Int32), ("device", pl.Int32)):
+        if c not in w.columns:
+            w = w.with_columns(pl.lit(None, dtype=t).alias(c))
+    if layout and w["stage"].null_count() == w.height and layout.get("pp"):
+        # Megatron rank order (tp fastest, then dp, then pp) when only the layout is known
+        per_stage = int(layout.get("tp", 1)) * int(layout.get("dp", 1))
+        w = w.with_columns(stage=(pl.col("rank") // per_stage).cast(pl.Int32))
+    gpu = pl.lit(None, dtype=pl.Utf8)
+    if hw is not None and hw.height:
+        ids = hw.select(pl.col("host").cast(pl.Utf8), pl.col("gpu").cast(pl.Utf8)).unique()
+        ids = ids.with_columns(device=pl.col("gpu").str.extract(r"(\d+)$").cast(pl.Int32))
+        w = w.join(ids, on=["host", "device"], how="left")
+        gpu = pl.col("gpu")
+    return w.select("rank", "host", gpu.alias("gpu"), "stage").sort("rank")
