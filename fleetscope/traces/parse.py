@@ -11,7 +11,6 @@ Timestamps are microseconds in the file, read as text and converted exactly to i
 (newer Kineto writes them relative to `baseTimeNanoseconds`, which is added)."""
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import zlib
@@ -79,6 +78,43 @@ def _structure(a: np.ndarray):
 
 
 # ---------------------------------------------------------------- byte stream
+class _GzipStream:
+    """gzip decompression straight through zlib (less per-block overhead than the gzip module);
+    handles concatenated members and reports a truncated stream at EOF."""
+
+    def __init__(self, path: Path):
+        self._fh = open(path, "rb")
+        self._d = zlib.decompressobj(31)
+        self._path = path
+
+    def read(self, n: int) -> bytes:
+        out = []
+        size = 0
+        while size < n:
+            raw = self._d.unconsumed_tail or self._fh.read(1 << 20)
+            if not raw:
+                if not self._d.eof:
+                    raise EOFError("compressed file ended before the end-of-stream marker was reached")
+                break
+            if self._d.eof:  # next gzip member
+                rest = self._d.unused_data + raw if self._d.unused_data else raw
+                self._d = zlib.decompressobj(31)
+                raw = rest
+            piece = self._d.decompress(raw, n - size)
+            out.append(piece)
+            size += len(piece)
+            if self._d.eof and self._d.unused_data:
+                rest = self._d.unused_data
+                self._d = zlib.decompressobj(31)
+                piece = self._d.decompress(rest, max(n - size, 1))
+                out.append(piece)
+                size += len(piece)
+        return b"".join(out)
+
+    def close(self) -> None:
+        self._fh.close()
+
+
 def _open_stream(path: Path):
     """Binary stream of the decompressed file (gzip detected by magic, not by extension)."""
     try:
@@ -87,7 +123,7 @@ def _open_stream(path: Path):
     except OSError as exc:
         raise TraceError(f"{path}: cannot open ({exc})") from exc
     if magic == b"\x1f\x8b":
-        return gzip.open(path, "rb")
+        return _GzipStream(path)
     return open(path, "rb")
 
 
@@ -96,7 +132,7 @@ def _read(stream, n: int, path: Path) -> bytes:
         return stream.read(n)
     except EOFError as exc:
         raise TraceError(f"{path}: truncated gzip file ({exc}); the copy is incomplete, re-copy or re-export the trace") from exc
-    except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+    except (zlib.error, OSError) as exc:
         raise TraceError(f"{path}: corrupt gzip data ({exc}); re-copy or re-export the trace") from exc
 
 
@@ -106,8 +142,10 @@ _READ_SCHEMA = {
     "name": pl.Utf8,
     "pid": pl.Utf8,
     "tid": pl.Utf8,
-    "ts": pl.Utf8,
-    "dur": pl.Utf8,
+    "ts": pl.Float64,
+    "dur": pl.Float64,
+    # only the args every event may carry; each extra field costs parse time on every event, so the
+    # rare ones (NCCL metadata, sync details) are read from the few events that have them (_rare_args)
     "args": pl.Struct({
         "External id": pl.Int64,
         "correlation": pl.Int64,
@@ -115,34 +153,145 @@ _READ_SCHEMA = {
         "stream": pl.Utf8,  # an int on GPU events, "0x0" on hip runtime calls
         "Sequence number": pl.Int64,
         "Fwd thread id": pl.Int64,
-        "cuda_sync_kind": pl.Utf8,
-        "wait_on_stream": pl.Int64,
-        "wait_on_cuda_event_record_corr_id": pl.Int64,
-        "Collective name": pl.Utf8,
-        "In msg nelems": pl.Int64,
-        "Out msg nelems": pl.Int64,
-        "Group size": pl.Int64,
-        "dtype": pl.Utf8,
-        "Process Group Name": pl.Utf8,
-        "Process Group Ranks": pl.Utf8,
-        "Input Dims": pl.Utf8,
-        "Input type": pl.Utf8,
     }),
 }
+_RARE_KEYS = {  # args key -> column
+    "cuda_sync_kind": "sync_kind",
+    "wait_on_stream": "wait_on_stream",
+    "wait_on_cuda_event_record_corr_id": "wait_on_event_corr",
+    "Collective name": "_coll_name",
+    "In msg nelems": "_in_nel",
+    "Out msg nelems": "_out_nel",
+    "Group size": "group_size",
+    "dtype": "dtype",
+    "Process Group Name": "pg_name",
+    "Process Group Ranks": "group_ranks",
+    "Input Dims": "_in_dims",
+    "Input type": "_in_type",
+}
+_RARE_SCHEMA = {
+    "event_id": pl.Int64, "sync_kind": pl.Utf8, "wait_on_stream": pl.Int64, "wait_on_event_corr": pl.Int64,
+    "_coll_name": pl.Utf8, "_in_nel": pl.Int64, "_out_nel": pl.Int64, "group_size": pl.Int32, "dtype": pl.Utf8,
+    "pg_name": pl.Utf8, "group_ranks": pl.Utf8, "_in_dims": pl.Utf8, "_in_type": pl.Utf8,
+}
+_COMM_NAME = r"(?i)^(nccl|rccl|gloo|c10d::|record_param_comms|ncclDevKernel|ncclKernel)"
 
 
-def _parse_block(text: bytes, seps: np.ndarray, path: Path, offset: int) -> pl.DataFrame:
-    """One block holding whole events separated by top-level commas -> raw columns."""
-    buf = np.frombuffer(text.translate(_WS_TO_SPACE), np.uint8).copy()
-    buf[seps] = ord("\n")
+def _to_int(v):
     try:
-        df = pl.read_ndjson(buf.tobytes(), schema=_READ_SCHEMA, ignore_errors=True)
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _rare_args(df: pl.DataFrame, nd: bytes, starts: np.ndarray, ends: np.ndarray, first_id: int) -> pl.DataFrame | None:
+    """Args of the few events that carry collective metadata or sync details, read with json from
+    their own text (the rows are: cuda_sync events and operators/kernels named like a collective)."""
+    need = df.select(
+        (pl.col("cat").str.to_lowercase() == "cuda_sync")
+        | (pl.col("name").str.contains(_COMM_NAME) & pl.col("ph").is_in(["X", "i", "I"]))
+    ).to_series().fill_null(False).to_numpy()
+    idx = np.flatnonzero(need)
+    if not idx.size:
+        return None
+    rows = {c: [] for c in _RARE_SCHEMA}
+    for i in idx.tolist():
+        try:
+            args = json.loads(nd[starts[i]:ends[i] + 1]).get("args") or {}
+        except ValueError:
+            args = {}
+        rows["event_id"].append(first_id + i)
+        for key, col in _RARE_KEYS.items():
+            v = args.get(key)
+            if _RARE_SCHEMA[col] in (pl.Int64, pl.Int32):
+                v = _to_int(v)
+            elif v is not None and not isinstance(v, str):
+                v = json.dumps(v)
+            rows[col].append(v)
+    return pl.DataFrame(rows, schema=_RARE_SCHEMA)
+
+
+def _quote_positions(a: np.ndarray) -> np.ndarray:
+    """Positions of the unescaped '"' (a quote is escaped when an odd run of backslashes precedes it)."""
+    q = np.flatnonzero(a == 34)
+    if q.size and (a == 92).any():
+        idx = np.arange(a.size)
+        last_non_bs = np.maximum.accumulate(np.where(a != 92, idx, -1))
+        prev = q - 1
+        run = np.where(prev >= 0, prev - last_non_bs[np.maximum(prev, 0)], 0)
+        q = q[(run % 2) == 0]
+    return q
+
+
+def _outside(q: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Which positions p lie outside strings, given the sorted unescaped quote positions q."""
+    return (np.searchsorted(q, p) & 1) == 0
+
+
+def _ndjson_block(text: bytes, eof: bool, path: Path, offset: int):
+    """Find whole events at the start of `text` (which begins between two events of the traceEvents
+    array, outside any string). Returns (consumed, ndjson_bytes | None, tail | None) where tail is the
+    text after the array's closing ']' once it is reached. Only quotes and braces are scanned (numpy):
+    the brace depth outside strings delimits events; separators are blanked and events put one per line."""
+    a = np.frombuffer(text, np.uint8)
+    q = _quote_positions(a)
+    br = np.flatnonzero((a == 123) | (a == 125))
+    br = br[_outside(q, br)]
+    is_open = a[br] == 123
+    d = np.cumsum(np.where(is_open, 1, -1))
+    sq = np.flatnonzero(a == 93)
+    sq = sq[_outside(q, sq)]
+    if sq.size:
+        k = np.searchsorted(br, sq)
+        sq = sq[np.where(k > 0, d[np.maximum(k - 1, 0)], 0) == 0]
+    arr_end = int(sq[0]) if sq.size else -1
+    limit = arr_end if arr_end >= 0 else a.size
+    neg = br[(d < 0)]
+    if neg.size and neg[0] < limit:
+        raise TraceError(f"{path}: malformed JSON in traceEvents near byte {offset + int(neg[0])} (unbalanced braces); re-export the trace")
+    ends = br[(d == 0) & ~is_open]
+    starts = br[(d == 1) & is_open]
+    ends = ends[ends < limit]
+    if arr_end < 0:
+        if not ends.size:
+            return 0, None, None, None, None
+        consumed = int(ends[-1]) + 1
+    else:
+        consumed = arr_end
+    starts = starts[starts < consumed]
+    if starts.size != ends.size or (starts.size and (np.any(starts > ends) or np.any(starts[1:] < ends[:-1]))):
+        raise TraceError(f"{path}: malformed traceEvents near byte {offset}: the array must hold JSON objects; re-export the trace")
+    x = np.frombuffer(text[:consumed].translate(_WS_TO_SPACE), np.uint8).copy()
+    # separator regions: before the first event, between events, after the last one
+    lead_end = int(starts[0]) if starts.size else consumed
+    gaps_from = np.concatenate([[0], ends + 1])
+    gaps_to = np.concatenate([starts, [consumed]])
+    lens = gaps_to - gaps_from
+    tot = int(lens.sum())
+    if tot:
+        idx = np.repeat(gaps_from - (np.cumsum(lens) - lens), lens) + np.arange(tot)
+        g = x[idx]
+        n_comma = int((g == 44).sum())
+        expected = max(ends.size - 1, 0) + (1 if (lead_end and (x[:lead_end] == 44).any()) else 0)
+        if n_comma != expected or not np.all((g == 44) | (g == 32)):
+            raise TraceError(f"{path}: malformed JSON between events of traceEvents near byte {offset}; re-export the trace")
+        x[idx] = 32
+    if ends.size > 1:
+        x[ends[:-1] + 1] = 10
+    tail = text[arr_end + 1:] if arr_end >= 0 else None
+    if not ends.size:
+        return consumed, None, tail, starts, ends
+    return consumed, x.tobytes(), tail, starts, ends
+
+
+def _parse_block(nd: bytes, path: Path, offset: int) -> pl.DataFrame:
+    try:
+        return pl.read_ndjson(nd, schema=_READ_SCHEMA, ignore_errors=True)
     except Exception as exc:  # polars raises ComputeError with the parser's message
         raise TraceError(f"{path}: malformed JSON in traceEvents near byte {offset}: {exc}; the file is corrupt, re-export it") from exc
-    return df
 
 
-def _scan_events(path: Path) -> tuple[list[pl.DataFrame], dict, int]:
+def _scan_events(path: Path) -> tuple[list[pl.DataFrame], list[pl.DataFrame], dict, int]:
     """Stream the file: returns raw event frames, the metadata dict and the number of text bytes."""
     stream = _open_stream(path)
     try:
@@ -174,40 +323,27 @@ def _scan_events(path: Path) -> tuple[list[pl.DataFrame], dict, int]:
         rest = head[start:]
         # ---- phase 2: events
         frames: list[pl.DataFrame] = []
+        rares: list[pl.DataFrame] = []
+        n_seen = 0
         total = len(head)
         consumed = start
         tail = None
         eof = False
         while tail is None:
             if rest:
-                a = np.frombuffer(rest, np.uint8)
-                pos, kind, depth = _structure(a)
-                closes = kind == _CLOSE
-                ends_arr = np.flatnonzero(closes & (depth == -1))
-                if ends_arr.size:
-                    cut_idx = ends_arr[0]
-                    tail = rest[pos[cut_idx] + 1:]
-                    upto = pos[cut_idx]  # the array's ']'
-                    sel = slice(0, cut_idx)
-                else:
-                    ev_end = np.flatnonzero(closes & (depth == 0))
-                    if ev_end.size and (eof or len(rest) > 0):
-                        last = ev_end[-1]
-                        upto = pos[last] + 1
-                        sel = slice(0, last + 1)
-                    else:
-                        upto, sel = 0, slice(0, 0)
-                if upto:
-                    d = depth[sel]
-                    k = kind[sel]
-                    if (d < 0).any():
-                        raise TraceError(f"{path}: malformed JSON in traceEvents near byte {consumed}; re-export the trace")
-                    seps = pos[sel][(k == _COMMA) & (d == 0)]
-                    block = rest[:upto]
-                    if block.strip():
-                        frames.append(_parse_block(block, seps, path, consumed))
-                    consumed += upto
-                    rest = rest[upto:]
+                used, nd, tail, starts, ends = _ndjson_block(rest, eof, path, consumed)
+                if nd is not None:
+                    df = _parse_block(nd, path, consumed)
+                    if df.height != starts.size:
+                        raise TraceError(f"{path}: malformed traceEvents near byte {consumed}; re-export the trace")
+                    rare = _rare_args(df, nd, starts, ends, n_seen)
+                    if rare is not None:
+                        rares.append(rare)
+                    frames.append(df)
+                    n_seen += df.height
+                if used:
+                    consumed += used
+                    rest = rest[used:]
                 if tail is not None:
                     break
             if eof:
@@ -238,7 +374,7 @@ def _scan_events(path: Path) -> tuple[list[pl.DataFrame], dict, int]:
         if not isinstance(meta, dict):
             raise TraceError(f"{path}: top-level JSON is not an object; not a trace")
         meta.pop("traceEvents", None)
-    return frames, meta, total
+    return frames, rares, meta, total
 
 
 def _find_trace_events(head: bytes) -> int | None:
@@ -319,73 +455,70 @@ def _collective_expr(src: pl.Expr) -> pl.Expr:
     return expr
 
 
-def _us_text_to_ns(col: str) -> pl.Expr:
-    """Microseconds as JSON number text -> exact integer ns (rounding below 1 ns)."""
-    s = pl.col(col)
-    sci = s.str.contains(r"[eE]")
-    parts = s.str.split_exact(".", 1)
-    ip = parts.struct.field("field_0").cast(pl.Int64, strict=False)
-    frac = parts.struct.field("field_1").fill_null("")
-    frac_ns = (frac + "000").str.slice(0, 3).cast(pl.Int64, strict=False)
-    neg = s.str.starts_with("-")
-    exact = ip * 1000 + pl.when(neg).then(-frac_ns).otherwise(frac_ns)
-    return pl.when(sci).then((s.cast(pl.Float64, strict=False) * 1000).round(0).cast(pl.Int64)).otherwise(exact)
+def _us_to_ns(col: str) -> pl.Expr:
+    """Microseconds (float64) -> integer ns. The integer part converts exactly (absolute epoch
+    microseconds are exact in float64); the fraction rounds to the nearest ns (relative timestamps
+    with 3 decimals, as newer Kineto writes them next to baseTimeNanoseconds, keep their ns)."""
+    v = pl.col(col)
+    whole = v.floor()
+    return whole.cast(pl.Int64) * 1000 + ((v - whole) * 1000).round(0).cast(pl.Int64)
 
 
-_COMM_NAME = r"(?i)^(nccl|rccl|gloo|c10d::|record_param_comms|ncclDevKernel|ncclKernel)"
-
-
-def _normalize(raw: pl.DataFrame, base_ns: int) -> pl.DataFrame:
+def _normalize(raw: pl.DataFrame, rare: pl.DataFrame | None, base_ns: int) -> pl.DataFrame:
+    """Raw event columns -> trace_events columns (one lazy query so polars fuses the passes)."""
     a = pl.col("args")
     cat_l = pl.col("cat").str.to_lowercase()
-    df = raw.with_row_index("event_id").filter(
-        pl.col("ph").is_in(["X", "i", "I"]) & (cat_l != "trace") & pl.col("ts").is_not_null()
-    )
-    cat = cat_l.replace_strict(_CAT_MAP, default="other", return_dtype=pl.Utf8)
-    dtype_in = a.struct.field("Input type").str.extract(r'^\[\s*"([^"]*)"', 1)
-    dims0 = a.struct.field("Input Dims").str.extract(r"^\[\s*(\[[0-9,\s]*\])", 1)
     gpu_cat = ["kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync"]
-    df = df.with_columns(
-        cat=cat,
-        ts_ns=_us_text_to_ns("ts") + base_ns,
-        dur_ns=pl.when(pl.col("ph") == "X").then(_us_text_to_ns("dur")).otherwise(0).fill_null(0).clip(lower_bound=0),
-        correlation=a.struct.field("correlation"),
-        external_id=a.struct.field("External id"),
-        _coll_name=a.struct.field("Collective name"),
-        _in_nel=a.struct.field("In msg nelems"),
-        _out_nel=a.struct.field("Out msg nelems"),
-        dtype=pl.coalesce(a.struct.field("dtype"), dtype_in),
-        group_size=a.struct.field("Group size").cast(pl.Int32),
-        group_ranks=a.struct.field("Process Group Ranks"),
-        pg_name=a.struct.field("Process Group Name"),
-        sequence_number=a.struct.field("Sequence number"),
-        fwd_thread_id=a.struct.field("Fwd thread id"),
-        sync_kind=a.struct.field("cuda_sync_kind"),
-        wait_on_stream=a.struct.field("wait_on_stream"),
-        wait_on_event_corr=a.struct.field("wait_on_cuda_event_record_corr_id"),
-        _dims_nel=dims0.str.extract_all(r"\d+").list.eval(pl.element().cast(pl.Int64)).list.eval(pl.element().product()).list.first(),
-        _arg_stream=a.struct.field("stream").cast(pl.Int64, strict=False),
-        _arg_device=a.struct.field("device"),
-    )
     is_gpu = pl.col("cat").is_in(gpu_cat)
-    dsize = pl.col("dtype").str.to_lowercase().replace_strict(_DTYPE_BYTES, default=None, return_dtype=pl.Int64)
-    is_comm_name = pl.col("name").str.contains(_COMM_NAME)
-    df = df.with_columns(
-        end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
-        device=pl.when(is_gpu).then(pl.coalesce(pl.col("_arg_device"), pl.col("pid").cast(pl.Int64, strict=False))).cast(pl.Int32),
-        stream=pl.when(is_gpu).then(pl.coalesce(pl.col("_arg_stream"), pl.col("tid").cast(pl.Int64, strict=False))),
-        is_comm=(pl.col("_coll_name").is_not_null() | is_comm_name) & pl.col("cat").is_in(["kernel", "cpu_op", "user_annotation"]),
-        msg_bytes=pl.coalesce(pl.col("_in_nel"), pl.col("_dims_nel")) * dsize,
-        out_msg_bytes=pl.col("_out_nel") * dsize,
+    lf = (
+        raw.lazy()
+        .with_row_index("event_id")
+        .filter(pl.col("ph").is_in(["X", "i", "I"]) & (cat_l != "trace") & pl.col("ts").is_not_null())
+        .with_columns(
+            cat=cat_l.replace_strict(_CAT_MAP, default="other", return_dtype=pl.Utf8),
+            ts_ns=_us_to_ns("ts") + base_ns,
+            dur_ns=pl.when(pl.col("ph") == "X").then(_us_to_ns("dur")).otherwise(0).fill_null(0).clip(lower_bound=0),
+            correlation=a.struct.field("correlation"),
+            external_id=a.struct.field("External id"),
+            sequence_number=a.struct.field("Sequence number"),
+            fwd_thread_id=a.struct.field("Fwd thread id"),
+            _arg_stream=a.struct.field("stream").cast(pl.Int64, strict=False),
+            _arg_device=a.struct.field("device"),
+        )
+        .with_columns(
+            end_ns=pl.col("ts_ns") + pl.col("dur_ns"),
+            device=pl.when(is_gpu).then(pl.coalesce(pl.col("_arg_device"), pl.col("pid").cast(pl.Int64, strict=False))).cast(pl.Int32),
+            stream=pl.when(is_gpu).then(pl.coalesce(pl.col("_arg_stream"), pl.col("tid").cast(pl.Int64, strict=False))),
+        )
+        .drop(["args", "ts", "dur", "_arg_stream", "_arg_device"])
     )
+    if rare is None or rare.height == 0:
+        rare = pl.DataFrame(schema=_RARE_SCHEMA)
+    # collective metadata: from NCCL args, else the op's first input tensor (nccl:all_reduce, gloo:...)
+    dims0 = pl.col("_in_dims").str.extract(r"^\[\s*(\[[0-9,\s]*\])", 1)
+    dtype_in = pl.col("_in_type").str.extract(r'^\[\s*"([^"]*)"', 1)
+    rare_lf = rare.lazy().with_columns(
+        dtype=pl.coalesce(pl.col("dtype"), dtype_in),
+        _dims_nel=dims0.str.extract_all(r"\d+").list.eval(pl.element().cast(pl.Int64).product()).list.first(),
+    )
+    lf = lf.join(rare_lf, on="event_id", how="left", maintain_order="left")
+    dsize = pl.col("dtype").str.to_lowercase().replace_strict(_DTYPE_BYTES, default=None, return_dtype=pl.Int64)
+    is_comm = ((pl.col("_coll_name").is_not_null() | pl.col("name").str.contains(_COMM_NAME))
+               & pl.col("cat").is_in(["kernel", "cpu_op", "user_annotation"])).fill_null(False)
+    lf = lf.with_columns(is_comm=is_comm).with_columns(
+        msg_bytes=pl.when(pl.col("is_comm")).then(pl.coalesce(pl.col("_in_nel"), pl.col("_dims_nel")) * dsize),
+        out_msg_bytes=pl.when(pl.col("is_comm")).then(pl.col("_out_nel") * dsize),
+    )
+    df = lf.collect()
     # collective names only for the (few) communication rows: string matching on every row is costly
     comm = df.filter(pl.col("is_comm")).select(
         "event_id",
-        collective=pl.coalesce(_collective_expr(pl.col("_coll_name")),
-                               _collective_expr(pl.col("name").str.replace(r"\(.*$", "").str.replace(r"(?i)_(RING|TREE|COLLNET|NVLS|PAT).*$", ""))),
+        collective=pl.coalesce(
+            _collective_expr(pl.col("_coll_name")),
+            _collective_expr(pl.col("name").str.replace(r"\(.*$", "").str.replace(r"(?i)_(RING|TREE|COLLNET|NVLS|PAT).*$", ""))),
     )
     df = df.join(comm, on="event_id", how="left", maintain_order="left")
-    return df.drop([c for c in df.columns if c.startswith("_")] + ["args", "ts", "dur"])
+    return df.drop([c for c in df.columns if c.startswith("_")])
 
 
 _RANK_FROM_NAME = [re.compile(r"rank[-_]?(\d+)", re.I), re.compile(r"_(\d+)\.")]
@@ -406,7 +539,7 @@ def read_trace(path: str | Path, capture_id: str = "", rank: int | None = None) 
     (meta['rank_source'] says which). Raises TraceError with an actionable message when the file is
     not a readable trace."""
     path = Path(path)
-    frames, meta, nbytes = _scan_events(path)
+    frames, rares, meta, nbytes = _scan_events(path)
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else None
     if rank is not None:
         r, src = int(rank), "argument"
@@ -420,7 +553,7 @@ def read_trace(path: str | Path, capture_id: str = "", rank: int | None = None) 
     base_ns = int(base_ns) if isinstance(base_ns, (int, float)) and base_ns else 0
     raw = pl.concat(frames, how="vertical") if frames else pl.DataFrame(schema=_READ_SCHEMA)
     n_raw = raw.height
-    ev = _normalize(raw, base_ns)
+    ev = _normalize(raw, pl.concat(rares) if rares else None, base_ns)
     del raw
     ev = ev.with_columns(
         capture_id=pl.lit(capture_id, pl.Utf8),

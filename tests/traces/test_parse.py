@@ -1,0 +1,159 @@
+import gzip
+import json
+import shutil
+
+import polars as pl
+import pytest
+
+from fleetscope.schemas import TABLES
+from fleetscope.traces.parse import TraceError, read_capture, read_trace
+from tests.traces.conftest import ALL_TRACES, load_json, real
+
+_CAT = {"cpu_op": "cpu_op", "user_annotation": "user_annotation", "cuda_runtime": "cuda_runtime", "kernel": "kernel",
+        "gpu_memcpy": "gpu_memcpy", "gpu_memset": "gpu_memset", "cuda_sync": "cuda_sync",
+        "gpu_user_annotation": "gpu_user_annotation", "python_function": "python_function"}
+
+
+@pytest.mark.parametrize("path", ALL_TRACES, ids=lambda p: p.name[:40])
+def test_every_real_trace_matches_json_ground_truth(path):
+    doc = load_json(path)
+    truth = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") != "Trace"]
+    tf = read_trace(path, "cap")
+    ev = tf.events
+    TABLES["trace_events"].validate(ev)
+    assert ev.height == len(truth)
+    base = doc.get("baseTimeNanoseconds") or 0
+    # timestamps, durations, categories, correlation ids event by event
+    exp_ts = [base + round(e["ts"] * 1000) for e in truth]
+    assert max(abs(a - b) for a, b in zip(ev["ts_ns"].to_list(), exp_ts)) <= 1
+    assert ev["dur_ns"].to_list() == [round(e.get("dur", 0) * 1000) for e in truth]
+    assert ev["cat"].to_list() == [_CAT.get(e["cat"], "other") for e in truth]
+    assert ev["name"].to_list() == [e["name"] for e in truth]
+    assert ev["correlation"].to_list() == [(e.get("args") or {}).get("correlation") for e in truth]
+    assert (ev["end_ns"] == ev["ts_ns"] + ev["dur_ns"]).all()
+    gpu = ev.filter(pl.col("cat").is_in(["kernel", "gpu_memcpy", "gpu_memset"]))
+    assert gpu["stream"].null_count() == 0 and gpu["device"].null_count() == 0
+    assert tf.meta["n_raw_events"] == len(doc["traceEvents"])
+    rank = (doc.get("distributedInfo") or {}).get("rank")
+    if rank is not None:
+        assert tf.meta["rank_source"] == "distributedInfo" and (ev["rank"] == rank).all()
+
+
+def test_rank_sources(tmp_path):
+    assert read_trace(real("cpu_only"), "c").meta["rank"] == 34
+    src = real("distributed_info_unavailable")
+    tf = read_trace(src, "c")
+    assert tf.meta["rank_source"] == "default" and tf.meta["rank"] == 0
+    renamed = tmp_path / "job_rank7.json.gz"
+    shutil.copy(src, renamed)
+    tf = read_trace(renamed, "c")
+    assert tf.meta["rank_source"] == "file_name" and (tf.events["rank"] == 7).all()
+    other = tmp_path / "trace_12.json.gz"
+    shutil.copy(src, other)
+    assert read_trace(other, "c").meta["rank"] == 12
+    assert read_trace(other, "c", rank=3).meta["rank"] == 3
+
+
+def test_plain_json_and_bare_array(tmp_path):
+    src = real("critical_path__cuda_event_sync__")
+    plain = tmp_path / "rank0.json"
+    plain.write_bytes(gzip.decompress(src.read_bytes()))
+    a = read_trace(src, "c").events
+    b = read_trace(plain, "c").events
+    assert a.drop("source_file").equals(b.drop("source_file"))
+    bare = tmp_path / "bare_rank2.json"
+    bare.write_text(json.dumps(load_json(src)["traceEvents"]))
+    c = read_trace(bare, "c")
+    assert c.meta["rank"] == 2 and c.events.height == a.height
+
+
+def test_nccl_metadata_against_args(real_dir):
+    path = real("nccl_parser_config")
+    doc = load_json(path)
+    truth = [e for e in doc["traceEvents"] if e.get("cat") == "kernel" and "Collective name" in e.get("args", {})]
+    ev = read_trace(path, "c").events.filter((pl.col("cat") == "kernel") & pl.col("is_comm"))
+    assert ev.height == len(truth) > 0
+    size = {"Float": 4, "Long": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Double": 8, "Byte": 1}
+    assert ev["msg_bytes"].to_list() == [e["args"]["In msg nelems"] * size[e["args"]["dtype"]] for e in truth]
+    assert ev["collective"].to_list() == [e["args"]["Collective name"] for e in truth]
+    assert set(ev["group_size"].to_list()) == {2} and set(ev["pg_name"].to_list()) == {"0"}
+    assert ev["group_ranks"].to_list()[0] == "[0, 1]"
+    # gloo annotations in the CPU-only trace: size from the first input tensor's dims x float
+    cpu = read_trace(real("cpu_only"), "c").events.filter(pl.col("is_comm"))
+    assert set(cpu["collective"].to_list()) == {"allreduce"}
+    truth = [e for e in load_json(real("cpu_only"))["traceEvents"] if e.get("name") == "gloo:all_reduce"]
+    assert sorted(cpu.filter(pl.col("name") == "gloo:all_reduce")["msg_bytes"].to_list()) == sorted(
+        e["args"]["Input Dims"][0][0] * 4 for e in truth)
+
+
+def test_sync_events_and_amd(real_dir):
+    ev = read_trace(real("critical_path__alexnet"), "c").events.filter(pl.col("cat") == "cuda_sync")
+    assert set(ev["sync_kind"].to_list()) == {"Stream Sync", "Context Sync", "Stream Wait Event"}
+    ev = read_trace(real("critical_path__cuda_event_sync_multi"), "c").events.filter(pl.col("cat") == "cuda_sync")
+    assert ev.filter(pl.col("sync_kind") == "Event Sync")["wait_on_event_corr"].is_not_null().any()
+    amd = read_trace(real("amd_trace"), "c").events
+    k = amd.filter(pl.col("cat") == "kernel")
+    launches = amd.filter(pl.col("name").str.starts_with("hip") & pl.col("correlation").is_in(k["correlation"].implode()))
+    assert k.height == 14 and launches.height == k.height
+    assert amd["ts_ns"].min() > 1_700_000_000 * 10**9  # baseTimeNanoseconds applied
+
+
+def _expect_error(path, *words):
+    with pytest.raises(TraceError) as ei:
+        read_trace(path, "c")
+    msg = str(ei.value)
+    assert str(path) in msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_bad_files(tmp_path):
+    src = real("negative_queue")
+    trunc = tmp_path / "trunc.json.gz"
+    trunc.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
+    _expect_error(trunc, "truncated gzip")
+    text = gzip.decompress(src.read_bytes())
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(text[: len(text) // 2])
+    _expect_error(cut, "truncated")
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(text[:5000].replace(b'"ph"', b'"ph" "', 3) + text[5000:])
+    _expect_error(bad, "malformed JSON")
+    notrace = tmp_path / "notrace.json"
+    notrace.write_text(json.dumps({"schemaVersion": 1, "events": [1, 2]}))
+    _expect_error(notrace, "no 'traceEvents'")
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"schemaVersion": 1, "foo": [1, 2')
+    _expect_error(broken, "malformed JSON")
+    empty = tmp_path / "empty.json"
+    empty.write_bytes(b"")
+    _expect_error(empty, "empty")
+    csv = tmp_path / "x.json"
+    csv.write_text("a,b\n1,2\n")
+    _expect_error(csv, "not JSON")
+    garbage = tmp_path / "garbage.json.gz"
+    garbage.write_bytes(b"\x1f\x8b" + b"\x00" * 50)
+    _expect_error(garbage, "gzip")
+
+
+def test_small_blocks_give_the_same_events(monkeypatch):
+    import fleetscope.traces.parse as P
+
+    path = real("nccl_parser_config")
+    ref = read_trace(path, "c").events
+    monkeypatch.setattr(P, "BLOCK_BYTES", 100_003)  # many blocks, events cut at arbitrary bytes
+    assert read_trace(path, "c").events.equals(ref)
+
+
+def test_read_capture(tmp_path):
+    cap = tmp_path / "job1"
+    cap.mkdir()
+    shutil.copy(real("timeline_analysis"), cap / "a.json.gz")
+    shutil.copy(real("trace_filter"), cap / "b.json.gz")
+    (cap / "capture.json").write_text('{"job_id": "j"}')
+    ev = read_capture(cap)
+    assert sorted(ev["rank"].unique().to_list()) == [0, 1]
+    assert (ev["capture_id"] == "job1").all()
+    shutil.copy(real("timeline_analysis"), cap / "c.json.gz")
+    with pytest.raises(TraceError, match="both rank 0"):
+        read_capture(cap)
