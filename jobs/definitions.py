@@ -51,9 +51,10 @@ ALL_JOBS = [j for j in list(JOB_FOR_SET.values()) + [fleet_analysis] if j is not
 
 # Files are read where the code location runs; the sensor uses the same environment as the CLI.
 _SENSOR_SETTLE_S = float(os.environ.get("FLEETSCOPE_SETTLE_SECONDS", "5"))
+_SENSOR_INTERVAL_S = int(os.environ.get("FLEETSCOPE_SENSOR_INTERVAL_SECONDS", "30"))
 
 
-@sensor(name="landing_sensor", minimum_interval_seconds=30, default_status=DefaultSensorStatus.RUNNING,
+@sensor(name="landing_sensor", minimum_interval_seconds=_SENSOR_INTERVAL_S, default_status=DefaultSensorStatus.RUNNING,
         description="Registers new or changed files in the landing folder (content-hashed dynamic partitions) and requests their ingestion runs.",
         jobs=[j for j in JOB_FOR_SET.values() if j is not None and j.name != "flow_window_analysis"])
 def landing_sensor(context: SensorEvaluationContext):
@@ -84,7 +85,7 @@ def landing_sensor(context: SensorEvaluationContext):
     return SensorResult(run_requests=requests, dynamic_partitions_requests=adds, cursor=cursor)
 
 
-@sensor(name="flow_window_sensor", minimum_interval_seconds=30, default_status=DefaultSensorStatus.RUNNING,
+@sensor(name="flow_window_sensor", minimum_interval_seconds=_SENSOR_INTERVAL_S, default_status=DefaultSensorStatus.RUNNING,
         description="When a flows partition lands, (re)analyses every time window it touched.",
         job_name="flow_window_analysis")
 def flow_window_sensor(context: SensorEvaluationContext):

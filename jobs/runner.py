@@ -60,13 +60,14 @@ def run_all(landing: str | Path, warehouse: str | Path, settle_s: float = 2.0, l
     report = RunReport(registration=reg)
     log(f"landing {landing}: {reg.n_to_run} partition(s) to ingest, {len(reg.duplicates)} duplicate file(s), "
         f"{len(reg.deferred)} still being written, {len(reg.ignored)} ignored")
+    to_run = {k: list(v) for k, v in reg.to_run.items()}
     if not only_new:  # re-run everything registered before as well: `run` means "materialize everything"
         for pset in JOB_FOR_SET:
             if pset == flow_windows.name:
                 continue
-            keys = reg.to_run.setdefault(pset, [])
+            keys = to_run.setdefault(pset, [])
             keys += [k for k in instance.get_dynamic_partitions(pset) if k not in keys]
-    for pset, keys in reg.to_run.items():
+    for pset, keys in to_run.items():
         new = [k for k in keys if not instance.has_dynamic_partition(pset, k)]
         if new:
             instance.add_dynamic_partitions(pset, new)
@@ -94,13 +95,13 @@ def run_all(landing: str | Path, warehouse: str | Path, settle_s: float = 2.0, l
         job = JOB_FOR_SET.get(pset)
         if job is None:
             continue
-        for key in sorted(reg.to_run.get(pset, [])):
+        for key in sorted(to_run.get(pset, [])):
             execute(job.name, key)
     # windows touched by the flow files ingested now (or every window when re-running everything)
     wjob = JOB_FOR_SET.get(flow_windows.name)
     if wjob is not None:
         windows = set()
-        for key in reg.to_run.get("flow_files", []):
+        for key in to_run.get("flow_files", []):
             recs = instance.fetch_materializations(
                 AssetRecordsFilter(asset_key=AssetKey("flows"), asset_partitions=[key]), limit=1).records
             md = recs[0].asset_materialization.metadata if recs and recs[0].asset_materialization else {}

@@ -23,20 +23,21 @@ def landing_path() -> str:
 
 
 class WarehouseResource(ConfigurableResource):
-    """The DuckDB warehouse (views) and its parquet tables."""
-    path: str = DEFAULT_WAREHOUSE
+    """The DuckDB warehouse (views) and its parquet tables. An empty path means
+    FLEETSCOPE_WAREHOUSE at run time (so the CLI, UI, daemon and tests share one setting)."""
+    path: str = ""
 
     def get(self) -> Warehouse:
-        return Warehouse(self.path)
+        return Warehouse(self.path or warehouse_path())
 
 
 class LandingResource(ConfigurableResource):
-    path: str = DEFAULT_LANDING
-    settle_seconds: float = 2.0
+    """The landing folder; an empty path means FLEETSCOPE_LANDING at run time."""
+    path: str = ""
 
     @property
     def root(self) -> Path:
-        return Path(self.path)
+        return Path(self.path or landing_path())
 
 
 class AnalysisSettings(ConfigurableResource):
@@ -48,8 +49,7 @@ class AnalysisSettings(ConfigurableResource):
 
 def default_resources() -> dict:
     return {
-        "warehouse": WarehouseResource(path=warehouse_path()),
-        "landing": LandingResource(path=landing_path(),
-                                   settle_seconds=float(os.environ.get("FLEETSCOPE_SETTLE_SECONDS", "2"))),
+        "warehouse": WarehouseResource(),
+        "landing": LandingResource(),
         "settings": AnalysisSettings(window_seconds=int(os.environ.get("FLEETSCOPE_WINDOW_SECONDS", "60"))),
     }

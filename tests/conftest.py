@@ -1,0 +1,22 @@
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+REAL = REPO.parent / "shared" / "data" / "real"
+
+
+@pytest.fixture
+def fleet_env(tmp_path, monkeypatch):
+    """A landing folder, a warehouse path and a real Dagster instance home, all under tmp_path."""
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    warehouse = tmp_path / "wh" / "warehouse.duckdb"
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    monkeypatch.setenv("FLEETSCOPE_LANDING", str(landing))
+    monkeypatch.setenv("FLEETSCOPE_WAREHOUSE", str(warehouse))
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
+    return landing, warehouse, home

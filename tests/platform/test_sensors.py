@@ -1,0 +1,117 @@
+"""The landing sensor and the schedules against a real Dagster instance (sqlite storage in a
+temporary DAGSTER_HOME), and the sensor driven by a real dagster-daemon that is restarted."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from dagster import DagsterInstance, DagsterRunStatus, RunsFilter, build_sensor_context
+
+from conftest import REPO
+from definitions import defs
+from jobs.definitions import landing_sensor
+
+
+def _flow_file(path: Path, t0: int, n: int = 4):
+    pl.DataFrame({"start_ns": [t0 + i for i in range(n)], "duration_ns": [10] * n, "src_ip": ["10.0.0.1"] * n,
+                  "dst_ip": ["10.0.0.2"] * n, "bytes": [100] * n}).write_parquet(path)
+    old = time.time() - 60
+    os.utime(path, (old, old))
+
+
+def _evaluate(instance, cursor):
+    ctx = build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
+    return landing_sensor(ctx)
+
+
+def test_landing_sensor_registers_requests_and_keeps_a_cursor(fleet_env):
+    landing, warehouse, home = fleet_env
+    (landing / "flows").mkdir()
+    (landing / "topology").mkdir()
+    _flow_file(landing / "flows" / "a.parquet", 1_700_000_000_000_000_000)
+    _flow_file(landing / "flows" / "a_same_content.parquet", 1_700_000_000_000_000_000)
+    (landing / "topology" / "topo.csv").write_text("ip,host\n10.0.0.1,h1\n10.0.0.2,h2\n")
+    os.utime(landing / "topology" / "topo.csv", (time.time() - 60,) * 2)
+    with DagsterInstance.get() as instance:
+        res = _evaluate(instance, None)
+        jobs = sorted((r.job_name, r.partition_key.split("-")[0]) for r in res.run_requests)
+        assert jobs == [("ingest_flows", "a"), ("ingest_topology", "topo")]  # the duplicate is not requested
+        added = {r.partitions_def_name: list(r.partition_keys) for r in res.dynamic_partitions_requests}
+        assert set(added) == {"flow_files", "topology_files"}
+        for name, keys in added.items():
+            instance.add_dynamic_partitions(name, keys)
+        # same landing, with the cursor: nothing to do
+        res2 = _evaluate(instance, res.cursor)
+        assert not res2.run_requests
+        # a new file: exactly one request
+        _flow_file(landing / "flows" / "b.parquet", 1_700_000_100_000_000_000)
+        res3 = _evaluate(instance, res2.cursor)
+        assert [r.partition_key.split("-")[0] for r in res3.run_requests] == ["b"]
+
+
+def _start_daemon(env):
+    return subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-m", "definitions", "--working-directory", str(REPO),
+                             "-h", "127.0.0.1", "-p", str(_free_port())],
+                            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _wait_runs(instance, n, timeout=180):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        runs = instance.get_runs(RunsFilter(tags={"fleetscope/trigger": "landing_sensor"}))
+        done = [r for r in runs if r.status in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE)]
+        if len(done) >= n and len(done) == len(runs):
+            return runs
+        time.sleep(2)
+    raise AssertionError(f"expected {n} finished sensor runs, have {[(r.job_name, r.status) for r in instance.get_runs()]}")
+
+
+@pytest.mark.slow
+def test_daemon_runs_the_sensor_and_its_cursor_survives_a_restart(fleet_env):
+    landing, warehouse, home = fleet_env
+    (landing / "flows").mkdir()
+    _flow_file(landing / "flows" / "first.parquet", 1_700_000_000_000_000_000)
+    env = {**os.environ, "FLEETSCOPE_SENSOR_INTERVAL_SECONDS": "3", "FLEETSCOPE_SETTLE_SECONDS": "1",
+           "PYTHONPATH": str(REPO)}
+    proc = _start_daemon(env)
+    try:
+        with DagsterInstance.get() as instance:
+            runs = _wait_runs(instance, 1)
+            assert [r.status for r in runs] == [DagsterRunStatus.SUCCESS]
+    finally:
+        _stop(proc)
+    _flow_file(landing / "flows" / "second.parquet", 1_700_000_200_000_000_000)
+    proc = _start_daemon(env)
+    try:
+        with DagsterInstance.get() as instance:
+            runs = _wait_runs(instance, 2)
+            time.sleep(8)  # a few more ticks: the old file must not be requested again
+            runs = instance.get_runs(RunsFilter(tags={"fleetscope/trigger": "landing_sensor"}))
+            keys = sorted(r.tags.get("dagster/partition", "").split("-")[0] for r in runs)
+            assert keys == ["first", "second"], keys
+            assert all(r.status == DagsterRunStatus.SUCCESS for r in runs)
+    finally:
+        _stop(proc)
+    from fleetscope.warehouse import Warehouse
+    assert Warehouse(warehouse).read("flows").height == 8
