@@ -307,6 +307,19 @@ class JobSim:
                 "dtype": "BFloat16", "In split size": "[]", "Out split size": "[]", "Process Group Name": group,
                 "Process Group Description": group.split(":")[0], "Process Group Ranks": str(ranks)}
 
+    def pg_of(self, rank: int, group: str) -> tuple[str, list[int]]:
+        """Process-group name and member ranks of `rank` for a group kind (tp, dp) or a pp pair name."""
+        L = self.layout
+        s, d, t = rank // (L.dp * L.tp), (rank // L.tp) % L.dp, rank % L.tp
+        if group == "tp":
+            return f"tp:{s}.{d}", [L.rank(s, d, tt) for tt in range(L.tp)]
+        if group == "dp":
+            return f"dp:{s}.{t}", [L.rank(s, dd, t) for dd in range(L.dp)]
+        if group.startswith("pp:"):
+            lo, hi = (int(x) for x in group[3:].split("-"))
+            return f"{group}.{d}.{t}", [L.rank(lo, d, t), L.rank(hi, d, t)]
+        return group, []
+
     def group_ranks(self, st: Stage, axis: str, d: int = 0, t: int = 0) -> list[int]:
         L = self.layout
         if axis == "tp":
@@ -317,7 +330,7 @@ class JobSim:
     def tp_allreduce(self, st: Stage, nbytes: int, label: str):
         if self.layout.tp == 1:
             return
-        grp = f"tp:{st.s}"
+        grp = "tp"  # resolved per rank at render time (tp:<stage>.<dp index>)
         ranks = self.group_ranks(st, "tp")
         args = self.nccl_args("allreduce", nbytes // 2, grp, ranks)
         st.kernel("record_param_comms", NCCL_AR, STREAM_TP, self.allreduce_ns(st, nbytes, "tp"), tname="nccl:AllReduce",
@@ -377,7 +390,7 @@ class JobSim:
             # this layer's gradients are ready: DDP bucket all-reduce on the DP NCCL stream, overlapping the rest
             params = 12 * H * H // tp + 2 * H * (ffn * tp - 4 * H) // tp
             nbytes = params * 2
-            grp = f"dp:{st.s}"
+            grp = "dp"  # resolved per rank at render time (dp:<stage>.<tp index>)
             args = self.nccl_args("allreduce", params, grp, self.group_ranks(st, "dp"))
             st.kernel("record_param_comms", NCCL_AR, STREAM_DP, self.allreduce_ns(st, nbytes, "dp"), tname="nccl:AllReduce",
                       nbytes=nbytes, group=grp, group_size=self.layout.dp, args=args, collective_axis="dp", pre_sync=True)
