@@ -36,3 +36,7 @@ class FlowConfig:
     diag_bin_ns: int = 10_000_000_000
     min_flows_per_cell: int = 8
     min_bw_drop: float = 0.25
+    # slow GPU from PP timing: receive-to-send lag >= ratio x the fastest DP peer's, and the excess
+    # >= this share of the step
+    pp_lag_ratio: float = 2.0
+    pp_lag_min_share: float = 0.02

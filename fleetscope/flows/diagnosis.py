@@ -32,21 +32,29 @@ def robust_high(x: pl.Expr, k: float, min_rel: float, base: pl.Expr | None = Non
 
 
 def _cross_step(st: pl.DataFrame, wid: str, cfg: FlowConfig) -> list[dict]:
+    """Slow steps per job. Baseline and sigma come from the job's faster half of steps (median and
+    MAD), so a slowdown lasting most of the window (a straggler that stays) cannot become the
+    baseline or inflate the deviation. One verdict per run of consecutive slow steps."""
     js = st.filter("start_observed").group_by("job_id", "job_step").agg(
         dur=(pl.col("end_ns") - pl.col("start_ns")).median(), s=pl.col("start_ns").min(), e=pl.col("end_ns").max())
-    js = js.with_columns(
-        med=pl.col("dur").median().over("job_id"),
-        sig=(MAD_SIGMA * (pl.col("dur") - pl.col("dur").median()).abs().median()).over("job_id"),
+    fast = pl.col("dur").filter(pl.col("dur") <= pl.col("dur").median())
+    js = js.sort("job_id", "job_step").with_columns(
+        med=fast.median().over("job_id"),
+        sig=(MAD_SIGMA * (fast - fast.median()).abs().median()).over("job_id"),
         n=pl.len().over("job_id"))
-    bad = js.filter((pl.col("n") >= 5) & (pl.col("dur") > pl.col("med") + pl.max_horizontal(
+    js = js.with_columns(slow=(pl.col("n") >= 4) & (pl.col("dur") > pl.col("med") + pl.max_horizontal(
         cfg.k_sigma * pl.col("sig"), cfg.min_rel_excess * pl.col("med"))))
-    return [dict(detector="flows.cross_step", scope="step", subject=f"{r['job_id']}:{r['job_step']}",
-                 job_id=r["job_id"], start_ns=r["s"], end_ns=r["e"], metric="step_duration_ns",
-                 value=float(r["dur"]), baseline=float(r["med"]), severity="warning", team="infrastructure",
-                 window_id=wid,
-                 explanation=f"step {r['job_step']} of {r['job_id']} took {r['dur'] / 1e6:.1f} ms, "
-                             f"{r['dur'] / r['med'] - 1:+.0%} vs the job's median {r['med'] / 1e6:.1f} ms")
-            for r in bad.iter_rows(named=True)]
+    js = js.with_columns(run=(pl.col("slow") != pl.col("slow").shift(1)).fill_null(True).cum_sum().over("job_id"))
+    runs = js.filter("slow").group_by("job_id", "run").agg(
+        dur=pl.col("dur").median(), med=pl.col("med").first(), s=pl.col("s").min(), e=pl.col("e").max(),
+        n=pl.len(), first=pl.col("job_step").min(), last=pl.col("job_step").max())
+    return [dict(detector="flows.cross_step", scope="job", subject=r["job_id"], job_id=r["job_id"],
+                 start_ns=r["s"], end_ns=r["e"], metric="step_duration_ns", value=float(r["dur"]),
+                 baseline=float(r["med"]), severity="warning", team="infrastructure", window_id=wid,
+                 evidence=json.dumps({"steps": [r["first"], r["last"]], "n_steps": r["n"]}),
+                 explanation=f"{r['n']} step(s) of {r['job_id']} took {r['dur'] / 1e6:.1f} ms (median), "
+                             f"{r['dur'] / r['med'] - 1:+.0%} vs its usual {r['med'] / 1e6:.1f} ms")
+            for r in runs.iter_rows(named=True)]
 
 
 def _cross_group(st: pl.DataFrame, pairs: pl.DataFrame, wid: str, cfg: FlowConfig) -> list[dict]:
@@ -76,28 +84,42 @@ def _cross_group(st: pl.DataFrame, pairs: pl.DataFrame, wid: str, cfg: FlowConfi
             for r in bad.iter_rows(named=True)]
 
 
-def _late_gpus(st: pl.DataFrame, wid: str, cfg: FlowConfig) -> list[dict]:
-    """A GPU whose DP traffic starts late in step after step computes slowly (the others wait)."""
-    s = st.filter(pl.col("dp_send_start_ns").is_not_null() & pl.col("start_observed"))
-    if s.height == 0:
+def _slow_pp_compute(ipf: pl.DataFrame, pairs: pl.DataFrame, st: pl.DataFrame, wid: str, cfg: FlowConfig) -> list[dict]:
+    """A slow GPU stretches the time between receiving a PP message and sending the next one (its
+    compute per microbatch). Per ip and time bin: median of (send start - latest receive end);
+    compared with the fastest member of its DP group (same stage and TP rank, other replicas).
+    A TP group moves in lockstep, so all its GPUs show the delay: each gets a verdict that says so."""
+    pp = ipf.filter(pl.col("comm_type") == "PP")
+    dp = pairs.filter(pl.col("comm_type") == "DP")
+    if pp.height == 0 or dp.height == 0:
         return []
-    s = s.with_columns(
-        late=(pl.col("dp_send_start_ns") - pl.col("dp_send_start_ns").median().over("job_id", "job_step")),
-        dur=(pl.col("end_ns") - pl.col("start_ns")).median().over("job_id"))
-    s = s.with_columns(sig=(MAD_SIGMA * (pl.col("late") - pl.col("late").median()).abs().median()).over("job_id"))
-    s = s.with_columns(is_late=pl.col("late") > pl.max_horizontal(cfg.k_sigma * pl.col("sig"),
-                                                                   cfg.min_rel_excess * pl.col("dur")))
-    per = s.filter("is_late").group_by("job_id", "ip").agg(
-        n=pl.len(), late=pl.col("late").median(), s=pl.col("start_ns").min(), e=pl.col("end_ns").max(),
-        dur=pl.col("dur").first())
-    # the latest ip of each late step is the straggler; others late only through it do not count
-    per = per.filter(pl.col("n") >= cfg.min_steps_for_verdict)
-    return [dict(detector="flows.late_gpu", scope="gpu", subject=r["ip"], job_id=r["job_id"], start_ns=r["s"],
-                 end_ns=r["e"], metric="dp_entry_lateness_ns", value=float(r["late"]), baseline=0.0,
+    grp = pl.concat([dp.select("job_id", ip="ip_a", g="dp_group"), dp.select("job_id", ip="ip_b", g="dp_group")]).unique(["job_id", "ip"])
+    snd = pp.filter(pl.col("role") == "send").select("job_id", "ip", t=pl.col("start_ns")).sort("ip", "t")
+    rcv = pp.filter(pl.col("role") == "recv").select("ip", r=pl.col("end_ns")).sort("ip", "r")
+    lag = snd.join_asof(rcv, left_on="t", right_on="r", by="ip", strategy="backward", check_sortedness=False) \
+        .filter(pl.col("r").is_not_null()).with_columns(lag=pl.col("t") - pl.col("r"), bin=pl.col("t") // cfg.diag_bin_ns)
+    per = lag.group_by("job_id", "ip", "bin").agg(lag=pl.col("lag").median(), s=pl.col("t").min(), e=pl.col("t").max(),
+                                                  n=pl.len()).filter(pl.col("n") >= 3)
+    per = per.join(grp, on=["job_id", "ip"]).with_columns(
+        ref=pl.col("lag").min().over("job_id", "g", "bin"), members=pl.len().over("job_id", "g", "bin"))
+    step = st.filter("start_observed").group_by("job_id").agg(dur=(pl.col("end_ns") - pl.col("start_ns")).median())
+    per = per.join(step, on="job_id", how="left").with_columns(
+        bad=(pl.col("members") >= 2) & (pl.col("lag") >= cfg.pp_lag_ratio * pl.col("ref"))
+        & ((pl.col("lag") - pl.col("ref")) >= cfg.pp_lag_min_share * pl.col("dur").fill_null(0)))
+    hits = per.filter("bad").group_by("job_id", "ip").agg(
+        n=pl.len(), lag=pl.col("lag").median(), ref=pl.col("ref").median(), s=pl.col("s").min(), e=pl.col("e").max())
+    hits = hits.filter(pl.col("n") >= cfg.min_steps_for_verdict).join(
+        ipf.select("ip").unique(), on="ip")
+    # lockstep peers: the ips flagged together on one host
+    hits = hits.with_columns(host_ips=pl.col("ip").sort().str.join(",").over("job_id", pl.col("ip").str.extract(r"^(.*)\.\d+$")))
+    return [dict(detector="flows.slow_gpu", scope="gpu", subject=r["ip"], job_id=r["job_id"], start_ns=r["s"],
+                 end_ns=r["e"], metric="pp_compute_lag_ns", value=float(r["lag"]), baseline=float(r["ref"]),
                  severity="warning", team="operations", window_id=wid,
-                 explanation=f"{r['ip']} enters the DP collective {r['late'] / 1e6:.1f} ms after its job's median "
-                             f"in {r['n']} steps (step {r['dur'] / 1e6:.0f} ms): slow compute on this GPU")
-            for r in per.iter_rows(named=True)]
+                 evidence=json.dumps({"lockstep_group": r["host_ips"].split(","), "bins": r["n"]}),
+                 explanation=f"{r['ip']} takes {r['lag'] / 1e6:.1f} ms from receiving a pipeline message to sending "
+                             f"the next vs {r['ref'] / 1e6:.1f} ms on its DP peers: slow compute on this GPU or its "
+                             f"tensor-parallel group ({r['host_ips']}), which moves in lockstep")
+            for r in hits.iter_rows(named=True)]
 
 
 def _network(flows: pl.DataFrame, pairs: pl.DataFrame, topo: pl.DataFrame, wid: str, cfg: FlowConfig) -> list[dict]:
@@ -195,13 +217,16 @@ def _oversubscription(flows: pl.DataFrame, pairs: pl.DataFrame, topo: pl.DataFra
 
 
 def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology: pl.DataFrame, window_id: str,
-                  cfg: FlowConfig) -> pl.DataFrame:
+                  cfg: FlowConfig, ipf: pl.DataFrame | None = None) -> pl.DataFrame:
+    """All flow verdicts of a window. flows: the window's in-topology flows with ip_a/ip_b;
+    ipf: timelines.ip_flows of them (PP timing), optional."""
     st, pairs = tables["step_timelines"], tables["comm_pairs"]
     rows = []
     if st.height:
         rows += _cross_step(st, window_id, cfg)
         rows += _cross_group(st, pairs, window_id, cfg)
-        rows += _late_gpus(st, window_id, cfg)
+        if ipf is not None:
+            rows += _slow_pp_compute(ipf, pairs, st, window_id, cfg)
     if pairs.height:
         rows += _network(flows, pairs, topology, window_id, cfg)
         rows += _oversubscription(flows, pairs, topology, window_id, cfg)

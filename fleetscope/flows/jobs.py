@@ -1,9 +1,10 @@
 """Job recognition (LLMPrism IV-A, Algorithm 1): union-find over communicating NIC pairs, then
-merge cross-machine clusters whose host sets are identical (TP traffic never leaves a host).
+merge cross-machine clusters through the hosts they share (TP traffic never leaves a host).
 
-Two refinements over the paper: only periodic pairs (job traffic) are edges, so background
-traffic cannot create or bridge jobs; and clusters on the same host set are merged only when
-their steps line up in time, so a tenant's two small jobs on the same hosts stay two jobs."""
+Refinements over the paper: only periodic pairs (job traffic) are edges, so background traffic
+cannot create or bridge jobs; clusters are merged when they share a host *and* their flows move
+in lockstep, so a tenant's two small jobs on the same hosts stay two jobs, and a job whose DP
+rings walk local members over NVLink (clusters on overlapping, not identical, host sets) is one."""
 from __future__ import annotations
 
 import hashlib
@@ -60,7 +61,8 @@ def job_id_for(ips: list[str]) -> str:
 
 
 def _co_occurrence(fa: pl.DataFrame, fb: pl.DataFrame, tol_ns: int, sample: int = 4000) -> float:
-    """Share of B's flows that start within tol_ns of a flow of A with the same size. Ranks of one
+    """Best share, over B's flow sizes, of B's flows starting within tol_ns of a flow of A with the
+    same size. Ranks of one
     job move in lockstep (the TP shards of a stage send the same activation or bucket chunk at
     the same moment), two independent jobs do not."""
     if fa.height == 0 or fb.height == 0:
@@ -71,7 +73,11 @@ def _co_occurrence(fa: pl.DataFrame, fb: pl.DataFrame, tol_ns: int, sample: int 
     a = fa.select(t=pl.col("start_ns"), bytes="bytes").sort("bytes", "t")
     j = b.sort("bytes", "start_ns").join_asof(a, left_on="start_ns", right_on="t", by="bytes",
                                               strategy="nearest", check_sortedness=False)
-    return float(((j["t"] - j["start_ns"]).abs() <= tol_ns).fill_null(False).mean())
+    hit = j.with_columns(hit=((pl.col("t") - pl.col("start_ns")).abs() <= tol_ns).fill_null(False))
+    # per flow size: the collective's chunks stay in lockstep even when a straggler shifts the
+    # pipeline sends of one replica; a size class needs a few flows to count
+    per = hit.group_by("bytes").agg(share=pl.col("hit").mean(), n=pl.len()).filter(pl.col("n") >= 8)
+    return float(per["share"].max()) if per.height else float(hit["hit"].mean())
 
 
 def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.DataFrame,
@@ -92,11 +98,11 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
     members = idx.with_columns(cluster_id=pl.Series(comp, dtype=pl.Int64)).join(
         topology.select("ip", "host", "gpu"), on="ip", how="left")
 
-    # cross-machine cluster -> host set; clusters on one host set are one job when their flows
-    # move in lockstep (co-occurrence), so a tenant's two jobs on the same hosts stay apart
-    hostsets = members.group_by("cluster_id").agg(hosts=pl.col("host").unique().sort().str.join(","))
-    info = hostsets.sort("cluster_id")
-    parent = {c: c for c in info["cluster_id"].to_list()}
+    # clusters sharing a host are one job when their flows move in lockstep (co-occurrence): TP
+    # groups never leave a host, and a DP ring walking local members over NVLink splits a job into
+    # clusters on overlapping host sets; a tenant's two jobs on the same hosts do not co-occur
+    cids_all = sorted(members["cluster_id"].unique().to_list())
+    parent = {c: c for c in cids_all}
 
     def find(c: int) -> int:
         while parent[c] != c:
@@ -104,23 +110,23 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
             c = parent[c]
         return c
 
-    multi = info.filter(pl.len().over("hosts") > 1)
-    if multi.height:
+    ch = members.select("cluster_id", "host").unique()
+    cand = ch.join(ch, on="host").filter(pl.col("cluster_id") < pl.col("cluster_id_right")) \
+        .select(a="cluster_id", b="cluster_id_right").unique().sort("a", "b")
+    if cand.height:
+        involved = pl.concat([cand["a"], cand["b"]]).unique()
         cl_of = members.select(pl.col("ip").alias("ip_a"), "cluster_id")
         fl = seg_flows.join(edges.select("ip_a", "ip_b"), on=["ip_a", "ip_b"], how="semi").join(cl_of, on="ip_a") \
-            .filter(pl.col("cluster_id").is_in(multi["cluster_id"].implode())).select("cluster_id", "start_ns", "bytes")
+            .filter(pl.col("cluster_id").is_in(involved.implode())).select("cluster_id", "start_ns", "bytes")
         by_cl = {cid: g for (cid,), g in fl.group_by(["cluster_id"])}
         empty = pl.DataFrame(schema={"cluster_id": pl.Int64, "start_ns": pl.Int64, "bytes": pl.Int64})
-        for (_,), grp in multi.group_by(["hosts"]):
-            cids = sorted(grp["cluster_id"].to_list())
-            for i, a in enumerate(cids):
-                for b in cids[i + 1:]:
-                    if find(a) == find(b):
-                        continue
-                    fa, fb = by_cl.get(a, empty), by_cl.get(b, empty)
-                    score = max(_co_occurrence(fa, fb, cfg.sync_tol_ns), _co_occurrence(fb, fa, cfg.sync_tol_ns))
-                    if score >= cfg.sync_min_share:
-                        parent[find(b)] = find(a)
+        for a, b in cand.iter_rows():
+            if find(a) == find(b):
+                continue
+            fa, fb = by_cl.get(a, empty), by_cl.get(b, empty)
+            score = max(_co_occurrence(fa, fb, cfg.sync_tol_ns), _co_occurrence(fb, fa, cfg.sync_tol_ns))
+            if score >= cfg.sync_min_share:
+                parent[find(b)] = find(a)
     root = pl.DataFrame({"cluster_id": list(parent), "root": [find(c) for c in parent]},
                         schema={"cluster_id": pl.Int64, "root": pl.Int64})
     members = members.join(root, on="cluster_id")

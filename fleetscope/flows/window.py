@@ -102,7 +102,7 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns:
 
     t = time.perf_counter()
     tables["anomaly_verdicts"] = flow_verdicts(tables, inside.filter(pl.col("start_ns") >= window_start_ns),
-                                               topo, wid, cfg)
+                                               topo, wid, cfg, ipf=ipf.filter(pl.col("start_ns") >= window_start_ns))
     tm["verdicts"] = time.perf_counter() - t
     tables["_ip_flows"] = ipf  # for export_perfetto; not a warehouse table
     return tables
