@@ -19,6 +19,15 @@ from fleetscope.xputimer import metrics as M
 
 DETECTOR = "xputimer"
 
+# cause -> team, from XPUTimer Table 1 (slowdowns: new algorithms and unnecessary synchronization ->
+# algorithm; un-optimized kernels and memory management -> infrastructure; GPU underclocking and
+# network jitter -> operations). Override entries here if an organisation routes differently.
+TEAM_FOR_CAUSE = {
+    "unnecessary_sync": "algorithm", "slow_dataloader": "algorithm", "stage_imbalance": "algorithm",
+    "inter_step_cpu": "algorithm", "misaligned_kernel": "infrastructure", "minority_kernels": "infrastructure",
+    "python_gc": "infrastructure", "slow_gpu": "operations", "slow_network": "operations", "hang": "operations",
+}
+
 
 def _v(**kw) -> dict:
     kw.setdefault("detector", DETECTOR)
@@ -47,7 +56,7 @@ def slow_rank_rows(kf: pl.DataFrame, job_id: str | None = None, min_ratio: float
     for r in bad.iter_rows(named=True):
         rows.append(_v(scope="rank", subject=str(r["rank"]), job_id=_job(r["capture_id"], job_id), capture_id=r["capture_id"],
                        metric="kernel_flops_ratio", value=r["r"], baseline=1.0,
-                       severity="critical" if r["r"] < 0.5 else "warning", team="operations",
+                       severity="critical" if r["r"] < 0.5 else "warning", team=TEAM_FOR_CAUSE["slow_gpu"],
                        explanation=f"rank {r['rank']} runs the same compute kernels at {r['r']:.0%} of the other ranks' FLOP/s "
                                    f"(median over {r['n_shapes']} kernel shapes): a slow GPU (underclocking, thermal or power "
                                    f"throttling); isolate the machine.",
@@ -95,7 +104,7 @@ def misaligned_shape_rows(kf: pl.DataFrame, job_id: str | None = None, min_ratio
     for r in sa.iter_rows(named=True):
         rows.append(_v(scope="kernel", subject=f"{r['name']}[{r['shape']}]", job_id=_job(r["capture_id"], job_id),
                        capture_id=r["capture_id"], metric="flops_ratio_to_aligned", value=r["ratio_to_expected"], baseline=1.0,
-                       severity="warning", team="infrastructure",
+                       severity="warning", team=TEAM_FOR_CAUSE["misaligned_kernel"],
                        explanation=f"{r['name']} with shape {r['shape']} reaches {r['ratio_to_expected']:.0%} of the FLOP/s of "
                                    f"128-byte-aligned shapes of similar size in the same job: an un-optimized kernel for a "
                                    f"misaligned layout (pad the dimension, e.g. 8484 -> 8512).",
@@ -109,7 +118,8 @@ def slow_comm_rows(bw: pl.DataFrame, job_id: str | None = None, expected_busbw_b
     """A group whose median bus bandwidth is below `min_ratio` of comparable groups of the same
     capture (same collective, group size, bytes) or of the offline-profiled expectation
     (`expected_busbw_bps`: {collective: bps})."""
-    b = bw.filter(pl.col("n") >= min_n).with_columns(
+    # p2p transfers are left out: a recv's time includes waiting for its sender, not only the link
+    b = bw.filter((pl.col("n") >= min_n) & ~pl.col("collective").is_in(["send", "recv"])).with_columns(
         pl.col("median_busbw_bps").median().over("capture_id", "collective", "group_size", "bytes").alias("peer"),
         pl.len().over("capture_id", "collective", "group_size", "bytes").alias("n_groups"))
     rows = []
@@ -123,7 +133,7 @@ def slow_comm_rows(bw: pl.DataFrame, job_id: str | None = None, expected_busbw_b
             continue
         ratio = r["median_busbw_bps"] / base
         rows.append(_v(scope="dp_group", subject=str(r["group"]), job_id=_job(r["capture_id"], job_id), capture_id=r["capture_id"],
-                       metric="busbw_ratio", value=ratio, baseline=1.0, severity="warning", team="operations",
+                       metric="busbw_ratio", value=ratio, baseline=1.0, severity="warning", team=TEAM_FOR_CAUSE["slow_network"],
                        explanation=f"{r['collective']} of {r['bytes']} B in group {r['group']} runs at {ratio:.0%} of {how} "
                                    f"bus bandwidth: network congestion or a degraded link in that group.",
                        evidence={"median_busbw_bps": r["median_busbw_bps"], "baseline_bps": base}))
@@ -155,25 +165,28 @@ def issue_latency_summary(lat: pl.DataFrame, history: pl.DataFrame | None = None
         if history is None or history.height == 0:
             ks.append(None), pv.append(None)
             continue
-        cur = lat.filter(pl.col("capture_id") == cap)["latency_frac"].drop_nulls().to_numpy()
-        hist = history.filter(pl.col("capture_id") != cap)["latency_frac"].drop_nulls().to_numpy()
+        cur = lat.filter(pl.col("capture_id") == cap)["latency_ns"].drop_nulls().to_numpy()
+        hist = history.filter(pl.col("capture_id") != cap)["latency_ns"].drop_nulls().to_numpy()
         if len(cur) < 20 or len(hist) < 20:
             ks.append(None), pv.append(None)
             continue
-        r = stats.ks_2samp(cur, hist)
+        # one-sided: a stall makes latencies SHORTER (the CPU no longer runs ahead of the device),
+        # so the statistic is max(F_current - F_history); a slower device (longer latencies) is not a stall
+        r = stats.ks_2samp(cur, hist, alternative="greater")
         ks.append(float(r.statistic)), pv.append(float(r.pvalue))
     q = q.with_columns(pl.Series("ks_vs_history", ks, dtype=pl.Float64), pl.Series("p_value", pv, dtype=pl.Float64))
     return S.ISSUE_LATENCY_SUMMARY.validate(conform(q.sort("capture_id"), S.ISSUE_LATENCY_SUMMARY))
 
 
 def issue_stall_rows(t: pl.DataFrame, history_t: pl.DataFrame | None, job_id: str | None = None,
-                     d_threshold: float = 0.2, p_threshold: float = 1e-3, gc_factor: float = 3.0,
+                     d_threshold: float = 0.15, p_threshold: float = 1e-3, growth: float = 3.0,
                      lat: pl.DataFrame | None = None, history_lat: pl.DataFrame | None = None) -> tuple[list[dict], pl.DataFrame]:
-    """Compare each capture's issue-latency distribution (fractions of its median step) with the
-    job's healthy history (earlier captures of the same job, given as timings). A KS distance above
-    `d_threshold` (and significant) flags a kernel-issue stall; GC time that grew `gc_factor`-fold
-    routes it to infrastructure (memory management), otherwise to algorithm (unnecessary
-    synchronization, e.g. timers or .item() calls in forward)."""
+    """Compare each capture's issue-latency distribution with the job's healthy history (earlier
+    captures of the same job, given as timings). A one-sided KS distance (latencies got shorter)
+    above `d_threshold`, and significant, flags a kernel-issue stall. The cause is the API whose
+    share of step time grew `growth`-fold over the history: Python GC -> infrastructure (memory
+    management), dataloader.next -> algorithm (input pipeline); otherwise unnecessary
+    synchronization -> algorithm (timers, .item(), cuda.synchronize in forward)."""
     lat = M.issue_latencies(t) if lat is None else lat
     if history_lat is None and history_t is not None and history_t.height:
         history_lat = M.issue_latencies(history_t)
@@ -181,6 +194,39 @@ def issue_stall_rows(t: pl.DataFrame, history_t: pl.DataFrame | None, job_id: st
     rows = []
     if history_lat is None or history_lat.height == 0:
         return rows, summ
+    h = {n: _api_share(history_t, n) for n in ("gc", "dataloader.next")}
+    h_sync = _api_per_step(history_t, "cuda.synchronize")
+    hmed = float(history_lat["latency_ns"].median())
+    for r in summ.filter((pl.col("ks_vs_history") > d_threshold) & (pl.col("p_value") < p_threshold)).iter_rows(named=True):
+        cur = t.filter(pl.col("capture_id") == r["capture_id"]) if "capture_id" in t.columns else t
+        c = {n: _api_share(cur, n) for n in h}
+        n_sync = _api_per_step(cur, "cuda.synchronize")
+        cmed = float(lat.filter(pl.col("capture_id") == r["capture_id"])["latency_ns"].median())
+        ev = {"ks": r["ks_vs_history"], "p_value": r["p_value"], "median_latency_ns": cmed, "history_median_latency_ns": hmed,
+              "gc_share": c["gc"], "history_gc_share": h["gc"], "dataloader_share": c["dataloader.next"],
+              "history_dataloader_share": h["dataloader.next"], "sync_per_step": n_sync, "history_sync_per_step": h_sync}
+        grew = {n: c[n] / max(h[n], 1e-4) for n in h if c[n] > 0.01 and c[n] > growth * max(h[n], 1e-4)}
+        top = max(grew, key=grew.get) if grew else None
+        if top == "gc":
+            team, metric, cause = TEAM_FOR_CAUSE["python_gc"], "issue_latency_ks_gc", (
+                f"Python GC stalls the issuing thread (GC takes {c['gc']:.1%} of step time vs {h['gc']:.1%} in healthy runs): "
+                f"manage GC in the framework (gc.freeze, collections at step boundaries)")
+        elif top == "dataloader.next":
+            team, metric, cause = TEAM_FOR_CAUSE["slow_dataloader"], "issue_latency_ks_dataloader", (
+                f"the data loader stalls the issuing thread (dataloader.next takes {c['dataloader.next']:.1%} of step time vs "
+                f"{h['dataloader.next']:.1%} in healthy runs): prefetch, more workers, cheaper preprocessing")
+        else:
+            extra = f"; cuda.synchronize calls per step {n_sync:.1f} vs {h_sync:.1f}" if n_sync > h_sync else ""
+            team, metric, cause = TEAM_FOR_CAUSE["unnecessary_sync"], "issue_latency_ks_sync", (
+                f"unnecessary synchronization in the training step stalls kernel issue{extra} "
+                f"(timers, .item(), printing device values, host-device copies in forward)")
+        rows.append(_v(scope="job", subject=_job(r["capture_id"], job_id), job_id=_job(r["capture_id"], job_id),
+                       capture_id=r["capture_id"], metric=metric, value=r["ks_vs_history"], baseline=d_threshold,
+                       severity="warning", team=team,
+                       explanation=f"kernel-issue latencies got shorter than in this job's healthy history (one-sided KS "
+                                   f"{r['ks_vs_history']:.2f}; median {cmed / 1e6:.2f} ms vs {hmed / 1e6:.2f} ms): {cause}.",
+                       evidence=ev))
+    return rows, summ
     h_gc, h_sync = _api_share(history_t, "gc"), _api_per_step(history_t, "cuda.synchronize")
     for r in summ.filter((pl.col("ks_vs_history") > d_threshold) & (pl.col("p_value") < p_threshold)).iter_rows(named=True):
         cur = t.filter(pl.col("capture_id") == r["capture_id"]) if "capture_id" in t.columns else t
@@ -213,7 +259,7 @@ def gc_stall_rows(t: pl.DataFrame, job_id: str | None = None, max_share: float =
     rows = []
     for r in j.filter(pl.col("share") > max_share).iter_rows(named=True):
         rows.append(_v(scope="rank", subject=str(r["rank"]), job_id=_job(r["capture_id"], job_id), capture_id=r["capture_id"],
-                       metric="gc_share_of_step", value=r["share"], baseline=max_share, severity="warning", team="infrastructure",
+                       metric="gc_share_of_step", value=r["share"], baseline=max_share, severity="warning", team=TEAM_FOR_CAUSE["python_gc"],
                        explanation=f"Python GC pauses take {r['share']:.1%} of rank {r['rank']}'s step time ({r['n']} collections, "
                                    f"longest {r['gc_max'] / 1e6:.1f} ms); every other rank waits for it at the next collective.",
                        evidence={"gc_ns": r["gc"], "n": r["n"]}))
@@ -233,14 +279,14 @@ def void_rows(void: pl.DataFrame, job_id: str | None = None, history_void: pl.Da
         if r["v_inter"] > max(v_inter_max, hi + margin):
             rows.append(_v(scope="job", subject=_job(r["capture_id"], job_id), job_id=_job(r["capture_id"], job_id),
                            capture_id=r["capture_id"], metric="v_inter", value=r["v_inter"], baseline=max(v_inter_max, hi),
-                           severity="warning", team="algorithm",
+                           severity="warning", team=TEAM_FOR_CAUSE["inter_step_cpu"],
                            explanation=f"{r['v_inter']:.0%} of each step passes between steps with no traced kernel "
                                        f"(V_inter, median over {r['n']} rank-steps): the data loader or other inter-step CPU "
                                        f"work (e.g. attention-mask generation for longer sequences) starves the GPUs."))
         if r["v_minority"] > max(v_minority_max, hm + margin):
             rows.append(_v(scope="job", subject=_job(r["capture_id"], job_id), job_id=_job(r["capture_id"], job_id),
                            capture_id=r["capture_id"], metric="v_minority", value=r["v_minority"], baseline=max(v_minority_max, hm),
-                           severity="warning", team="infrastructure",
+                           severity="warning", team=TEAM_FOR_CAUSE["minority_kernels"],
                            explanation=f"{r['v_minority']:.0%} of the in-step GPU time goes to untraced minority kernels "
                                        f"(V_minority): un-optimized element-wise operators (position embedding, activation, "
                                        f"normalization); fuse or optimize them."))
@@ -258,7 +304,7 @@ def stage_imbalance_rows(sm: pl.DataFrame, job_id: str | None = None, min_ratio:
     for r in st.filter((pl.col("n") >= 2) & (pl.col("c") > min_ratio * pl.col("med"))).iter_rows(named=True):
         ratio = r["c"] / r["med"]
         rows.append(_v(scope="stage", subject=str(r["stage"]), job_id=_job(r["capture_id"], job_id), capture_id=r["capture_id"],
-                       metric="stage_compute_ratio", value=ratio, baseline=1.0, severity="warning", team="algorithm",
+                       metric="stage_compute_ratio", value=ratio, baseline=1.0, severity="warning", team=TEAM_FOR_CAUSE["stage_imbalance"],
                        explanation=f"pipeline stage {r['stage']} (ranks {r['ranks']}) computes {ratio:.2f}x the median stage per "
                                    f"step ({r['c'] / 1e9:.2f} s vs {r['med'] / 1e9:.2f} s): stage-partitioning imbalance; move "
                                    f"layers (or the loss/embedding) off that stage.",
@@ -284,7 +330,7 @@ def analyze(t: pl.DataFrame, history: pl.DataFrame | None = None, job_id: str | 
     stall, summ = issue_stall_rows(t, history, job_id, lat=lat)
     out["xputimer_issue_latency_summary"] = summ
     rows += stall
-    if not any(r["team"] == "infrastructure" and r["metric"] == "issue_latency_ks" for r in stall):
+    if not any(r["metric"] == "issue_latency_ks_gc" for r in stall):
         rows += gc_stall_rows(t, job_id)
     hv = M.void_percentages(history) if history is not None and history.height else None
     rows += void_rows(void, job_id, hv) + stage_imbalance_rows(sm, job_id)
