@@ -123,7 +123,7 @@ def split_steps(group: np.ndarray, gaps: np.ndarray, params: SplitParams = Split
             if one.len():
                 sel = np.zeros(len(starts), dtype=bool)
                 sel[one.to_numpy()] = True
-                boundary |= sel[gid]
+                boundary |= sel[gid] & valid
     return boundary
 
 

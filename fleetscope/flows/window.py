@@ -78,7 +78,7 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns:
     # tables
     period = steps.with_columns(d=pl.col("end_ns") - pl.col("start_ns")).filter("start_observed") \
         .group_by("job_id").agg(step_period_ns=pl.col("d").median().cast(pl.Int64))
-    span = win.join(members.select(pl.col("ip").alias("src_ip"), "job_id"), on="src_ip").group_by("job_id").agg(
+    span = win.join(labeled.select("ip_a", "ip_b", "job_id"), on=["ip_a", "ip_b"]).group_by("job_id").agg(
         first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max(), n_flows=pl.len().cast(pl.Int64))
     jobs = members.group_by("job_id").agg(
         n_gpus=pl.col("ip").n_unique().cast(pl.Int64), n_hosts=pl.col("host").n_unique().cast(pl.Int64),
