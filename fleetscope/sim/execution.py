@@ -142,6 +142,7 @@ def _touches(f: Fault, job: JobSpec, job_idx: int, fab: Fabric) -> bool:
 def _execute(job, job_idx, fab, faults, net, active, K, R, slot_gpus, ring_src, ring_dst, NH, seed) -> dict:
     P, T, D, m = job.pp, job.tp, job.dp, job.n_microbatches
     rng = np.random.default_rng([seed, 7, job_idx])        # same draws in every fixed-point pass
+    net_active = active[:, [i for i, f in enumerate(faults) if f.kind in NETWORK]]   # network faults' columns
     # ---- compute durations and fault effects per (step, dp replica, stage) ---------------------
     mult = np.ones((K, D, P))
     fwd_add = np.zeros((K, D, P))
@@ -170,8 +171,8 @@ def _execute(job, job_idx, fab, faults, net, active, K, R, slot_gpus, ring_src, 
     # ---- p2p transfers: duration of each TP shard's activation / gradient per hop ----------------
     if P > 1:
         fsrc, fdst = slot_gpus[:, :-1, :], slot_gpus[:, 1:, :]         # (D, P-1, T)
-        fac_f = link_factor(fab, net, fsrc, fdst, active)               # (K, D, P-1, T)
-        fac_b = link_factor(fab, net, fdst, fsrc, active)
+        fac_f = link_factor(fab, net, fsrc, fdst, net_active)               # (K, D, P-1, T)
+        fac_b = link_factor(fab, net, fdst, fsrc, net_active)
         dur_f = PP_LAT_NS + job.act_bytes / (NIC_BW * fac_f) * 1e9
         dur_b = PP_LAT_NS + job.act_bytes / (NIC_BW * fac_b) * 1e9
         c_f = 2 * LAUNCH_NS + dur_f.max(axis=3)                        # (K, D, P-1)
@@ -220,7 +221,7 @@ def _execute(job, job_idx, fab, faults, net, active, K, R, slot_gpus, ring_src, 
     # ---- DP collectives --------------------------------------------------------------------------
     C = job.channels
     bw_ch = NIC_BW / C
-    fac_dp = link_factor(fab, net, ring_src, ring_dst, active)          # (K, P, T, NH)
+    fac_dp = link_factor(fab, net, ring_src, ring_dst, net_active)          # (K, P, T, NH)
     N = D
     sizes = job.buckets
     cum = np.cumsum(sizes) / sizes.sum()

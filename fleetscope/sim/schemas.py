@@ -75,7 +75,8 @@ TRUTH_FAULTS = register("sim_truth_faults", pa.DataFrameSchema({
     "hosts": pa.Column(pl.Utf8, nullable=True),
     "ranks": pa.Column(pl.Utf8, nullable=True),
     "affected_jobs": pa.Column(pl.Utf8, nullable=True),
-    "source": pa.Column(pl.Utf8, nullable=True),   # fleet | capture:<id>
+    "source": pa.Column(pl.Utf8, nullable=True),     # fleet
+    "captures": pa.Column(pl.Utf8, nullable=True),   # capture ids whose traces/timings show it ("|"-joined)
 }, strict=False))
 
 # the rendered records, before each collector picks its file format (duration vs end, list vs string path)

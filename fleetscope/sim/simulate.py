@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import json
+import shutil
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +30,9 @@ from fleetscope.sim.render import add_collector_noise, background_flows, write_f
 
 DEFAULT_START_NS = int(datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc).timestamp()) * 1_000_000_000
 VALIDATE_SAMPLE = 200_000
+CAPTURE_STEPS = 3
+MAX_TRACE_RANKS = 4
+MAX_CAPTURES = 2
 
 
 def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 1.0, faults: str = "",
@@ -87,10 +92,16 @@ def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 
     t_render = time.perf_counter() - t0 - t_model
 
     # ---- captures from the colleague's renderer (optional) ------------------------------------
-    capture_ids, capture_note = [], None
+    capture_ids, capture_note, capture_truth = [], None, []
     if captures:
-        capture_ids, extra, capture_note = _captures(landing, job_list, runs, fab, fault_rows, seed, window, steps)
-        fault_rows += extra
+        capture_ids, capture_truth, capture_note = _captures(landing, job_list, runs, fab, fault_rows, seed, window, steps)
+    # faults.csv keeps one row per fault; the capture renderer's per-rank rows (which function /
+    # kernel / rank shows it) go beside it, and each fault names the captures that show it
+    shown: dict[str, set] = {}
+    for r in capture_truth:
+        shown.setdefault(str(r.get("fault_id")), set()).add(str(r.get("capture_id")))
+    for r in fault_rows:
+        r["captures"] = "|".join(sorted(shown.get(r["fault_id"], ()))) or None
 
     # ---- write ground truth ------------------------------------------------------------------
     S.TRUTH_JOBS.validate(jobs_df).select("job_id", "ip", pl.exclude("job_id", "ip")).write_csv(truth / "jobs.csv")
@@ -99,6 +110,8 @@ def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 
     S.TRUTH_STEPS.validate(steps).write_csv(truth / "steps.csv")
     fdf = conform(pl.DataFrame(fault_rows, infer_schema_length=None), S.TRUTH_FAULTS) if fault_rows else conform(pl.DataFrame(), S.TRUTH_FAULTS)
     S.TRUTH_FAULTS.validate(fdf).write_csv(truth / "faults.csv")
+    if capture_truth:
+        pl.DataFrame(capture_truth, infer_schema_length=None).write_csv(truth / "capture_faults.csv")
     n_st = fab.n_bg - 2
     pl.DataFrame({"ip": fab.ip[fab.n_gpus:], "role": ["storage"] * n_st + ["monitoring"] * 2}).write_csv(truth / "background.csv")
     _validate_rendered(noisy.head(VALIDATE_SAMPLE), fab)
@@ -124,10 +137,18 @@ def _lookup(names, idx: pl.Series) -> pl.Series:
 
 def _clear_previous(landing: Path, truth: Path) -> None:
     """Remove only what a previous simulate wrote (never anything else in the folder)."""
-    for p in list((landing / "flows").glob("erspan-c*")) + [landing / "topology" / "topology.csv"]:
+    for p in (list((landing / "flows").glob("erspan-c*")) + [landing / "topology" / "topology.csv"]
+              + list((landing / "hw").glob("hw-*"))):
         if p.is_file():
             p.unlink()
-    for name in ("jobs.csv", "job_layout.csv", "pairs.csv", "steps.csv", "faults.csv", "background.csv", "summary.json"):
+    for kind in ("traces", "timings", "stacks"):   # capture folders: <job_id>-<start time>, hang-<job_id>-<time>
+        for d in list((landing / kind).glob("job-*-*T*")) + list((landing / kind).glob("hang-job-*")):
+            if d.is_dir():
+                shutil.rmtree(d)
+    for p in (landing / "incidents").glob("hang-job-*.json"):
+        p.unlink()
+    for name in ("jobs.csv", "job_layout.csv", "pairs.csv", "steps.csv", "faults.csv", "background.csv", "summary.json",
+                 "capture_faults.csv"):
         if (truth / name).is_file():
             (truth / name).unlink()
 
@@ -220,32 +241,62 @@ def _captures(landing, job_list, runs, fab, fault_rows, seed, window, steps):
     if not hasattr(cap, "render_capture") or not hasattr(cap, "CaptureJob"):
         return [], [], "fleetscope.sim.capture has no render_capture/CaptureJob yet"
     W0, W1 = window
-    # sample: a small pipelined job, and jobs a compute fault touches (so the trace shows it)
-    pick = [i for i, j in enumerate(job_list) if j.pp > 1 and j.world <= 64][:1]
+    # sample: jobs a compute / host fault touches (captured from when it starts, so the trace shows
+    # it), then a small pipelined job
+    ids_of = [j.job_id for j in job_list]
+    pick: list[tuple[int, int]] = []
     for r in fault_rows:
-        if r.get("job_id") in [j.job_id for j in job_list] and r["kind"] not in ("congested_switch", "degraded_nic"):
-            i = [j.job_id for j in job_list].index(r["job_id"])
-            if i not in pick and job_list[i].world <= 512:
-                pick.append(i)
-    pick = pick[:3]
+        if r.get("job_id") in ids_of and r["kind"] not in ("congested_switch", "degraded_nic", "hang"):
+            i = ids_of.index(r["job_id"])
+            if i not in [p[0] for p in pick] and job_list[i].world <= 512:
+                pick.append((i, max(W0, int(r["start_ns"]))))
+    pick = pick[:MAX_CAPTURES - 1]
+    small = [i for i, j in enumerate(job_list) if j.pp > 1 and j.world <= 64 and i not in [p[0] for p in pick]]
+    pick += [(i, W0) for i in small[:MAX_CAPTURES - len(pick)]]
     ids, extra = [], []
     hosts, gname = fab.host_name, fab.gpu_name()
-    t = datetime.fromtimestamp(W0 / 1e9, tz=timezone.utc)
-    for i in pick:
+    for i, t_from in pick:
         j, r = job_list[i], runs[i]
-        ok = (r.step_start >= W0) & (r.step_start < W1)
+        ok = (r.step_start >= t_from) & (r.step_start < W1)
         if not ok.any():
             continue
         k0 = int(np.argmax(ok))
+        t = datetime.fromtimestamp(int(r.step_start[k0]) / 1e9, tz=timezone.utc)
         step_ns = int(np.median(np.diff(r.step_start))) if r.step_start.size > 1 else int(j.nominal_step_ns())
         cj = cap.CaptureJob(job_id=j.job_id, tp=j.tp, pp=j.pp, dp=j.dp, n_microbatches=j.n_microbatches,
                             hosts=[str(h) for h in hosts[j.gpus // GPUS_PER_HOST]], gpus=[str(g) for g in gname[j.gpus]],
                             ips=[str(x) for x in fab.ip[j.gpus]], start_ns=int(r.step_start[k0]),
-                            n_steps=int(min(5, ok.sum())), step_ns=step_ns)
-        cid = f"{j.job_id}-{t:%Y%m%dT%H%M}"
-        rows = cap.render_capture(landing, cid, cj, [dict(x) for x in fault_rows], seed) or []
-        extra += [dict(x) | {"source": f"capture:{cid}"} for x in rows]
+                            n_steps=int(min(CAPTURE_STEPS, ok.sum())), step_ns=step_ns)
+        cid = f"{j.job_id}-{t:%Y%m%dT%H%M%S}"
+        kw = {}
+        if "trace_ranks" in inspect.signature(cap.render_capture).parameters:
+            # full profiler traces are big: rank 0, the last rank and the ranks a fault names
+            ips = list(fab.ip[j.gpus])
+            named = [ips.index(x) for r in fault_rows for x in str(r.get("ips") or "").split("|") if x in ips]
+            kw["trace_ranks"] = sorted(set([0, j.world - 1] + named))[:MAX_TRACE_RANKS]
+        # `ranks` are ranks of the fault's own job: never hand them to another job's capture
+        fr = [dict(x) if x.get("job_id") == j.job_id else {k: v for k, v in x.items() if k != "ranks"} for x in fault_rows]
+        rows = cap.render_capture(landing, cid, cj, fr, seed, **kw) or []
+        extra += [dict(x) | {"capture_id": cid} for x in rows]
         ids.append(cid)
+    # stack dumps and an incident for each hung job (small enough to dump every rank)
+    if hasattr(cap, "render_hang"):
+        for fr in fault_rows:
+            if fr["kind"] != "hang" or fr.get("job_id") not in ids_of:
+                continue
+            i = ids_of.index(fr["job_id"])
+            j, r = job_list[i], runs[i]
+            if j.world > 1024 or r.hang_ns is None:
+                continue
+            step_ns = int(np.median(np.diff(r.step_start))) if r.step_start.size > 1 else int(j.nominal_step_ns())
+            cj = cap.CaptureJob(job_id=j.job_id, tp=j.tp, pp=j.pp, dp=j.dp, n_microbatches=j.n_microbatches,
+                                hosts=[str(h) for h in hosts[j.gpus // GPUS_PER_HOST]], gpus=[str(g) for g in gname[j.gpus]],
+                                ips=[str(x) for x in fab.ip[j.gpus]], start_ns=int(r.hang_ns), n_steps=1, step_ns=step_ns)
+            t = datetime.fromtimestamp(r.hang_ns / 1e9, tz=timezone.utc)
+            iid = f"hang-{j.job_id}-{t:%Y%m%dT%H%M%S}"
+            rows = cap.render_hang(landing, iid, cj, dict(fr), seed) or []
+            extra += [dict(x) | {"capture_id": iid} for x in rows]
+            ids.append(iid)
     note = None
     if hasattr(cap, "render_hw") and fab.n_gpus <= 2048:
         gdf = pl.DataFrame({"host": hosts[np.arange(fab.n_gpus) // GPUS_PER_HOST], "gpu": gname, "ip": fab.ip[:fab.n_gpus]})
