@@ -1,0 +1,50 @@
+"""End to end on the fleet simulator (fleetscope.sim): landed files -> ingestion -> flow analytics,
+scored against its ground truth, which the analysis never sees."""
+import json
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+sim = pytest.importorskip("fleetscope.sim")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from flows_common import load_landing, load_truth  # noqa: E402
+
+from fleetscope.flows import analyze_window  # noqa: E402
+from fleetscope.flows.evaluate import comm_type_accuracy, job_sets_exact, step_errors  # noqa: E402
+
+
+def _run(tmp: Path, faults: str, seed: int):
+    sim.simulate(tmp, gpus=64, minutes=1.0, faults=faults, seed=seed, captures=False)
+    flows, topo, stats = load_landing(tmp / "landing")
+    truth = load_truth(tmp / "ground_truth")
+    w = json.loads((tmp / "ground_truth" / "summary.json").read_text())["window"]
+    return analyze_window(flows, topo, w[0], w[1]), truth, stats
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("healthy"), "", 0)
+
+
+def test_jobs_types_and_steps_on_a_healthy_fleet(healthy):
+    out, truth, stats = healthy
+    assert stats["rejected"] == 0
+    exact, n_true, n_found = job_sets_exact(out["job_clusters"], truth["jobs"])
+    assert exact == n_true == n_found
+    acc, n = comm_type_accuracy(out["comm_pairs"], truth["pairs"])
+    assert n == truth["pairs"].filter(pl.col("comm_type").is_in(["DP", "PP"])).height and acc == 1.0
+    e = step_errors(out["step_timelines"], truth["steps"])
+    assert e["rel_err"].median() <= 0.001
+    assert e.height >= 0.9 * truth["steps"].height  # all but the steps cut by the simulated span's edges
+    assert out["anomaly_verdicts"].filter(pl.col("severity") != "info").height == 0
+
+
+def test_network_faults_are_found_with_their_subjects(tmp_path):
+    out, truth, _ = _run(tmp_path, "congested_switch:1,degraded_nic:1", 1)
+    v = out["anomaly_verdicts"].filter(pl.col("scope").is_in(["switch", "link", "gpu", "host"]))
+    got = set(v.select("scope", "subject").iter_rows())
+    want = set(truth["faults"].select("scope", "subject").iter_rows())
+    assert want <= got
+    assert (v["team"] == "operations").all()

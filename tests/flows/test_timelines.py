@@ -1,0 +1,58 @@
+"""Step timelines against the fixture's true steps, window edges, and the Perfetto export."""
+import json
+
+import polars as pl
+
+from fleetscope.flows import analyze_window, export_perfetto
+from fleetscope.flows.evaluate import step_errors
+from synth import MS, S, Job, fleet
+
+JOBS = [Job(hosts=[0, 1, 2, 3], gpus=list(range(8)), dp=2, pp=2),
+        Job(hosts=[4, 5, 6, 7], gpus=[0, 1, 2, 3], dp=4, pp=1, period_ns=int(0.77 * S), phase_ns=300 * MS)]
+
+
+def test_step_durations_match_truth():
+    flows, topo, truths = fleet(JOBS, 30)
+    out = analyze_window(flows, topo, 5 * S, 25 * S)
+    st = out["step_timelines"]
+    e = step_errors(st, pl.concat([t["steps"] for t in truths]))
+    assert e.height > 500 and e["t_end"].null_count() == 0
+    assert e["rel_err"].median() <= 0.001 and e["rel_err"].quantile(0.99) <= 0.01
+    # DP phase inside the step, PP events counted on PP ranks
+    assert (st["dp_start_ns"] >= st["start_ns"]).all() and (st["dp_end_ns"] == st["end_ns"]).all()
+    assert st.filter(pl.col("n_pp_flows") > 0).height > 0
+    # job_step aligns the ips of one job: each job step holds every ip at most once
+    assert st.group_by("job_id", "job_step").agg(pl.col("ip").is_duplicated().any())["ip"].sum() == 0
+
+
+def test_steps_straddling_window_edges_are_neither_lost_nor_duplicated():
+    flows, topo, _ = fleet(JOBS, 40, background=False)
+    margin = 10 * S
+    whole = analyze_window(flows, topo, 5 * S, 35 * S)["step_timelines"]
+    parts = []
+    # 7 s windows cut through DP phases; each gets its window's flows plus a margin before it
+    for ws in range(5 * S, 35 * S, 7 * S):
+        we = min(ws + 7 * S, 35 * S)
+        f = flows.filter((pl.col("start_ns") >= ws - margin) & (pl.col("start_ns") < we))
+        parts.append(analyze_window(f, topo, ws, we)["step_timelines"])
+    got = pl.concat(parts)
+    assert got.select("ip", "end_ns").is_duplicated().sum() == 0
+    a = set(got.select("ip", "end_ns").iter_rows())
+    b = set(whole.select("ip", "end_ns").iter_rows())
+    assert a == b and len(a) > 800
+
+
+def test_perfetto_export(tmp_path):
+    flows, topo, _ = fleet(JOBS, 12, background=False)
+    out = analyze_window(flows, topo, 2 * S, 10 * S)
+    job = out["jobs"].sort("n_gpus", descending=True)["job_id"][0]
+    p = export_perfetto(out["step_timelines"], out["_ip_flows"], job, tmp_path / "t.json", topology=topo)
+    tr = json.loads(p.read_text())
+    ev = tr["traceEvents"]
+    names = {e["name"] for e in ev if e["ph"] == "X"}
+    assert {"DP", "PP send", "PP recv", "compute"} <= names
+    tracks = {e["tid"] for e in ev if e["ph"] == "X"}
+    assert len(tracks) == out["jobs"].filter(pl.col("job_id") == job)["n_gpus"][0]  # one track per GPU
+    assert all(e["dur"] >= 0 for e in ev if e["ph"] == "X")
+    thread_names = [e["args"]["name"] for e in ev if e["name"] == "thread_name"]
+    assert any("gpu" in n for n in thread_names)
