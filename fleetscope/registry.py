@@ -73,8 +73,11 @@ def register_landing(landing: Path | str, wh: Warehouse, settle_s: float = 2.0,
         df = pl.DataFrame(landed_rows, infer_schema_length=None)
         for (pset, key), grp in df.group_by(["partition_set", "partition_key"], maintain_order=True):
             # one registry file per partition; a changed folder partition replaces its rows
-            prev = wh.read("landed_files", partitions=[f"{pset}__{key}"])
-            merged = pl.concat([conform(prev, LANDED), conform(grp, LANDED)]).unique("path", keep="last", maintain_order=True) if prev.height else conform(grp, LANDED)
+            # file partitions are immutable (the key holds the content hash); folders can grow
+            prev = wh.read("landed_files", partitions=[f"{pset}__{key}"]) if pset in ("captures", "incidents") else None
+            merged = conform(grp, LANDED)
+            if prev is not None and prev.height:
+                merged = pl.concat([conform(prev, LANDED), merged]).unique("path", keep="last", maintain_order=True)
             wh.write_partition("landed_files", f"{pset}__{key}", LANDED.validate(merged))
     if rejected_rows:
         rej = REJECTED.validate(conform(pl.DataFrame(rejected_rows, infer_schema_length=None), REJECTED))
