@@ -61,6 +61,7 @@ def render_hang(landing_dir: Path, incident_id: str, job, fault: dict, seed: int
     rng = np.random.default_rng([seed, 31])
     n = len(job.ips)
     names = _as_list(fault.get("subject")) + _as_list(fault.get("ips"))
+    names += [p for x in names if "-" in x for p in x.split("-")]  # a link subject "ip_a-ip_b"
     ip_hits = [x for x in dict.fromkeys(names) if x in job.ips]
     mode = fault.get("mode") or ("link" if len(ip_hits) >= 2 else "rank")
     if mode not in ("rank", "link"):
