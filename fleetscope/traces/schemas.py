@@ -118,3 +118,128 @@ TRACE_SYNCS = register(
         strict=False,
     ),
 )
+
+KINDS = ["cpu", "gpu"]
+ROLES = ["cpu_op", "runtime", "stream_sync", "context_sync", "event_sync", "event_record", "stream_wait",
+         "compute", "comm", "memcpy", "memset"]
+EDGE_TYPES = ["cpu_cpu", "cpu_gpu", "gpu_cpu", "gpu_gpu", "collective"]
+EDGE_SUBTYPES = ["thread_order", "inter_thread", "launch", "stream_sync", "context_sync", "event_sync", "blocking_copy",
+                 "stream_order", "event_wait", "peer"]
+
+# Lumos execution graph: one row per task (CPU leaf event on a thread, GPU op on a stream)
+GRAPH_TASKS = register(
+    "graph_tasks",
+    pa.DataFrameSchema(
+        {
+            "capture_id": _c(pl.Utf8),
+            "rank": _c(pl.Int32),
+            "task_id": _c(pl.Int64, False, pa.Check.ge(0)),
+            "event_id": _c(pl.Int64),  # trace_events.event_id of the rank
+            "kind": _c(pl.Utf8, False, pa.Check.isin(KINDS)),
+            "processor": _c(pl.Utf8),  # thread:<pid>:<tid> or stream:<device>:<stream>
+            "cat": _c(pl.Utf8),
+            "name": _c(pl.Utf8),
+            "role": _c(pl.Utf8, False, pa.Check.isin(ROLES)),
+            "ts_ns": _c(pl.Int64),
+            "dur_ns": _c(pl.Int64, False, pa.Check.ge(0)),
+            "end_ns": _c(pl.Int64),
+            "sim_dur_ns": _c(pl.Int64, False, pa.Check.ge(0)),  # duration the simulator uses (see graph.py)
+            "sim_start_ref": _c(pl.Int64),  # start the simulator should reproduce for this task
+            "wait_ref": _c(pl.Int64, True),  # synchronizing calls: when their wait ended in the trace
+            "iteration": _c(pl.Int64, True),
+            "pid": _c(pl.Utf8, True),
+            "tid": _c(pl.Utf8, True),
+            "device": _c(pl.Int32, True),
+            "stream": _c(pl.Int64, True),
+            "correlation": _c(pl.Int64, True),
+            "is_comm": _c(pl.Boolean),
+            "collective": _c(pl.Utf8, True),
+            "msg_bytes": _c(pl.Int64, True),
+            "out_msg_bytes": _c(pl.Int64, True),
+            "group_size": _c(pl.Int32, True),
+            "pg_name": _c(pl.Utf8, True),
+            "coll_seq": _c(pl.Int64, True),
+            "coll_group": _c(pl.Utf8, True),  # same value on every rank taking part in one collective
+        },
+        strict=False,
+        unique=["task_id"],
+    ),
+)
+
+GRAPH_EDGES = register(
+    "graph_edges",
+    pa.DataFrameSchema(
+        {
+            "capture_id": _c(pl.Utf8),
+            "rank": _c(pl.Int32),  # rank of dst
+            "src_rank": _c(pl.Int32),
+            "src": _c(pl.Int64),
+            "dst": _c(pl.Int64),
+            "edge_type": _c(pl.Utf8, False, pa.Check.isin(EDGE_TYPES)),
+            "subtype": _c(pl.Utf8, False, pa.Check.isin(EDGE_SUBTYPES)),
+            "lag_ns": _c(pl.Int64),  # model: dst may start lag_ns after src ends (typical delay of the edge type)
+            "lag_calibrated_ns": _c(pl.Int64),  # exact where the edge bound dst in the trace
+            "slack_ns": _c(pl.Int64, True),  # observed dst start - src end
+            "binding": _c(pl.Boolean, True),  # this edge determined dst's start in the trace
+            "from_start": _c(pl.Boolean),  # lag counts from src's start (a blocking copy's launch)
+        },
+        strict=False,
+    ),
+)
+
+# CONTRACT replays (+ iteration, + the same breakdown measured on the trace)
+REPLAYS = register(
+    "replays",
+    pa.DataFrameSchema(
+        {
+            "capture_id": _c(pl.Utf8),
+            "rank": _c(pl.Int32),
+            "iteration": _c(pl.Int64, True),
+            "actual_ns": _c(pl.Int64, False, pa.Check.ge(0)),
+            "simulated_ns": _c(pl.Int64),
+            "error_pct": _c(pl.Float64, False, pa.Check.ge(0)),
+            "exposed_compute_ns": _c(pl.Int64),
+            "exposed_comm_ns": _c(pl.Int64),
+            "overlap_ns": _c(pl.Int64),
+            "idle_ns": _c(pl.Int64),
+            "actual_exposed_compute_ns": _c(pl.Int64, True),
+            "actual_exposed_comm_ns": _c(pl.Int64, True),
+            "actual_overlap_ns": _c(pl.Int64, True),
+            "actual_idle_ns": _c(pl.Int64, True),
+        },
+        strict=False,
+    ),
+)
+
+# share of each 1 ms bucket with any kernel running, measured and replayed
+REPLAY_SM_UTIL = register(
+    "replay_sm_util",
+    pa.DataFrameSchema(
+        {
+            "capture_id": _c(pl.Utf8),
+            "rank": _c(pl.Int32),
+            "bucket": _c(pl.Int64),
+            "bucket_start_ns": _c(pl.Int64),  # from the start of the rank's first kernel
+            "actual_util": _c(pl.Float64, False, pa.Check.in_range(0, 1.0000001)),
+            "simulated_util": _c(pl.Float64, False, pa.Check.in_range(0, 1.0000001)),
+        },
+        strict=False,
+    ),
+)
+
+# what-if predictions (Lumos 3.4)
+WHATIF = register(
+    "whatif",
+    pa.DataFrameSchema(
+        {
+            "capture_id": _c(pl.Utf8),
+            "scenario": _c(pl.Utf8),
+            "parameters": _c(pl.Utf8),  # JSON
+            "predicted_ns": _c(pl.Int64),
+            "baseline_ns": _c(pl.Int64),
+            "speedup": _c(pl.Float64),
+            "rank": _c(pl.Int32, True),  # null: the whole capture (slowest rank)
+        },
+        strict=False,
+    ),
+)
