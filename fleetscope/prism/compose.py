@@ -61,9 +61,10 @@ def sample_from_cdf(grid: np.ndarray, cdf: np.ndarray, rng: np.random.Generator,
 
 def max_of_iid_quantile(sorted_samples: np.ndarray, u: np.ndarray, k: int) -> np.ndarray:
     """Draws of the max of k iid copies of an (empirical) variable: Q(u^(1/k))."""
-    q = u ** (1.0 / k)
-    n = len(sorted_samples)
-    return np.interp(q * (n - 1), np.arange(n), sorted_samples)
+    x = u ** (1.0 / np.asarray(k, dtype=float)) * (len(sorted_samples) - 1)
+    i = np.minimum(x.astype(np.int64), len(sorted_samples) - 2)
+    lo = sorted_samples[i]
+    return lo + (x - i) * (sorted_samples[i + 1] - lo)  # linear interpolation between order statistics
 
 
 # ---------------------------------------------------------------- schedules
@@ -167,7 +168,8 @@ class PipelineModel:
     X_fwd/X_bwd: sorted draws of one rank's duration ratio (spatial x temporal residual) for
     forward / backward compute; step_factor: [n_steps] iteration-level factor shared by every
     rank (what makes a whole step slow); pre/post: per stage, sorted draws (ns) of the work
-    before the first forward and after the last backward (collectives, optimizer, gaps)."""
+    before the first forward and after the last backward (collectives, optimizer, gaps), as
+    [ranks of the stage, measured steps] so a draw keeps the step of the shared factor."""
     pp: int
     microbatches: int
     vpp: int
@@ -237,8 +239,8 @@ class PipelineModel:
                 a = local & (pos > lastp)
                 pres.append((g.gap[b] + g.dur[b]).sum(axis=0) + g.gap[comp & (pos == first)].sum(axis=0))
                 posts.append((g.gap[a] + g.dur[a]).sum(axis=0))
-            pre.append(np.sort(np.concatenate(pres)) if pres else np.zeros(1))
-            post.append(np.sort(np.concatenate(posts)) if posts else np.zeros(1))
+            pre.append(np.stack(pres) if pres else np.zeros((1, g.dur.shape[1])))
+            post.append(np.stack(posts) if posts else np.zeros((1, g.dur.shape[1])))
         slow = {k: float(np.quantile(v, 0.95) / np.quantile(v, 0.5)) for k, v in X.items()}
         return cls(pp, m, vpp, sched, int(lay.get("tp", 1)), int(lay.get("dp", 1)), fwd, bwd, p2p,
                    X["forward-compute"], X["backward-compute"], sfac, pre, post, slow)
@@ -286,9 +288,9 @@ def replica_step_samples(model: PipelineModel, n: int, rng: np.random.Generator,
                 x = np.full(n, max([1.0] + n_slow))
             row.append(base * f * x)
         durs.append(row)
-    if variability:
-        pre = np.stack([p[rng.integers(0, len(p), n)] for p in model.pre])
-        post = np.stack([p[rng.integers(0, len(p), n)] for p in model.post])
+    if variability:  # a rank of the stage, in the same measured step as the shared factor
+        pre = np.stack([p[rng.integers(0, p.shape[0], n), factor_idx] for p in model.pre])
+        post = np.stack([p[rng.integers(0, p.shape[0], n), factor_idx] for p in model.post])
     else:
         pre = np.stack([np.full(n, np.median(p)) for p in model.pre])
         post = np.stack([np.full(n, np.median(p)) for p in model.post])

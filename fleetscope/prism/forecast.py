@@ -30,7 +30,7 @@ from scipy import stats
 from fleetscope.prism.compose import PipelineModel, replica_step_samples, step_distribution
 from fleetscope.prism.schemas import SCENARIO_DETAILS, STEP_FORECASTS
 from fleetscope.prism.structure import JobGraph, build_graph, replay
-from fleetscope.prism.variability import Dist, fit_families, select, temporal_ratios, variability_models, hw_correlation
+from fleetscope.prism.variability import Dist, fit_families, hw_correlation, scaled_slots, select, temporal_ratios, variability_models
 from fleetscope.verdicts import make_verdicts
 
 COMPUTE_HINTS = ("compute", "optimizer", "gemm", "flash", "attn", "gc", "matmul", "loss")
@@ -44,6 +44,8 @@ class StepModel:
     resid: dict[str, Dist]          # op name -> residual model
     name_typ: dict[str, float]      # op name -> typical duration over all ranks and steps
     name_gap: dict[str, float]      # op name -> typical gap before it
+    scaled: np.ndarray              # [n_slots] bool: sampled as typical x factor x residual (else replayed)
+    draw_key: np.ndarray            # [n_slots] slots with one key share one residual draw
 
 
 def fit_step_model(g: JobGraph) -> StepModel:
@@ -55,18 +57,26 @@ def fit_step_model(g: JobGraph) -> StepModel:
             ratio[m] = ratio[m].mean(axis=0)
     factor = np.ones_like(ratio)
     resid = {}
+    scaled = scaled_slots(g, typ)
     for nm in np.unique(names):
         sel = names == nm
-        factor[sel] = np.median(ratio[sel], axis=0)
-        pos = sel & (typ > 0)
+        pos = sel & scaled
         if pos.any():
+            factor[sel] = np.median(ratio[pos], axis=0)
             fits = fit_families((ratio[pos] / factor[pos]).ravel())
             resid[nm] = fits[select(fits)][0]
         else:
             resid[nm] = Dist("constant", {"value": 1.0})
     name_typ = {nm: float(np.median(g.dur[names == nm])) for nm in np.unique(names)}
     name_gap = {nm: float(np.median(g.gap[names == nm])) for nm in np.unique(names)}
-    return StepModel(g, typ, factor, resid, name_typ, name_gap)
+    # one residual per collective (one transfer time), and one per op of a TP group: TP ranks
+    # synchronize inside every layer, so an op lasts as long on all of them
+    sl = g.slots
+    local_key = (sl["stage"].cast(pl.Utf8) + "|" + sl["dp_rank"].cast(pl.Utf8) + "|" + sl["name"] + "|" + sl["occ"].cast(pl.Utf8)).to_numpy()
+    comm = g.group_is_comm[g.group_of]
+    keys = np.where(comm, np.char.add("g", g.group_of.astype(str)), np.char.add("l", local_key.astype(str)))
+    _, draw_key = np.unique(keys, return_inverse=True)
+    return StepModel(g, typ, factor, resid, name_typ, name_gap, scaled, draw_key)
 
 
 def sample_durations(sm: StepModel, n: int, rng: np.random.Generator, only: np.ndarray | None = None):
@@ -80,10 +90,12 @@ def sample_durations(sm: StepModel, n: int, rng: np.random.Generator, only: np.n
         sel = names == nm
         if only is not None:
             sel = sel & only
-        idx = np.flatnonzero(sel)
+        raw = np.flatnonzero(sel & ~sm.scaled)  # tiny slots: their own measured value in the drawn step
+        dur[raw] = g.dur[raw][:, J]
+        idx = np.flatnonzero(sel & sm.scaled)
         if not len(idx):
             continue
-        ug, inv = np.unique(g.group_of[idx], return_inverse=True)
+        ug, inv = np.unique(sm.draw_key[idx], return_inverse=True)
         draws = d.sample(rng, (len(ug), n))[inv]
         dur[idx] = sm.typ[idx, None] * sm.factor[idx][:, J] * draws
     gi = rng.integers(0, g.gap.shape[1], (g.n_slots, n))
@@ -184,7 +196,7 @@ def kernel_sensitivity(sm: StepModel, n: int = 2000, cvs=(0.05, 0.1, 0.2, 0.4), 
         if sm.typ[sel].max() <= 0:
             continue
         idx = np.flatnonzero(sel)
-        ug, inv = np.unique(g.group_of[idx], return_inverse=True)
+        ug, inv = np.unique(sm.draw_key[idx], return_inverse=True)
         for cv in cvs:
             dur = np.repeat(dur0, n, axis=1)
             z = rng.standard_normal((len(ug), n))[inv]
@@ -266,8 +278,8 @@ def _replica_with_slow_rate(m: PipelineModel, n, rng, rate, k):
             c = np.where(ns > 0, k * max_of_iid_quantile(X, rng.random(n), np.maximum(ns, 1)), 0)
             row.append(base * f * np.maximum(a, c))
         durs.append(row)
-    pre = np.stack([p[rng.integers(0, len(p), n)] for p in m.pre])
-    post = np.stack([p[rng.integers(0, len(p), n)] for p in m.post])
+    pre = np.stack([p[rng.integers(0, p.shape[0], n), fi] for p in m.pre])
+    post = np.stack([p[rng.integers(0, p.shape[0], n), fi] for p in m.post])
     return (pipeline_end_times(sched, durs, m.p2p_ns, m.pp, m.vpp, start=pre) + post).max(axis=0)
 
 
@@ -297,74 +309,125 @@ SLOW_GROUP = 1.03     # a group whose measured durations alone slow the ideal st
 IMBALANCE = 1.10      # a stage's typical compute over the other stages' median
 
 
-def straggler_verdicts(sm: StepModel, ideal: float, measured_mean: float, attrib: list[dict], job_id: str | None = None) -> pl.DataFrame:
+def stage_imbalance(sm: StepModel) -> dict[int, float]:
+    """Per stage: how much longer its forward/backward compute typically is than the other
+    stages', taken on its least loaded TP group (so one slow GPU does not make a stage look
+    imbalanced): min over the stage's (dp) groups of the mean over compute ops of
+    median(group) / median(other stages)."""
+    g = sm.graph
+    names = g.slot_names()
+    st = g.stage[g.slot_rank]
+    dpg = g.dp_rank[g.slot_rank]
+    out = {}
+    for s in np.unique(g.stage):
+        per_group = []
+        for d in np.unique(dpg[st == s]):
+            ratios = []
+            for nm in ("forward-compute", "backward-compute"):
+                a = (names == nm) & (st == s) & (dpg == d)
+                b = (names == nm) & (st != s)
+                if a.any() and b.any():
+                    ratios.append(np.median(sm.typ[a]) / max(np.median(sm.typ[b]), 1.0))
+            if ratios:
+                per_group.append(float(np.mean(ratios)))
+        out[int(s)] = min(per_group) if per_group else 1.0
+    return out
+
+
+def compute_kernel_ns(timings: pl.DataFrame) -> dict[int, float]:
+    """Per rank: non-communication kernel time per step (median over steps), when the timings
+    carry kernel rows; evidence for which GPU of a TP group is the slow one (its peers wait in
+    NCCL kernels, it computes longer)."""
+    if "kind" not in timings.columns:
+        return {}
+    k = timings.filter((pl.col("kind") == "kernel") & ~pl.col("name").str.to_lowercase().str.starts_with("nccl") & pl.col("step").is_not_null())
+    if k.height == 0:
+        return {}
+    per = k.group_by("rank", "step").agg(pl.col("duration_ns").sum()).group_by("rank").agg(pl.col("duration_ns").median())
+    return {int(r): float(v) for r, v in per.iter_rows()}
+
+
+def straggler_verdicts(sm: StepModel, ideal: float, measured_mean: float, attrib: list[dict], job_id: str | None = None,
+                       kernel_ns: dict[int, float] | None = None) -> pl.DataFrame:
     """Verdicts where the measured steps are far slower than no_stragglers, attributed by op type,
-    stage and rank. A stage whose compute is consistently longer on all its ranks is a
-    stage-partitioning imbalance (team algorithm); a rank slower than its stage peers is a
-    hardware suspect (operations); slow collectives / p2p go to operations, other ops to
-    infrastructure. Below SLOW_JOB nothing above info is raised."""
+    stage and rank. A stage whose compute is consistently longer on all its TP groups is a
+    stage-partitioning imbalance (team algorithm); a rank slower than the same stage's ranks in
+    other DP replicas is a hardware suspect (operations; within a TP group the one with more
+    compute-kernel time when kernel rows exist, since its TP peers only wait for it); slow
+    collectives / p2p go to operations, other ops to infrastructure. Below SLOW_JOB nothing
+    above info is raised."""
     g = sm.graph
     cap = g.capture_id
     S = measured_mean / ideal
     slow = S >= SLOW_JOB
-    sev_job = "critical" if S >= 1.25 else "warning" if slow else "info"
-    rows = []
-    names = g.slot_names()
-    comp = np.isin(names, ["forward-compute", "backward-compute"])
-    stage_slot = g.stage[g.slot_rank]
-    stage_comp = {int(s): float(np.median(sm.typ[comp & (stage_slot == s)])) if (comp & (stage_slot == s)).any() else np.nan
-                  for s in np.unique(g.stage)}
-    att = {r["subject"]: r["slowdown"] for r in attrib}
-    top = sorted(((v, k) for k, v in att.items()), reverse=True)[:3]
-    rows.append({"detector": "prism.no_stragglers", "scope": "job", "subject": cap, "job_id": job_id, "capture_id": cap,
-                 "metric": "measured_over_no_stragglers", "value": S, "baseline": 1.0, "severity": sev_job,
-                 "team": "algorithm" if any(k.startswith("stage:") and _imbalanced(stage_comp, int(k.split(':')[1])) for _, k in top) else "operations",
-                 "explanation": f"measured steps average {measured_mean / 1e9:.3f} s vs {ideal / 1e9:.3f} s with every op at its typical duration "
-                                f"({S:.2f}x); largest contributors: " + ", ".join(f"{k} {v:.2f}x" for v, k in top),
-                 "evidence": json.dumps({"attribution": {k: round(v, 4) for k, v in att.items()}})})
-    if S < SLOW_GROUP:
-        return make_verdicts(rows)
     sev = (lambda x: "critical" if slow and x >= 1.25 else "warning" if slow and x >= 1.05 else "info")
-    for s, c in stage_comp.items():
-        x = att.get(f"stage:{s}", 1.0)
-        if x < SLOW_GROUP:
-            continue
-        imb = _imbalanced(stage_comp, s)
-        others = np.nanmedian([v for k, v in stage_comp.items() if k != s]) if len(stage_comp) > 1 else np.nan
-        rows.append({"detector": "prism.attribution", "scope": "stage", "subject": str(s), "job_id": job_id, "capture_id": cap,
-                     "metric": "slowdown_if_only_this_stage_as_measured", "value": x, "baseline": 1.0, "severity": sev(x),
-                     "team": "algorithm" if imb else "operations",
-                     "explanation": (f"stage {s} alone slows the ideal step {x:.2f}x: its typical forward/backward compute is "
-                                     f"{c / others:.2f}x the other stages' on every rank: stage-partitioning imbalance, rebalance the layers"
-                                     if imb else f"stage {s} alone slows the ideal step {x:.2f}x without a compute imbalance: look at its hosts and links"),
-                     "evidence": json.dumps({"stage_compute_ns": c, "other_stages_ns": others})})
+    names = g.slot_names()
+    imb = stage_imbalance(sm)
+    imb_stages = [s for s, v in imb.items() if v >= IMBALANCE and len(imb) > 1]
+    att = {r["subject"]: r["slowdown"] for r in attrib}
+    rows = []
+    # ranks slower than the same stage's ranks in other DP replicas
+    suspects = []
     for r in range(g.n_ranks):
         x = att.get(f"rank:{g.ranks[r]}", 1.0)
-        peers = [att.get(f"rank:{g.ranks[q]}", 1.0) for q in range(g.n_ranks) if g.stage[q] == g.stage[r] and q != r]
-        if x < SLOW_GROUP or (peers and x - max(peers) < 0.02):
-            continue  # explained by its stage (all its peers are as slow)
+        peers = [att.get(f"rank:{g.ranks[q]}", 1.0) for q in range(g.n_ranks)
+                 if g.stage[q] == g.stage[r] and g.dp_rank[q] != g.dp_rank[r]]
+        if x >= SLOW_GROUP and (not peers or x - max(peers) >= 0.02) and g.stage[r] not in imb_stages:
+            suspects.append((r, x, max(peers) if peers else 1.0))
+    if kernel_ns:
+        kept = []
+        for r, x, base in suspects:
+            tpg = [q for q, _, _ in suspects if g.stage[q] == g.stage[r] and g.dp_rank[q] == g.dp_rank[r]]
+            stage_k = [kernel_ns.get(int(g.ranks[q])) for q in range(g.n_ranks) if g.stage[q] == g.stage[r]]
+            stage_k = [v for v in stage_k if v is not None]
+            kr = kernel_ns.get(int(g.ranks[r]))
+            if len(tpg) > 1 and kr is not None and stage_k and kr < 1.05 * float(np.median(stage_k)):
+                continue  # its compute kernels are normal: it waits for a TP peer
+            kept.append((r, x, base))
+        suspects = kept
+    for r, x, base in suspects:
+        kr = (kernel_ns or {}).get(int(g.ranks[r]))
         rows.append({"detector": "prism.attribution", "scope": "rank", "subject": str(g.ranks[r]), "job_id": job_id, "capture_id": cap,
-                     "metric": "slowdown_if_only_this_rank_as_measured", "value": x, "baseline": max(peers) if peers else 1.0,
+                     "metric": "slowdown_if_only_this_rank_as_measured", "value": x, "baseline": base,
                      "severity": sev(x), "team": "operations",
-                     "explanation": f"rank {g.ranks[r]} (stage {g.stage[r]}) alone slows the ideal step {x:.2f}x, more than its stage peers: a slow GPU or host"})
+                     "explanation": f"rank {g.ranks[r]} (stage {g.stage[r]}, dp {g.dp_rank[r]}, tp {g.tp_rank[r]}) alone slows the ideal step "
+                                    f"{x:.2f}x while the same stage in other DP replicas reaches {base:.2f}x: a slow GPU or host"
+                                    + (f"; its compute kernels take {kr / 1e6:.0f} ms per step" if kr else ""),
+                     "evidence": json.dumps({"compute_kernel_ns": kr})})
+    for s in sorted(imb):
+        x = att.get(f"stage:{s}", 1.0)
+        if x < SLOW_GROUP or (s not in imb_stages and suspects):  # other stages mostly wait for a slow rank
+            continue
+        is_imb = s in imb_stages
+        rows.append({"detector": "prism.attribution", "scope": "stage", "subject": str(s), "job_id": job_id, "capture_id": cap,
+                     "metric": "slowdown_if_only_this_stage_as_measured", "value": x, "baseline": 1.0, "severity": sev(x),
+                     "team": "algorithm" if is_imb else "operations",
+                     "explanation": (f"stage {s} alone slows the ideal step {x:.2f}x: its forward/backward compute is {imb[s]:.2f}x "
+                                     "the other stages' on every TP group: stage-partitioning imbalance, rebalance the layers"
+                                     if is_imb else f"stage {s} alone slows the ideal step {x:.2f}x without a compute imbalance: look at its hosts and links"),
+                     "evidence": json.dumps({"compute_ratio_vs_other_stages": imb[s]})})
     for nm in np.unique(names):
         x = att.get(f"op:{nm}", 1.0)
         if x < SLOW_GROUP:
             continue
         is_comm = bool(g.group_is_comm[g.group_of[names == nm]].any())
-        imb_stages = [s for s in stage_comp if _imbalanced(stage_comp, s)]
-        team = "operations" if is_comm else ("algorithm" if imb_stages and nm in ("forward-compute", "backward-compute") else "infrastructure")
+        compute = nm in ("forward-compute", "backward-compute")
+        team = "operations" if is_comm or (compute and suspects and not imb_stages) else ("algorithm" if imb_stages and compute else "infrastructure")
         rows.append({"detector": "prism.attribution", "scope": "kernel" if g.kind == "kernel" else "function", "subject": nm,
                      "job_id": job_id, "capture_id": cap, "metric": "slowdown_if_only_this_op_as_measured", "value": x, "baseline": 1.0,
                      "severity": sev(x), "team": team,
                      "explanation": f"{nm} as measured alone slows the ideal step {x:.2f}x"
-                                    + (f" (its excess sits on imbalanced stage(s) {imb_stages})" if team == "algorithm" else "")})
-    return make_verdicts(rows)
-
-
-def _imbalanced(stage_comp: dict, s: int) -> bool:
-    others = [v for k, v in stage_comp.items() if k != s and np.isfinite(v)]
-    return bool(others) and stage_comp[s] / np.median(others) >= IMBALANCE
+                                    + (f" (its excess sits on imbalanced stage(s) {imb_stages})" if team == "algorithm" and compute else "")
+                                    + (f" (on the slow rank(s) {[int(g.ranks[r]) for r, _, _ in suspects]})" if compute and suspects and not imb_stages else "")})
+    top = sorted(((v, k) for k, v in att.items()), reverse=True)[:3]
+    job = {"detector": "prism.no_stragglers", "scope": "job", "subject": cap, "job_id": job_id, "capture_id": cap,
+           "metric": "measured_over_no_stragglers", "value": S, "baseline": 1.0,
+           "severity": "critical" if S >= 1.25 else "warning" if slow else "info",
+           "team": "algorithm" if imb_stages else "operations" if suspects or S >= SLOW_JOB else "infrastructure",
+           "explanation": f"measured steps average {measured_mean / 1e9:.3f} s vs {ideal / 1e9:.3f} s with every op at its typical duration "
+                          f"({S:.2f}x); largest contributors: " + ", ".join(f"{k} {v:.2f}x" for v, k in top),
+           "evidence": json.dumps({"attribution": {k: round(v, 4) for k, v in att.items()}})}
+    return make_verdicts([job] + rows)
 
 
 # ---------------------------------------------------------------- plots
@@ -450,7 +513,8 @@ def forecast_capture(timings: pl.DataFrame, hw: pl.DataFrame | None = None, capt
         notes.append(f"pipeline scenarios skipped: {exc}")
     fc = STEP_FORECASTS.validate(pl.DataFrame(rows, schema={c: col.dtype.type for c, col in STEP_FORECASTS.columns.items()}))
     det = SCENARIO_DETAILS.validate(pl.DataFrame(details, schema={c: col.dtype.type for c, col in SCENARIO_DETAILS.columns.items()}))
-    verdicts = straggler_verdicts(sm, ideal, mmean, att, job_id)
+    verdicts = straggler_verdicts(sm, ideal, mmean, att, job_id, compute_kernel_ns(timings.filter(pl.col("capture_id") == cap)
+                                                                                  if "capture_id" in timings.columns else timings))
     vm = variability_models(g)
     hwc = hw_correlation(timings, hw, cap) if hw is not None else hw_correlation(timings.head(0), pl.DataFrame(), cap)
     png = {}

@@ -17,7 +17,7 @@ step's slots then carry two measured numbers:
 which is what makes forecasts and what-ifs built on it trustworthy."""
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,7 +39,7 @@ def collective_scope(name: str) -> str | None:
     n = name.lower()
     if n in _P2P:
         return "p2p"
-    if n in ("grads-reduce-scatter", "params-all-gather", "separate-grads-all-reduce", "all-grads-sync"):
+    if n in ("grads-reduce-scatter", "params-all-gather", "separate-grads-all-reduce", "all-grads-sync", "grads-all-reduce"):
         return "dp"
     if n.startswith("tp-") or n in ("layernorm-grads-all-reduce",):
         return "tp"
@@ -60,18 +60,25 @@ class JobGraph:
     stage: np.ndarray              # per rank index (-1 unknown)
     dp_rank: np.ndarray
     tp_rank: np.ndarray
-    slots: pl.DataFrame            # slot, rank_idx, pos, name, names, microbatch, group, is_comm
+    slots: pl.DataFrame            # slot, rank_idx, rank, pos, occ, name, names, microbatch, group, is_comm, concurrent, stage, dp_rank, tp_rank
     slot_rank: np.ndarray          # rank index per slot
-    group_of: np.ndarray           # group id per slot
+    group_of: np.ndarray           # group id per slot (slots linked by any synchronization)
     group_members: list[np.ndarray]
     group_is_comm: np.ndarray
-    order: list[int]               # groups in a topological order of the step's dependencies
+    order: list[int]               # slots in a topological order of the step's dependencies
     steps: np.ndarray              # steps kept (same structure on every rank)
     gap: np.ndarray                # [n_slots, n_steps] ns, float64
     dur: np.ndarray                # [n_slots, n_steps] ns, float64
     measured_step_ns: np.ndarray   # [n_steps]
+    waits: list[np.ndarray]        # per slot: the slots whose arrival it waits for
+    next_slot: np.ndarray          # per slot: the rank's next slot (-1 at the end)
+    first_slot: np.ndarray         # per rank: its first slot
     layout: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # steps left out, unmatched peers, clipped waits
+
+    @property
+    def concurrent(self) -> np.ndarray:
+        return self.slots["concurrent"].to_numpy()
 
     @property
     def n_slots(self) -> int:
@@ -83,6 +90,11 @@ class JobGraph:
 
     def slot_names(self) -> np.ndarray:
         return self.slots["name"].to_numpy()
+
+
+CONCURRENT_MIN_NS = 100_000  # overlaps shorter than this are timer jitter, not concurrency
+NEGATIVE_NOTE_NS = 10_000    # intrinsic times below -this are worth a note (smaller: timer jitter)
+ASYNC_SEND_MAX_NS = 1_000     # a send recorded this short was issued without waiting for its receiver
 
 
 class StructureError(ValueError):
@@ -196,15 +208,27 @@ def build_graph(timings: pl.DataFrame, capture_id: str | None = None, layout: di
                 key = ("grp", nm, grp, k)
             else:  # world, or a collective without a group id: everyone who runs it
                 key = ("world", nm, k)
-            keys[key].append(i)
+            keys[key].append((i, "send" if "send" in nm.lower() else "recv" if "recv" in nm.lower() else "coll"))
+    ref_dur = (ref["end_ns"] - ref["start_ns"]).to_numpy()
     unmatched = 0
+    # who waits for whom: collective members and blocking (rendezvous) send/recv pairs wait for
+    # each other's arrival; a non-blocking send (recorded with ~0 duration: an async isend) does
+    # not wait, only its receiver waits for it
+    waits_set: list[set] = [set() for _ in range(n_slots)]
     for key, members in keys.items():
+        idx = [i for i, _ in members]
         if key[0] == "p2p" and len(members) < 2:
             unmatched += 1
-        for m in members[1:]:
-            parent[find(m)] = find(members[0])
+        for m in idx[1:]:
+            parent[find(m)] = find(idx[0])
+        senders = [i for i, role in members if role == "send"]
+        directed = key[0] == "p2p" and any(ref_dur[i] <= ASYNC_SEND_MAX_NS and len(ref["names"][i]) == 1 for i in senders)
+        for i, role in members:
+            peers = senders if (directed and role == "recv") else ([] if directed else idx)
+            waits_set[i].update(j for j in peers if j != i)
     if unmatched:
         notes.append(f"{unmatched} pipeline send/recv ops without a peer on the neighbouring stage: treated as local ops")
+    waits = [np.array(sorted(w), dtype=np.int64) for w in waits_set]
     roots = np.array([find(i) for i in range(n_slots)])
     _, group_of = np.unique(roots, return_inverse=True)
     n_groups = int(group_of.max()) + 1
@@ -214,42 +238,55 @@ def build_graph(timings: pl.DataFrame, capture_id: str | None = None, layout: di
     group_members = [np.array(m, dtype=np.int64) for m in members_list]
     group_is_comm = np.array([len(m) > 1 for m in members_list])
 
-    # topological order: a group runs when it is at the head of every member rank's sequence
+    # topological order of slots: a rank's next slot runs once the slots it waits for have
+    # arrived (are at the head of their rank or done)
     pos_arr = ref["pos"].to_numpy()
     seq = [[] for _ in ranks]
     for i in np.lexsort((pos_arr, slot_rank)):
-        seq[slot_rank[i]].append(i)
-    head = [0] * len(ranks)
-    at_head = np.zeros(n_groups, dtype=np.int64)
-    queue = deque()
+        seq[slot_rank[i]].append(int(i))
+    rank_pos = np.zeros(n_slots, dtype=np.int64)
     for r in range(len(ranks)):
-        if seq[r]:
-            g = group_of[seq[r][0]]
-            at_head[g] += 1
-            if at_head[g] == len(members_list[g]):
-                queue.append(g)
-    order = []
-    while queue:
-        g = queue.popleft()
-        order.append(int(g))
-        for m in members_list[g]:
-            r = slot_rank[m]
-            head[r] += 1
-            if head[r] < len(seq[r]):
-                g2 = group_of[seq[r][head[r]]]
-                at_head[g2] += 1
-                if at_head[g2] == len(members_list[g2]):
-                    queue.append(g2)
-    if len(order) != n_groups:
-        stuck = [int(g) for g in range(n_groups) if g not in set(order)][:5]
-        raise StructureError(f"capture {capture_id}: the synchronizing ops form a cycle (groups {stuck} never become ready); "
+        for k, i in enumerate(seq[r]):
+            rank_pos[i] = k
+    head = np.zeros(len(ranks), dtype=np.int64)
+    order: list[int] = []
+    progress = True
+    while progress:
+        progress = False
+        for r in range(len(ranks)):
+            while head[r] < len(seq[r]):
+                i = seq[r][head[r]]
+                w = waits[i]
+                if len(w) and (rank_pos[w] > head[slot_rank[w]]).any():
+                    break
+                order.append(i)
+                head[r] += 1
+                progress = True
+    if len(order) != n_slots:
+        stuck = [(int(ref["rank"][seq[r][head[r]]]), ref["name"][seq[r][head[r]]], int(ref["occ"][seq[r][head[r]]]))
+                 for r in range(len(ranks)) if head[r] < len(seq[r])][:6]
+        raise StructureError(f"capture {capture_id}: the synchronizing ops wait on each other in a cycle (stuck at {stuck}); "
                              "check the stage / dp_rank columns and the op order")
+    next_slot = np.full(n_slots, -1, dtype=np.int64)
+    first_slot = np.array([seq[r][0] for r in range(len(ranks))], dtype=np.int64)
+    for r in range(len(ranks)):
+        for a, b in zip(seq[r][:-1], seq[r][1:]):
+            next_slot[a] = b
 
+    # a slot that starts before the rank's earlier ops have ended runs beside them (another
+    # stream, e.g. a gradient all-reduce overlapping the last backward): it is anchored to the
+    # previous slot's start instead of the rank's latest end
+    # Only collectives are launched beside other work (gradient buckets during the backward);
+    # a compute or p2p op that starts before the rank's earlier ops end is waiting for them
+    # inside its timer (e.g. an optimizer step blocked on the gradient all-reduce).
+    overlap = pl.col("end_ns").cum_max().shift(1).over("rank") - pl.col("start_ns")
+    is_coll = pl.col("names").list.eval(pl.element().map_elements(lambda n: collective_scope(n) not in (None, "p2p"), return_dtype=pl.Boolean)).list.any()
+    ref = ref.with_columns(concurrent=(is_coll & (overlap > CONCURRENT_MIN_NS)).fill_null(False))
     slots = ref.select(
         pl.int_range(pl.len(), dtype=pl.Int64).alias("slot"),
         pl.Series("rank_idx", slot_rank), pl.col("rank"), "pos", "occ", "name", "names", "microbatch",
         pl.Series("group", group_of.astype(np.int64)),
-        pl.Series("is_comm", group_is_comm[group_of]),
+        pl.Series("is_comm", group_is_comm[group_of]), "concurrent",
         pl.Series("stage", stage[slot_rank]), pl.Series("dp_rank", dp[slot_rank]), pl.Series("tp_rank", tp[slot_rank]),
     )
 
@@ -258,21 +295,32 @@ def build_graph(timings: pl.DataFrame, capture_id: str | None = None, layout: di
     step_start = kept.group_by("step").agg(pl.col("start_ns").min().alias("t0"))
     kept = (kept.join(step_start, on="step")
             .sort("rank", "step", "pos")
-            .with_columns(prev_end=pl.col("end_ns").shift(1).over("rank", "step"))
-            .with_columns(gap=(pl.col("start_ns") - pl.coalesce("prev_end", "t0")).cast(pl.Float64))
-            .join(slots.select("rank", "name", "occ", "slot", pl.col("group").alias("gid")), on=["rank", "name", "occ"]))
-    kept = kept.with_columns(gstart=pl.col("start_ns").max().over("gid", "step"))
-    kept = kept.with_columns(
-        dur=pl.when(pl.col("gid").is_in(np.flatnonzero(group_is_comm).tolist()))
-        .then(pl.col("end_ns") - pl.col("gstart")).otherwise(pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64))
-    n_neg = kept.filter(pl.col("dur") < 0).height
-    if n_neg:
-        notes.append(f"{n_neg} synchronizing ops ended before their last peer started (eager sends); their transfer time is taken as 0")
+            .with_columns(prev_end=pl.col("end_ns").cum_max().shift(1).over("rank", "step"),
+                          prev_start=pl.col("start_ns").shift(1).over("rank", "step"))
+            .join(slots.select("rank", "name", "occ", "slot", "concurrent", pl.col("group").alias("gid")), on=["rank", "name", "occ"])
+            .with_columns(gap=pl.when(pl.col("concurrent")).then(pl.col("start_ns") - pl.col("prev_start"))
+                          .otherwise(pl.col("start_ns") - pl.coalesce("prev_end", "t0")).cast(pl.Float64)))
     step_idx = {int(s): j for j, s in enumerate(good)}
     kept = kept.with_columns(j=pl.col("step").replace_strict(step_idx, return_dtype=pl.Int64))
+    si, sj = kept["slot"].to_numpy(), kept["j"].to_numpy()
+    ST = np.zeros((n_slots, len(good)))
+    ST[si, sj] = kept["start_ns"].to_numpy()
+    PE = np.zeros((n_slots, len(good)))
+    PE[si, sj] = kept["prev_end"].fill_null(kept["t0"]).to_numpy()
+    conc = slots["concurrent"].to_numpy()
+    # latest start among a slot and those it waits for (and, for a sequential slot, the end of
+    # the rank's earlier work): the intrinsic duration runs from there
+    latest = np.where(conc[:, None], ST, np.maximum(ST, PE))
+    for i in range(n_slots):
+        if len(waits[i]):
+            latest[i] = np.maximum(latest[i], ST[waits[i]].max(axis=0))
+    kept = kept.with_columns(dur=(pl.col("end_ns") - pl.Series(latest[si, sj])).cast(pl.Float64))
+    n_neg = kept.filter(pl.col("dur") < -NEGATIVE_NOTE_NS).height
+    if n_neg:
+        notes.append(f"{n_neg} op records ended before the ops they depend on started or ended (eager sends, timer skew): "
+                     "their intrinsic time is taken as 0")
     gap = np.zeros((n_slots, len(good)))
     dur = np.zeros((n_slots, len(good)))
-    si, sj = kept["slot"].to_numpy(), kept["j"].to_numpy()
     gap[si, sj] = np.maximum(kept["gap"].to_numpy(), 0.0)
     dur[si, sj] = np.maximum(kept["dur"].to_numpy(), 0.0)
     meas = (kept.group_by("step").agg((pl.col("end_ns").max() - pl.col("t0").first()).alias("T")).sort("step"))
@@ -289,7 +337,7 @@ def build_graph(timings: pl.DataFrame, capture_id: str | None = None, layout: di
         lay.setdefault("microbatches", int(max(per_rank_fwd) // max(vpp, 1)))
         lay.setdefault("schedule", _detect_schedule([names[i] for i in seq[int(np.argmax(stage))]], vpp))
     return JobGraph(capture_id, kind, ranks, stage, dp, tp, slots, slot_rank, group_of, group_members,
-                    group_is_comm, order, good, gap, dur, measured, lay, notes)
+                    group_is_comm, order, good, gap, dur, measured, waits, next_slot, first_slot, lay, notes)
 
 
 def _detect_schedule(names_last_stage: list[str], vpp: int) -> str:
@@ -305,17 +353,21 @@ def _detect_schedule(names_last_stage: list[str], vpp: int) -> str:
 
 def replay(g: JobGraph, gap: np.ndarray, dur: np.ndarray, per_rank: bool = False) -> np.ndarray:
     """Max-plus recurrence of the step over S columns at once: gap, dur are [n_slots, S]
-    (ns). A local slot ends at ready + gap + dur; a synchronizing group starts when its last
-    member arrives and each member ends at that start + its dur. Returns the step time per
-    column (latest end over ranks), or [n_ranks, S] end times with per_rank=True."""
+    (ns). A slot arrives gap after its rank's latest end (after the previous slot's start for a
+    concurrent slot), starts when it and every slot it waits for have arrived, and ends dur
+    later. Returns the step time per column (latest end over ranks), or [n_ranks, S] end
+    times with per_rank=True."""
     S = gap.shape[1]
     ready = np.zeros((g.n_ranks, S))
-    for gi in g.order:
-        m = g.group_members[gi]
-        r = g.slot_rank[m]
-        if len(m) == 1:
-            ready[r[0]] += gap[m[0]] + dur[m[0]]
-        else:
-            start = (ready[r] + gap[m]).max(axis=0)
-            ready[r] = start[None, :] + dur[m]
+    arrive = np.zeros((g.n_slots, S))
+    conc = g.concurrent
+    arrive[g.first_slot] = gap[g.first_slot]
+    for i in g.order:
+        w = g.waits[i]
+        start = np.maximum(arrive[i], arrive[w].max(axis=0)) if len(w) else arrive[i]
+        r = g.slot_rank[i]
+        ready[r] = np.maximum(ready[r], start + dur[i])
+        n = g.next_slot[i]
+        if n >= 0:
+            arrive[n] = (start if conc[n] else ready[r]) + gap[n]
     return ready if per_rank else ready.max(axis=0)

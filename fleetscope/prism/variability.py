@@ -173,12 +173,31 @@ def select(fits) -> int:
     return min(ok)[1] if ok else len(fits) - 1
 
 
+MIN_SCALED_NS = 10_000   # slots typically shorter than this carry no meaningful ratio
+MIN_SCALED_SHARE = 0.05  # nor those under this share of their op's typical duration
+
+
+def scaled_slots(g: JobGraph, typ: np.ndarray) -> np.ndarray:
+    """Slots whose step-to-step variation is modelled as a ratio to their typical duration.
+    A receive that usually finds its data already there has a typical of ~0: ratios of such
+    slots are noise (and would inflate the pooled model); they are replayed from their own
+    measured values instead."""
+    names = g.slot_names()
+    out = np.zeros(len(typ), dtype=bool)
+    for nm in np.unique(names):
+        sel = names == nm
+        ref = np.median(typ[sel])
+        out[sel] = (typ[sel] >= MIN_SCALED_NS) & (typ[sel] >= MIN_SCALED_SHARE * ref)
+    return out
+
+
 def temporal_ratios(g: JobGraph) -> tuple[np.ndarray, np.ndarray]:
     """Per slot: its typical duration (median over steps) and the [n_slots, n_steps] ratios of
-    each step's duration to it (1 where the typical is 0)."""
+    each step's duration to it (1 for slots that are not `scaled_slots`)."""
     typ = np.median(g.dur, axis=1)
+    ok = scaled_slots(g, typ)
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(typ[:, None] > 0, g.dur / typ[:, None], 1.0)
+        ratio = np.where(ok[:, None], g.dur / np.where(ok, typ, 1.0)[:, None], 1.0)
     return typ, ratio
 
 
@@ -188,7 +207,7 @@ def op_temporal_models(g: JobGraph) -> dict[str, Dist]:
     names = g.slot_names()
     out = {}
     for nm in np.unique(names):
-        sel = (names == nm) & (typ > 0)
+        sel = (names == nm) & scaled_slots(g, typ)
         if not sel.any():
             out[nm] = Dist("constant", {"value": 1.0})
             continue
@@ -210,13 +229,14 @@ def variability_models(g: JobGraph) -> pl.DataFrame:
     are those of the fitted family (of the data for the empirical one)."""
     from fleetscope.prism.schemas import VARIABILITY_MODELS  # local: schemas import nothing from here
     typ, ratio = temporal_ratios(g)
+    scaled = scaled_slots(g, typ)
     names = g.slot_names()
     rows = []
     qs = np.array([0.05, 0.5, 0.95, 0.99])
     for nm in np.unique(names):
         sel = names == nm
         dims = []
-        pos = sel & (typ > 0)
+        pos = sel & scaled
         if pos.any():
             dims.append(("temporal", "ratio", ratio[pos].ravel()))
         # spatial: each rank's typical duration of this op (median over its slots and steps)
