@@ -85,6 +85,32 @@ def link_factor(fab: Fabric, faults: list[Fault], src: np.ndarray, dst: np.ndarr
     return out
 
 
+def one_f_one_b(fdur: np.ndarray, bdur: np.ndarray, c_f: np.ndarray | None, c_b: np.ndarray | None):
+    """Max-plus recurrence of a 1F1B pipeline step.
+
+    fdur, bdur: (P, m, ...) forward / backward durations per stage and microbatch (any trailing
+    batch shape, e.g. steps x DP replicas); c_f[..., s]: latency of the activation hop s -> s+1,
+    c_b[..., s]: of the gradient hop s+1 -> s (trailing shape + (P-1,)). Returns start and end
+    times (Fs, Fe, Bs, Be), each (P, m, ...), relative to the step start (time 0 on every stage):
+        F(s,i) = max(prev op on s, F(s-1,i) end + c_f[s-1]),  B(s,i) = max(prev op on s, B(s+1,i) end + c_b[s]).
+    With c = 0 and constant f, b the makespan is the closed form (m+p-1)(f+b); with c > 0 it is not."""
+    P, m = fdur.shape[:2]
+    Fs, Fe, Bs, Be = (np.zeros_like(fdur) for _ in range(4))
+    prev = np.zeros((P,) + fdur.shape[2:])
+    for s, b, i in one_f_one_b_order(P, m):
+        if b == 0:
+            dep = Fe[s - 1, i] + c_f[..., s - 1] if s > 0 else 0.0
+            st = np.maximum(prev[s], dep)
+            Fs[s, i], Fe[s, i] = st, st + fdur[s, i]
+            prev[s] = Fe[s, i]
+        else:
+            dep = Be[s + 1, i] + c_b[..., s] if s < P - 1 else 0.0
+            st = np.maximum(prev[s], dep)
+            Bs[s, i], Be[s, i] = st, st + bdur[s, i]
+            prev[s] = Be[s, i]
+    return Fs, Fe, Bs, Be
+
+
 @dataclass
 class JobRun:
     step_start: np.ndarray    # (K,) absolute start of each step
@@ -178,21 +204,15 @@ def _execute(job, job_idx, fab, faults, net, active, K, R, slot_gpus, ring_src, 
         c_f = 2 * LAUNCH_NS + dur_f.max(axis=3)                        # (K, D, P-1)
         c_b = 2 * LAUNCH_NS + dur_b.max(axis=3)
     # ---- 1F1B max-plus recurrence ----------------------------------------------------------------
-    Fs = np.zeros((P, m, K, D)); Fe = np.zeros((P, m, K, D))
-    Bs = np.zeros((P, m, K, D)); Be = np.zeros((P, m, K, D))
-    prev = np.zeros((P, K, D))
+    fdur = np.empty((P, m, K, D))
+    bdur = np.empty((P, m, K, D))
     for n, (s, b, i) in enumerate(one_f_one_b_order(P, m)):
         base = job.fwd_ns[s] * (2.0 if b else 1.0) * common * noise[n] * mult[:, :, s]
-        if b == 0:
-            dur = base + fwd_add[:, :, s] + np.where(gc_mb[:, None] == i, gc_add[:, :, s], 0.0)
-            dep = Fe[s - 1, i] + c_f[:, :, s - 1] if s > 0 else 0.0
-            st = np.maximum(prev[s], dep)
-            Fs[s, i], Fe[s, i] = st, st + dur
+        if b:
+            bdur[s, i] = base
         else:
-            dep = Be[s + 1, i] + c_b[:, :, s] if s < P - 1 else 0.0
-            st = np.maximum(prev[s], dep)
-            Bs[s, i], Be[s, i] = st, st + base
-        prev[s] = st + (base if b else dur)
+            fdur[s, i] = base + fwd_add[:, :, s] + np.where(gc_mb[:, None] == i, gc_add[:, :, s], 0.0)
+    Fs, Fe, Bs, Be = one_f_one_b(fdur, bdur, c_f if P > 1 else None, c_b if P > 1 else None)
 
     cols: dict[str, list] = {c: [] for c in ("k", "kind", "src", "dst", "start", "dur", "bytes", "ch")}
 

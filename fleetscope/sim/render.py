@@ -161,7 +161,8 @@ def write_flow_files(df: pl.DataFrame, fab: Fabric, flows_dir: Path, window_star
             out = part.select("start_ns", (pl.col("start_ns") + pl.col("duration_ns")).alias("end_ns"), "src_ip", "dst_ip",
                               "bytes", "packets", "dst_port", "src_qp", "dst_qp", "path")
             p = flows_dir / f"{stem}.csv.gz"
-            with gzip.open(p, "wb", compresslevel=1) as fh:
+            # mtime=0 and no name in the gzip header: same seed, same bytes
+            with open(p, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=1, mtime=0) as fh:
                 out.write_csv(fh)
         written.append(p)
     return sorted(written)
