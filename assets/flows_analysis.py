@@ -1,0 +1,100 @@
+"""LLMPrism over one time window of flows (flow_windows partitions): jobs, job_clusters,
+comm_pairs, step_timelines, flow_background and flow verdicts, plus a Perfetto trace per job."""
+import json
+from pathlib import Path
+
+from dagster import (AllPartitionMapping, AssetDep, AssetExecutionContext, AssetSpec, MaterializeResult,
+                     MetadataValue, multi_asset)
+
+from assets._tables import write_table
+from assets.partitions import flow_windows
+from fleetscope.flows.config import FlowConfig
+from fleetscope.flows.timelines import export_perfetto
+from fleetscope.flows.window import FLOW_BACKGROUND, analyze_window
+from fleetscope.flows.schemas import COMM_PAIRS, JOB_CLUSTERS, JOBS, STEP_TIMELINES
+from fleetscope.verdicts import VERDICTS
+from fleetscope.windows import parse_window_id
+from resources import AnalysisSettings, WarehouseResource
+
+_ALL = AllPartitionMapping()
+_DEPS = [AssetDep("flows", partition_mapping=_ALL), AssetDep("topology", partition_mapping=_ALL)]
+OUTPUTS = {
+    "jobs": JOBS, "job_clusters": JOB_CLUSTERS, "comm_pairs": COMM_PAIRS, "step_timelines": STEP_TIMELINES,
+    "flow_background": FLOW_BACKGROUND,
+}
+_DESC = {
+    "jobs": "Training jobs recognized from flows alone (union-find over communicating NICs, same-host-set merge).",
+    "job_clusters": "Which GPU address (ip) and host belongs to which job, per window.",
+    "comm_pairs": "DP / PP / other label of every communicating GPU pair, with the evidence (LLMPrism Algorithm 2).",
+    "step_timelines": "Reconstructed step boundaries per GPU address (step ends where its DP traffic ends).",
+    "flow_background": "Traffic that is not a job's (outside the topology or aperiodic): evidence, not dropped.",
+    "flow_verdicts": "Flow-based verdicts: slow steps, slow DP groups, degraded switches and NICs (k-sigma, robust).",
+}
+
+
+def read_window_inputs(wh, window_key: str, margin_s: int):
+    start, end = parse_window_id(window_key)
+    flows = wh.read("flows", where=f"start_ns >= {start - margin_s * 1_000_000_000} AND start_ns < {end}")
+    topo = wh.read("topology")
+    if topo.height:
+        topo = topo.unique("ip", keep="last", maintain_order=True)
+    return flows, topo, start, end
+
+
+@multi_asset(
+    specs=[AssetSpec(name, partitions_def=flow_windows, group_name="flows_llmprism", deps=_DEPS,
+                     kinds={"duckdb", "parquet"}, description=_DESC[name]) for name in [*OUTPUTS, "flow_verdicts"]],
+    can_subset=False,
+)
+def llmprism_window(context: AssetExecutionContext, warehouse: WarehouseResource, settings: AnalysisSettings):
+    wh = warehouse.get()
+    key = context.partition_key
+    flows, topo, start, end = read_window_inputs(wh, key, settings.window_margin_seconds)
+    context.log.info(f"window {key}: {flows.height} flows (with a {settings.window_margin_seconds} s margin), {topo.height} topology rows")
+    timings: dict = {}
+    cfg = FlowConfig(k_sigma=settings.k_sigma)
+    if flows.height == 0 or topo.height == 0:
+        tables = {}
+    else:
+        tables = analyze_window(flows, topo, start, end, config=cfg, window_id=key, timings=timings)
+    stage_md = {f"seconds/{k}": MetadataValue.float(round(v, 3)) for k, v in timings.items()}
+    for name, schema in OUTPUTS.items():
+        df = tables.get(name)
+        if df is None:
+            from fleetscope.schemas.base import empty_frame
+            df = empty_frame(schema)
+        _, md = write_table(wh, name, key, df, schema)
+        if name == "jobs" and df.height:
+            md["jobs"] = MetadataValue.json(df.select("job_id", "n_gpus", "n_hosts").to_dicts())
+        if name == "step_timelines" and df.height:
+            exports = _export_timelines(wh, key, tables, topo)
+            md["perfetto_traces"] = MetadataValue.json(exports)
+            md.update(stage_md)
+        yield MaterializeResult(asset_key=name, metadata=md)
+    verdicts = tables.get("anomaly_verdicts")
+    if verdicts is None or verdicts.height == 0:
+        wh.delete_partition("anomaly_verdicts", f"flows__{key}")
+        from fleetscope.verdicts import make_verdicts
+        verdicts = make_verdicts([])
+        md = {"dagster/row_count": MetadataValue.int(0)}
+    else:
+        _, md = write_table(wh, "anomaly_verdicts", f"flows__{key}", verdicts, VERDICTS)
+    md["by_severity"] = MetadataValue.json(dict(verdicts.group_by("severity").len().iter_rows()) if verdicts.height else {})
+    yield MaterializeResult(asset_key="flow_verdicts", metadata=md)
+
+
+def _export_timelines(wh, key: str, tables: dict, topo) -> dict:
+    """One Perfetto/Chrome trace per job, next to the warehouse (open in ui.perfetto.dev)."""
+    out_dir = wh.tables_dir.parent / (wh.path.stem + ".exports") / "perfetto" / key
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for job in tables["step_timelines"]["job_id"].unique().sort().to_list():
+        try:
+            p = export_perfetto(tables["step_timelines"], tables["_ip_flows"], job, out_dir / f"{job}.json", topology=topo)
+            paths[job] = str(p)
+        except ValueError:
+            continue
+    return paths
+
+
+ASSETS = [llmprism_window]
