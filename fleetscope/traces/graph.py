@@ -15,6 +15,8 @@ and memsets on their stream. Edges (src -> dst, typed):
   gpu_gpu  stream_order   consecutive tasks of a stream
            event_wait     cudaEventRecord on stream A -> cudaStreamWaitEvent on stream B: the next
                           task on B waits for the last task launched on A before the record
+           inferred_wait  a task that starts late, right after a task of another stream ended,
+                          where the trace shows no record/wait pair
   collective peer         the same collective (process group, sequence) on different ranks
 
 Runtime dependencies of Lumos Algorithm 1 ("a stream sync waits for whatever kernel is last on the
@@ -38,6 +40,7 @@ from fleetscope.traces.schemas import GRAPH_EDGES, GRAPH_TASKS
 CPU_CATS = ["cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver"]
 GPU_CATS = ["kernel", "gpu_memcpy", "gpu_memset"]
 INTER_THREAD_GAP_NS = 50_000  # a gap longer than this on a thread is looked at as a wait
+INTER_THREAD_WAKE_NS = 20_000  # ... explained by another thread when one of its tasks ended this shortly before
 _STEP_RX = r"^ProfilerStep#(\d+)$"
 
 
@@ -132,6 +135,10 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None) -> Graph:
     e = pl.concat([x for x in edges if x.height], how="vertical_relaxed") if any(x.height for x in edges) else pl.DataFrame(
         schema={"src": pl.Int64, "dst": pl.Int64, "edge_type": pl.Utf8, "subtype": pl.Utf8})
     e = e.unique(["src", "dst", "subtype"], keep="first", maintain_order=True).filter(pl.col("src") != pl.col("dst"))
+    tasks0, e0, _ = _calibrate(tasks, e)
+    inferred = _infer_stream_waits(tasks0, e0)
+    if inferred.height:
+        e = pl.concat([e, inferred], how="vertical_relaxed")
     tasks, e, dropped = _calibrate(tasks, e)
     tasks = tasks.with_columns(capture_id=pl.lit(cid))
     rank_of = tasks.select(pl.col("task_id"), pl.col("rank"))
@@ -140,7 +147,7 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None) -> Graph:
           .with_columns(capture_id=pl.lit(cid)))
     t = GRAPH_TASKS.validate(conform(tasks, GRAPH_TASKS))
     ed = GRAPH_EDGES.validate(conform(e, GRAPH_EDGES))
-    return Graph(t, ed, {"capture_id": cid, "ranks": sorted(events["rank"].unique().to_list()), "dropped_edges": dropped})
+    return Graph(t, ed, {"capture_id": cid, "ranks": sorted(events["rank"].unique().to_list()), **dropped})
 
 
 # ---------------------------------------------------------------- edges
@@ -164,7 +171,8 @@ def _thread_edges(t: pl.DataFrame) -> pl.DataFrame:
     cand = gaps.sort("ts_ns").join_asof(ends, left_on="ts_ns", right_on="o_end", by=["rank", "pid"], strategy="backward",
                                         check_sortedness=False)
     # the asof match may be on the same thread; then look at the latest end on another thread
-    other = cand.filter(pl.col("o_proc").is_not_null() & (pl.col("o_proc") != pl.col("processor")) & (pl.col("o_end") > pl.col("prev_end")))
+    other = cand.filter(pl.col("o_proc").is_not_null() & (pl.col("o_proc") != pl.col("processor")) & (pl.col("o_end") > pl.col("prev_end"))
+                        & (pl.col("ts_ns") - pl.col("o_end") <= INTER_THREAD_WAKE_NS))
     inter = other.select(src=pl.col("o_id"), dst=pl.col("task_id"))
     return pl.concat([intra, _edge(inter, "cpu_cpu", "inter_thread")])
 
@@ -284,6 +292,33 @@ def _event_wait_edges(t: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
     return _edge(e, "gpu_gpu", "event_wait")
 
 
+UNEXPLAINED_NS = 20_000  # a GPU task starting this much later than its dependencies allow is "late"
+
+
+def _late_gpu(t: pl.DataFrame, e: pl.DataFrame) -> pl.DataFrame:
+    """GPU tasks whose traced start is later than every modeled dependency explains."""
+    b = e.filter(pl.col("binding") & (pl.col("edge_type") != "gpu_cpu") & (pl.col("edge_type") != "collective"))
+    typ = e.filter(pl.col("binding")).group_by("subtype").agg(typ=pl.col("slack_ns").clip(lower_bound=0).median())
+    b = b.join(typ, on="subtype", how="left").filter(pl.col("slack_ns") > pl.col("typ").fill_null(0) + UNEXPLAINED_NS)
+    return t.filter(pl.col("kind") == "gpu").join(b.select(task_id="dst").unique(), on="task_id")
+
+
+def _infer_stream_waits(t: pl.DataFrame, e: pl.DataFrame) -> pl.DataFrame:
+    """Late GPU tasks that start right after a task of another stream of the same device ended:
+    an inter-stream dependency the trace does not show (no event record/wait pair), inferred as
+    Lumos infers inter-thread dependencies from gaps."""
+    late = _late_gpu(t, e)
+    if late.height == 0:
+        return pl.DataFrame(schema={"src": pl.Int64, "dst": pl.Int64, "edge_type": pl.Utf8, "subtype": pl.Utf8})
+    ends = t.filter(pl.col("kind") == "gpu").select("rank", "device", o_proc="processor", o_id="task_id", o_end="end_ns").sort("o_end")
+    # the latest end on another stream before the start: look a few candidates back
+    cand = late.select("rank", "device", "processor", "task_id", "ts_ns").sort("ts_ns").join_asof(
+        ends, left_on="ts_ns", right_on="o_end", by=["rank", "device"], strategy="backward", check_sortedness=False)
+    cand = cand.filter(pl.col("o_proc").is_not_null() & (pl.col("o_proc") != pl.col("processor"))
+                       & (pl.col("ts_ns") - pl.col("o_end") <= UNEXPLAINED_NS))
+    return _edge(cand.select(src="o_id", dst="task_id"), "gpu_gpu", "inferred_wait")
+
+
 # ---------------------------------------------------------------- collectives across ranks
 def _collective_groups(t: pl.DataFrame) -> pl.DataFrame:
     """Number each rank's communication kernels per (process group or stream, collective) in launch
@@ -366,8 +401,11 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataF
     # model lags: the typical delay of the edge's type everywhere except the CPU work between a
     # thread's tasks and the waits of synchronizing calls (used by replay and what-if); calibrated
     # lags: exact for the binding edge, so the unchanged graph reproduces the trace exactly
+    unexplained = pl.col("binding") & ~is_wait & (pl.col("slack") > pl.col("typ") + UNEXPLAINED_NS)
     model = (pl.when(is_wait).then(pl.lit(0, pl.Int64))
              .when(pl.col("subtype") == "thread_order").then(pl.col("slack"))
+             # a delay no modeled dependency explains is kept as observed (counted in graph.meta)
+             .when(unexplained).then(pl.col("slack"))
              .otherwise(pl.col("typ").cast(pl.Int64)))
     flow = flow.with_columns(lag_calibrated_ns=lag.cast(pl.Int64), lag_ns=model.cast(pl.Int64))
     # a thread gap explained by another thread: the thread edge keeps only a short gap
@@ -382,4 +420,7 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataF
         binding=pl.lit(None, pl.Boolean), from_start=pl.lit(False))
     cols = ["src", "dst", "edge_type", "subtype", "lag_ns", "lag_calibrated_ns", "slack", "binding", "from_start"]
     e = pl.concat([flow.select(cols), coll.select(cols)], how="vertical_relaxed").rename({"slack": "slack_ns"})
-    return t, e.sort(["dst", "src"]), dict(dropped.iter_rows())
+    info = {"dropped_edges": dict(dropped.iter_rows()),
+            "unexplained_delays": flow.filter(unexplained).height,
+            "unexplained_delay_ns": int(flow.filter(unexplained)["slack"].sum() or 0)}
+    return t, e.sort(["dst", "src"]), info
