@@ -53,8 +53,11 @@ def worker(rank: int, a, port: int, q):
         def __getitem__(self, i):
             return self.x[i], self.y[i]
 
+    n_batches = [0]
+
     def collate(batch):
-        if a.slow_dataloader_ms:
+        n_batches[0] += 1
+        if a.slow_dataloader_ms and n_batches[0] > a.slow_dataloader_from:
             time.sleep(a.slow_dataloader_ms / 1000)
         xs, ys = zip(*batch)
         return torch.stack(xs), torch.stack(ys)
@@ -149,6 +152,7 @@ def parse(argv=None):
     ap.add_argument("--gc-heap", type=int, default=300_000)
     ap.add_argument("--sync-in-forward", type=int, default=0)
     ap.add_argument("--slow-dataloader-ms", type=float, default=0.0)
+    ap.add_argument("--slow-dataloader-from", type=int, default=0, help="first slow batch (0: all)")
     ap.add_argument("--hang-rank", type=int, default=-1)
     ap.add_argument("--hang-step", type=int, default=-1)
     ap.add_argument("--hang-s", type=float, default=0.0)

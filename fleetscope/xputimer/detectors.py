@@ -165,8 +165,9 @@ def issue_latency_summary(lat: pl.DataFrame, history: pl.DataFrame | None = None
         if history is None or history.height == 0:
             ks.append(None), pv.append(None)
             continue
-        cur = lat.filter(pl.col("capture_id") == cap)["latency_ns"].drop_nulls().to_numpy()
-        hist = history.filter(pl.col("capture_id") != cap)["latency_ns"].drop_nulls().to_numpy()
+        # latencies as fractions of the capture's median step: robust to a machine that is slower overall
+        cur = lat.filter(pl.col("capture_id") == cap)["latency_frac"].drop_nulls().to_numpy()
+        hist = history.filter(pl.col("capture_id") != cap)["latency_frac"].drop_nulls().to_numpy()
         if len(cur) < 20 or len(hist) < 20:
             ks.append(None), pv.append(None)
             continue
@@ -179,7 +180,7 @@ def issue_latency_summary(lat: pl.DataFrame, history: pl.DataFrame | None = None
 
 
 def issue_stall_rows(t: pl.DataFrame, history_t: pl.DataFrame | None, job_id: str | None = None,
-                     d_threshold: float = 0.15, p_threshold: float = 1e-3, growth: float = 3.0,
+                     d_threshold: float = 0.1, p_threshold: float = 1e-3, growth: float = 3.0,
                      lat: pl.DataFrame | None = None, history_lat: pl.DataFrame | None = None) -> tuple[list[dict], pl.DataFrame]:
     """Compare each capture's issue-latency distribution with the job's healthy history (earlier
     captures of the same job, given as timings). A one-sided KS distance (latencies got shorter)
@@ -196,13 +197,13 @@ def issue_stall_rows(t: pl.DataFrame, history_t: pl.DataFrame | None, job_id: st
         return rows, summ
     h = {n: _api_share(history_t, n) for n in ("gc", "dataloader.next")}
     h_sync = _api_per_step(history_t, "cuda.synchronize")
-    hmed = float(history_lat["latency_ns"].median())
+    hmed = float(history_lat["latency_frac"].median())
     for r in summ.filter((pl.col("ks_vs_history") > d_threshold) & (pl.col("p_value") < p_threshold)).iter_rows(named=True):
         cur = t.filter(pl.col("capture_id") == r["capture_id"]) if "capture_id" in t.columns else t
         c = {n: _api_share(cur, n) for n in h}
         n_sync = _api_per_step(cur, "cuda.synchronize")
-        cmed = float(lat.filter(pl.col("capture_id") == r["capture_id"])["latency_ns"].median())
-        ev = {"ks": r["ks_vs_history"], "p_value": r["p_value"], "median_latency_ns": cmed, "history_median_latency_ns": hmed,
+        cmed = float(lat.filter(pl.col("capture_id") == r["capture_id"])["latency_frac"].median())
+        ev = {"ks": r["ks_vs_history"], "p_value": r["p_value"], "median_latency_frac": cmed, "history_median_latency_frac": hmed,
               "gc_share": c["gc"], "history_gc_share": h["gc"], "dataloader_share": c["dataloader.next"],
               "history_dataloader_share": h["dataloader.next"], "sync_per_step": n_sync, "history_sync_per_step": h_sync}
         grew = {n: c[n] / max(h[n], 1e-4) for n in h if c[n] > 0.01 and c[n] > growth * max(h[n], 1e-4)}
@@ -224,7 +225,7 @@ def issue_stall_rows(t: pl.DataFrame, history_t: pl.DataFrame | None, job_id: st
                        capture_id=r["capture_id"], metric=metric, value=r["ks_vs_history"], baseline=d_threshold,
                        severity="warning", team=team,
                        explanation=f"kernel-issue latencies got shorter than in this job's healthy history (one-sided KS "
-                                   f"{r['ks_vs_history']:.2f}; median {cmed / 1e6:.2f} ms vs {hmed / 1e6:.2f} ms): {cause}.",
+                                   f"{r['ks_vs_history']:.2f}; median {cmed:.3f} vs {hmed:.3f} of a step): {cause}.",
                        evidence=ev))
     return rows, summ
     h_gc, h_sync = _api_share(history_t, "gc"), _api_per_step(history_t, "cuda.synchronize")
@@ -326,12 +327,15 @@ def analyze(t: pl.DataFrame, history: pl.DataFrame | None = None, job_id: str | 
     out["xputimer_issue_latency"] = lat = M.issue_latencies(t)
     out["xputimer_void"] = void = M.void_percentages(t)
     out["xputimer_stage_metrics"] = sm = M.stage_metrics(t)
-    rows = slow_rank_rows(kf, job_id) + misaligned_shape_rows(kf, job_id) + slow_comm_rows(bw, job_id, expected_busbw_bps)
+    slow = slow_rank_rows(kf, job_id)
+    rows = slow + misaligned_shape_rows(kf, job_id) + slow_comm_rows(bw, job_id, expected_busbw_bps)
     stall, summ = issue_stall_rows(t, history, job_id, lat=lat)
     out["xputimer_issue_latency_summary"] = summ
-    rows += stall
-    if not any(r["metric"] == "issue_latency_ks_gc" for r in stall):
-        rows += gc_stall_rows(t, job_id)
+    # a slow GPU also shortens its peers' relative issue latencies (they wait for it): when one is
+    # found, an issue-latency shift without its own evidence (GC, data loader) is that consequence
+    slow_caps = {r["capture_id"] for r in slow}
+    rows += [r for r in stall if not (r["metric"] == "issue_latency_ks_sync" and r["capture_id"] in slow_caps)]
+    rows += gc_stall_rows(t, job_id)  # names the ranks whose GC pauses (with or without history)
     hv = M.void_percentages(history) if history is not None and history.height else None
     rows += void_rows(void, job_id, hv) + stage_imbalance_rows(sm, job_id)
     out["verdicts"] = make_verdicts(rows)

@@ -1,0 +1,71 @@
+"""Real PyTorch runs (CPU, torch.distributed gloo, 4 processes) shared by the collector tests:
+each run takes a few seconds and is made once per session."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[2]
+WORLD = 4
+COMMON = ["--world", str(WORLD), "--layers", "6", "--hidden", "256", "--batch", "32"]
+
+
+def demo(landing: Path, capture: str, *extra: str, steps: int = 30, env: dict | None = None) -> list[dict]:
+    """Run collectors.demo_train in-process (it forks its ranks) and return each rank's result."""
+    from collectors import demo_train
+
+    old = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        return demo_train.run([*COMMON, "--steps", str(steps), "--landing", str(landing), "--capture", capture,
+                               "--job-id", capture, *extra])
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+
+@pytest.fixture(scope="session")
+def real_runs(tmp_path_factory):
+    """landing dir and per-run results of: two healthy runs, a GC stall on rank 1, an unnecessary
+    synchronization in forward, and a data loader that turns slow from step 15."""
+    landing = tmp_path_factory.mktemp("real") / "landing"
+    res = {
+        "healthy_a": demo(landing, "healthy_a"),
+        "healthy_b": demo(landing, "healthy_b"),
+        "gc": demo(landing, "gc", "--gc-stall-rank", "1", "--gc-stall-every", "4", "--gc-heap", "200000"),
+        "sync": demo(landing, "sync", "--sync-in-forward", "4"),
+        "slowdl": demo(landing, "slowdl", "--slow-dataloader-ms", "30", "--slow-dataloader-from", "15", steps=40),
+    }
+    return landing, res
+
+
+@pytest.fixture(scope="session")
+def hang_run(tmp_path_factory):
+    """A run with a profiling request waiting for it (served at the first step boundary), an
+    extra traced Python API from the environment, a per-step loss all-reduce, and rank 2 stuck
+    outside any collective for 5 s at step 8, during which every rank's stack is requested."""
+    from fleetscope.xputimer.degradation import write_profile_request
+
+    landing = tmp_path_factory.mktemp("hang") / "landing"
+    req = write_profile_request(landing, "hang", {"kind": "degraded", "at_ns": 1, "ratio": 1.2}, steps=2, capture="hang-prof")
+    marker = landing.parent / "hang.marker"
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from collectors import demo_train; "
+            f"demo_train.run({[*COMMON, '--steps', '20', '--landing', str(landing), '--capture', 'hang', '--job-id', 'hang', '--log-loss', '--hang-rank', '2', '--hang-step', '8', '--hang-s', '5', '--hang-marker', str(marker)]!r})")
+    env = dict(os.environ, FLEETSCOPE_TRACED_PYTHON_API="torch.nn.functional.mse_loss,torch.nn.init@zeros_")
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO)
+    t0 = time.time()
+    while not marker.exists() and time.time() - t0 < 120:
+        time.sleep(0.2)
+    assert marker.exists(), "the hang was never reached"
+    time.sleep(1.0)  # let the other ranks block in the next collective
+    from collectors import stacks
+    stacks.request(landing, "hang", "inc-test")
+    assert p.wait(timeout=120) == 0
+    return landing, req
