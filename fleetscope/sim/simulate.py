@@ -37,16 +37,26 @@ MAX_CAPTURES = 2
 
 def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 1.0, faults: str = "",
              seed: int = 0, start_ns: int | None = None, captures: bool = True, overwrite: bool = False) -> dict:
-    """Simulate `gpus` GPUs for `minutes` minutes; deterministic by seed. Returns a summary dict."""
+    """Simulate `gpus` GPUs (a multiple of 8) for `minutes` minutes; deterministic by seed.
+
+    jobs: number of jobs (default: a mix sized to the fleet); faults: "kind[:count],..." or ""/"none"
+    (kinds in fleetscope.sim.faults.KINDS); start_ns: window start (default 2026-11-21T12:00Z);
+    captures: also render traces / timings / hw / hang stacks through fleetscope.sim.capture when it
+    is installed. Writes out_dir/landing and out_dir/ground_truth; returns a summary dict (also
+    written to ground_truth/summary.json)."""
     t0 = time.perf_counter()
     out = Path(out_dir)
     if minutes <= 0:
         raise ValueError(f"minutes must be > 0, got {minutes}")
     landing, truth = out / "landing", out / "ground_truth"
+    # a folder holding a previous simulation (its summary.json) is replaced file by file; anything
+    # else that is not empty is refused rather than mixed with new data
+    previous = (truth / "summary.json").is_file()
     for d in (landing, truth):
-        if d.exists() and any(d.iterdir()) and not overwrite:
-            raise FileExistsError(f"{d} is not empty; simulate into a new folder or pass overwrite=True")
-    if overwrite:
+        if d.exists() and any(d.iterdir()) and not (overwrite or previous):
+            raise FileExistsError(f"{d} is not empty and holds no previous simulation; simulate into a new folder "
+                                  f"or pass overwrite=True")
+    if overwrite or previous:
         _clear_previous(landing, truth)
     W0 = DEFAULT_START_NS if start_ns is None else int(start_ns)
     W1 = W0 + int(round(minutes * 60e9))

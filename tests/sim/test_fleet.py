@@ -191,3 +191,14 @@ def test_bad_arguments_get_clear_errors(tmp_path):
     with pytest.raises(FileExistsError, match="not empty"):
         simulate(tmp_path / "e", gpus=64)
     assert (tmp_path / "e" / "landing" / "keep.txt").exists()
+
+
+def test_rerun_into_a_previous_simulation_replaces_it(tmp_path):
+    simulate(tmp_path, gpus=64, seed=0, faults="slow_gpu:1", captures=False)
+    (tmp_path / "landing" / "flows" / "mine.txt").write_text("a user's file")
+    s = simulate(tmp_path, gpus=128, seed=1, jobs=3, captures=False)
+    assert (tmp_path / "landing" / "flows" / "mine.txt").exists()           # never deletes what it did not write
+    assert s["jobs"] == 3 and pl.read_csv(tmp_path / "ground_truth" / "faults.csv").height == 0
+    assert pl.read_csv(tmp_path / "landing" / "topology" / "topology.csv").height == 128
+    names = {p.name for p in (tmp_path / "landing" / "flows").iterdir()}
+    assert len(names) == s["flow_files"] + 1
