@@ -401,7 +401,8 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataF
     # model lags: the typical delay of the edge's type everywhere except the CPU work between a
     # thread's tasks and the waits of synchronizing calls (used by replay and what-if); calibrated
     # lags: exact for the binding edge, so the unchanged graph reproduces the trace exactly
-    unexplained = pl.col("binding") & ~is_wait & (pl.col("slack") > pl.col("typ") + UNEXPLAINED_NS)
+    unexplained = (pl.col("binding") & ~is_wait & (pl.col("subtype") != "thread_order")
+                   & (pl.col("slack") > pl.col("typ") + UNEXPLAINED_NS))
     model = (pl.when(is_wait).then(pl.lit(0, pl.Int64))
              .when(pl.col("subtype") == "thread_order").then(pl.col("slack"))
              # a delay no modeled dependency explains is kept as observed (counted in graph.meta)
