@@ -14,6 +14,7 @@ rank's typical duration in ns."""
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -312,8 +313,10 @@ def hw_correlation(timings: pl.DataFrame, hw: pl.DataFrame, capture_id: str | No
         d = h.sort("ts_ns")["ts_ns"].diff().drop_nulls()
         d = d.filter(d > 0)
         tolerance_ns = int(2 * d.median()) if d.len() else 1_000_000_000
-    m = t.sort("mid").join_asof(h.sort("ts_ns"), left_on="mid", right_on="ts_ns", by=keys,
-                                strategy="nearest", tolerance=tolerance_ns)
+    with warnings.catch_warnings():  # both sides are sorted on the time key; polars cannot verify it per group
+        warnings.simplefilter("ignore", UserWarning)
+        m = t.sort("mid").join_asof(h.sort("ts_ns"), left_on="mid", right_on="ts_ns", by=keys,
+                                    strategy="nearest", tolerance=tolerance_ns)
     m = m.with_columns(ratio=pl.col("dur") / pl.col("dur").median().over("name"))
     rows = []
     for (nm,), grp in m.group_by("name"):

@@ -1,0 +1,45 @@
+"""Shared inputs of the PRISM tests: the real StragglerAnalysis trace and simulated captures
+(fleetscope.sim.capture, rendered once per session with their ground truth)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from fleetscope.ingest.timings import read_timings
+
+REAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "real" / "straggler_analysis"
+
+
+def simulated_capture(out: Path, scenario: str, seed: int = 1, n_steps: int = 12):
+    """(timings, hw, truth rows, capture_id) of one simulated job with more steps than the
+    scenario default, so that step-time distributions can be compared."""
+    from fleetscope.sim.capture import render_capture, render_hw
+    from fleetscope.sim.capture.scenarios import scenario_job_and_faults
+
+    job, faults = scenario_job_and_faults(scenario, seed)
+    job = dataclasses.replace(job, n_steps=n_steps)
+    cap = f"cap-{scenario}-s{seed}"
+    truth = render_capture(out, cap, job, faults, seed, traces=False, timings=True)
+    t = read_timings(out / "timings" / cap)
+    gpus = pl.DataFrame({"host": job.hosts, "gpu": job.gpus, "ip": job.ips})
+    render_hw(out, gpus, faults, int(t["start_ns"].min()) - 10_000_000, int(t["end_ns"].max()) + 10_000_000, seed, 10_000_000)
+    hw = pl.concat([pl.read_parquet(p) for p in sorted((out / "hw").glob("*.parquet"))])
+    return t, hw, truth, cap
+
+
+@pytest.fixture(scope="session")
+def real_timings() -> pl.DataFrame:
+    return read_timings(REAL)
+
+
+@pytest.fixture(scope="session")
+def sim_healthy(tmp_path_factory):
+    return simulated_capture(tmp_path_factory.mktemp("healthy"), "healthy")
+
+
+@pytest.fixture(scope="session")
+def sim_slow_gpu(tmp_path_factory):
+    return simulated_capture(tmp_path_factory.mktemp("slow_gpu"), "slow_gpu")
