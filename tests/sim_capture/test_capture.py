@@ -338,3 +338,23 @@ def test_bad_input_is_refused(tmp_path):
         render_capture(tmp_path, "c", job, [], 0, timings=False, trace_ranks=[99])
     with pytest.raises(ValueError, match="needs columns"):
         render_hw(tmp_path, pl.DataFrame({"ip": ["a"]}), [], T0, T0 + 10**9, 0)
+
+
+def test_fleet_style_fault_rows(tmp_path, healthy):
+    """Rows as the fleet simulator writes faults.csv: '|'-joined ips/hosts/ranks, extra columns, network kinds."""
+    _, _, th, job = healthy
+    rows = [
+        {"fault_id": "F1", "kind": "gc_stall", "scope": "gpu", "subject": job.ips[3], "start_ns": job.start_ns,
+         "end_ns": job.start_ns + 10**12, "magnitude": 0.1, "job_id": job.job_id, "unit": "seconds", "team": "algorithm",
+         "ips": f"{job.ips[3]}|{job.ips[12]}", "hosts": None, "ranks": "3|12"},
+        {"fault_id": "F2", "kind": "congested_switch", "scope": "switch", "subject": "leaf01", "start_ns": job.start_ns,
+         "end_ns": job.start_ns + 10**12, "magnitude": 0.5, "job_id": None},
+        {"fault_id": "F3", "kind": "slow_gpu", "scope": "gpu", "subject": job.ips[7], "start_ns": job.start_ns - 10**12,
+         "end_ns": job.start_ns - 10**11, "magnitude": 2.0, "job_id": job.job_id},  # over before the capture
+        {"fault_id": "F4", "kind": "slow_gpu", "scope": "gpu", "subject": "10.9.9.9", "start_ns": job.start_ns,
+         "end_ns": job.start_ns + 10**12, "magnitude": 2.0, "job_id": "another-job"},  # another job's GPU
+    ]
+    land, truth, t, _ = render(tmp_path, "fleet", rows, trace_ranks=[3])
+    assert sorted((r["fault_id"], r["rank"]) for r in truth) == [("F1", 3), ("F1", 12)]
+    assert set(t.filter(pl.col("name") == "gc")["rank"].unique()) == {3, 12}
+    assert med(t, "gemm") == pytest.approx(med(th, "gemm"), rel=0.02)

@@ -37,7 +37,7 @@ DEFAULT_MAGNITUDE = {
     "slow_dataloader": 0.04,    # seconds per dataloader next()
     "cpu_bound_forward": 0.02,  # seconds of CPU work per forward call
     "gc_stall": 0.25,           # seconds per GC pause
-    "sync_in_forward": 4e-4,    # seconds of Python work after each unnecessary synchronize
+    "sync_in_forward": 1.6e-3,  # seconds of Python work per forward microbatch, after the unnecessary synchronizes
     "misaligned_gemm": 1.0,
     "hang": 1.0,
 }

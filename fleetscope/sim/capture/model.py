@@ -363,7 +363,8 @@ class JobSim:
             st.py_enter(PY_SYNC, api="cuda.synchronize")
             st.device_sync()
             st.py_exit()
-            st.cpu_work(st.jit(self.eff.sync_in_forward_s * 1e9, 0.1))
+            # magnitude is per forward microbatch (as the fleet simulator states it), spread over the layers
+            st.cpu_work(st.jit(self.eff.sync_in_forward_s * 1e9 / self.layers, 0.1))
         st.py_exit()
 
     def layer_backward(self, st: Stage, l: int, dp_bucket: bool):
