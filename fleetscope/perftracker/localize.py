@@ -56,9 +56,19 @@ class LocalizeConfig:
     sample_size: int = 100
     min_beta: float = 0.01
     min_diff_share: float = 0.5
+    # a worker that differs from this share of its sampled peers is abnormal even when the peers
+    # themselves are spread (several healthy sub-clusters inflate the MAD in small jobs)
+    majority_share: float = 0.7
     stage_aware: bool = True
+    # categories compared within their pipeline stage; GPU compute is compared across all workers
+    # (stage partitioning is meant to balance compute, and a whole stage that stands out is
+    # reported by stage_imbalance instead of worker by worker)
+    stage_aware_categories: tuple = ("collective", "memory", "python")
     seed: int = 0
     chunk: int = 1 << 15  # rows per cache-sized block in the differential distance
+    # floor of the max-normalization per dimension (beta, mu, sigma): a dimension whose largest
+    # value in the group is tiny (sigma 0.02 vs 0.05) is not blown up to a 0.6 difference
+    norm_floor: tuple = (0.01, 0.1, 0.1)
 
 
 class LocalizeError(ValueError):
@@ -170,7 +180,8 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig()) 
     df = patterns
     if "stage" not in df.columns:
         df = df.with_columns(stage=pl.lit(None, dtype=pl.Int32))
-    stage_key = pl.col("stage").cast(pl.Int64).fill_null(-1) if config.stage_aware else pl.lit(-1, dtype=pl.Int64)
+    staged = pl.col("category").is_in(list(config.stage_aware_categories)) & pl.lit(config.stage_aware)
+    stage_key = pl.when(staged).then(pl.col("stage").cast(pl.Int64).fill_null(-1)).otherwise(-1)
     # integer group key (capture, function, stage) without hashing strings per row twice
     df = df.with_columns(
         _cap=pl.col("capture_id").cast(pl.Categorical).to_physical().cast(pl.Int64),
@@ -208,25 +219,31 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig()) 
     # max-normalization within the peer group; unknown dimensions count as 0
     x0 = np.nan_to_num(x, nan=0.0)
     gmax = np.maximum.reduceat(x0, bounds[:-1], axis=0)
-    scale = np.where(gmax > 0, gmax, 1.0)
+    scale = np.maximum(gmax, np.asarray(config.norm_floor, dtype=np.float64)[None, :])
     xn = (x0 / scale[gid]).astype(np.float32)
     d_diff, m_row = differential_counts(xn, bounds, config.theta, config.sample_size, config.seed, config.chunk)
     med, mad = _group_median_mad(d_diff, gid, n_groups, int(config.sample_size))
     thr = med + config.k_mad * mad
-    diff_flag = (d_diff > thr[gid]) & (d_diff >= config.min_diff_share * m_row) & (m_row >= 3)
+    diff_flag = ((d_diff > thr[gid]) | (d_diff >= config.majority_share * m_row)) & (d_diff >= config.min_diff_share * m_row) & (m_row >= 3)
 
     # how it differs: the normalized dimension farthest from the group's median (raw delta kept)
     gmed = df.select(pl.col("_g"), *[pl.col(c).cast(pl.Float64).median().over("_g").alias(f"_m{c}") for c in DIMENSIONS])
     medx = np.stack([gmed[f"_m{c}"].fill_null(np.nan).to_numpy() for c in DIMENSIONS], axis=1)
     dn = np.abs(np.nan_to_num(x - medx, nan=0.0)) / scale[gid]
     kdim = dn.argmax(1)
+    # a collective's beta includes waiting for slower peers unless Algorithm 1 refined it: when its
+    # utilization also differs materially, that is how it differs (the waiting is the symptom)
+    src = df["mu_source"].fill_null("none").to_numpy() if "mu_source" in df.columns else np.full(len(cats), "none")
+    waiting = (cats == "collective") & (src != "hw_alg1")
+    material = 0.75 * config.theta
+    kdim = np.where(waiting & (dn[:, 1] >= material), 1, np.where(waiting & (kdim == 0) & (dn[:, 2] >= material), 2, kdim))
     diff_delta = np.take_along_axis(np.nan_to_num(x - medx, nan=0.0), kdim[:, None], 1)[:, 0]
 
     beta = x[:, 0]
     exp_flag = d_exp > 0
     abnormal = (beta > config.min_beta) & (exp_flag | diff_flag)
     reason = np.where(exp_flag & diff_flag, "both", np.where(exp_flag, "expectation", np.where(diff_flag, "differential", None)))
-    peer = pl.concat_str([pl.col("function"), pl.lit(" @stage "), pl.col("stage").cast(pl.Utf8)]) if config.stage_aware else pl.col("function")
+    peer = pl.when(staged).then(pl.concat_str([pl.col("function"), pl.lit(" @stage "), pl.col("stage").cast(pl.Utf8)])).otherwise(pl.col("function"))
     out = df.with_columns(
         d_exp=pl.Series(d_exp, dtype=pl.Float64),
         d_diff=pl.Series(d_diff, dtype=pl.Int64),
@@ -239,6 +256,14 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig()) 
         reason=pl.Series(reason.tolist(), dtype=pl.Utf8),
         peer_group=pl.when(pl.col("stage").is_not_null()).then(peer).otherwise(pl.col("function")),
     ).drop("_cap", "_fn", "_st", "_g")
+    # workers of a stage that stands out as a whole are explained by the stage (one stage verdict)
+    stages = stage_imbalance(out, config)
+    if stages.height:
+        out = out.join(stages.select("capture_id", "function", "stage", _st_flag=pl.lit(True)), on=["capture_id", "function", "stage"],
+                       how="left").with_columns(
+            abnormal=pl.when(pl.col("_st_flag").fill_null(False) & (pl.col("reason") == "differential")).then(False).otherwise(pl.col("abnormal")),
+            reason=pl.when(pl.col("_st_flag").fill_null(False)).then(pl.lit("stage_imbalance")).otherwise(pl.col("reason")),
+        ).drop("_st_flag")
     return finish_patterns(out)
 
 
@@ -314,50 +339,68 @@ def _short(function: str, n: int = 120) -> str:
     return leaf if len(leaf) <= n else leaf[: n - 3] + "..."
 
 
+def _loud(kind: pl.Expr, dim: pl.Expr, category: pl.Expr, mu_source: pl.Expr) -> pl.Expr:
+    """Which findings become warning/critical verdicts and which stay info:
+    - a collective's critical time includes waiting for slower peers unless Algorithm 1 refined
+      it with fine-grained link samples, so a collective that differs (or is out of its box) only
+      in beta is a symptom of someone else's slowness: info;
+    - a difference in sigma alone (the spread of coarse samples) is too weak on its own: info."""
+    waiting = (category == "collective") & (dim == "beta") & (mu_source != "hw_alg1")
+    return ~(waiting | ((kind == "differential") & (dim == "sigma")))
+
+
 def patterns_verdicts(localized: pl.DataFrame, stages: pl.DataFrame | None = None, job_id: str | None = None,
                       config: LocalizeConfig = LocalizeConfig()) -> pl.DataFrame:
     """Localized patterns (+ stage_imbalance rows) -> anomaly_verdicts: one verdict per abnormal
-    function and kind (differential: the workers that differ from their peers, with the dimension;
-    expectation: the workers outside the expected box, with the dimension), one per imbalanced
-    stage. Severity: critical when the function holds >= 5 % of the window on the flagged
-    workers, else warning."""
+    function (leaf name: the call stacks it appears in are listed in the evidence), kind
+    (differential: the workers that differ from their peers; expectation: the workers outside the
+    expected box) and loudness, naming the workers and the dimension that differs; one verdict
+    per imbalanced stage. Severity: critical when the function holds >= 5 % of the window on
+    the flagged workers, else warning; symptoms (see _loud) are info."""
     rows: list[dict] = []
     ab = localized.filter(pl.col("abnormal").fill_null(False))
     if ab.height:
         ab = ab.with_columns(kind=pl.when(pl.col("reason") == "expectation").then(pl.lit("expectation")).otherwise(pl.lit("differential")),
-                             dim=pl.when(pl.col("reason") == "expectation").then(pl.col("exp_dim")).otherwise(pl.col("diff_dim")))
-        peers = localized.group_by("capture_id", "function").agg(
+                             dim=pl.when(pl.col("reason") == "expectation").then(pl.col("exp_dim")).otherwise(pl.col("diff_dim")),
+                             leaf=pl.col("function_name").fill_null(pl.col("function")))
+        ab = ab.with_columns(loud=_loud(pl.col("kind"), pl.col("dim"), pl.col("category"), pl.col("mu_source").fill_null("none")))
+        peers = localized.with_columns(leaf=pl.col("function_name").fill_null(pl.col("function"))).group_by("capture_id", "leaf").agg(
             *[pl.col(c).filter(~pl.col("abnormal").fill_null(False)).median().alias(f"peer_{c}") for c in DIMENSIONS],
-            n_workers=pl.len())
-        grp = ab.group_by("capture_id", "function", "kind", "dim").agg(
-            category=pl.col("category").first(), ranks=pl.col("rank").sort(), stages=pl.col("stage").drop_nulls().unique().sort(),
+            n_workers=pl.col("rank").n_unique())
+        grp = ab.group_by("capture_id", "leaf", "kind", "loud").agg(
+            category=pl.col("category").first(), ranks=pl.col("rank").unique().sort(), stages=pl.col("stage").drop_nulls().unique().sort(),
+            dim=pl.col("dim").mode().sort().first(), dims=pl.col("dim").unique().sort(), stacks=pl.col("function").unique().sort(),
             beta=pl.col("beta").median(), mu=pl.col("mu").median(), sigma=pl.col("sigma").median(), d_exp=pl.col("d_exp").max(),
             d_diff=pl.col("d_diff").median(), thr=pl.col("d_diff_threshold").max(), delta=pl.col("diff_delta").median(),
-            mu_source=pl.col("mu_source").first(), resource=pl.col("resource").first(), window_ns=pl.col("window_ns").max(),
-        ).join(peers, on=["capture_id", "function"], how="left").sort("capture_id", "function", "kind", "dim")
+            mu_source=pl.col("mu_source").mode().sort().first(), resource=pl.col("resource").mode().sort().first(),
+        ).join(peers, on=["capture_id", "leaf"], how="left").sort("capture_id", "leaf", "kind", "loud")
         for r in grp.iter_rows(named=True):
             team, why = TEAM_RULES[(r["category"], r["kind"])]
             dim = r["dim"] or "beta"
             val, base = r[dim], r[f"peer_{dim}"]
             workers = _ranks_text(r["ranks"])
+            dims = "/".join(d for d in r["dims"] if d)
             if r["kind"] == "differential":
                 direction = "higher" if (r["delta"] or 0) > 0 else "lower"
-                how = (f"{dim} {val:.3g} vs {base:.3g} on their peers ({direction}; d_diff {r['d_diff']:.0f} of the sampled peers "
-                       f"> threshold {r['thr']:.3g})") if base is not None else f"{dim} {val:.3g} ({direction} than peers)"
+                how = (f"{dim} {val:.3g} vs {base:.3g} on their peers ({direction}; differs in {dims}; d_diff {r['d_diff']:.0f} of the "
+                       f"sampled peers > threshold {r['thr']:.3g})") if (base is not None and val is not None) else f"{dim} {direction} than peers"
             else:
                 box = config.expected.get(r["category"], {}).get(dim, (0.0, 1.0))
                 how = f"{dim} {val:.3g} outside the expected [{box[0]:g}, {box[1]:g}] (d_exp {r['d_exp']:.3g})"
-            res = f" [{dim == 'beta' and 'critical-path share' or (r['resource'] or '') + ' utilization, ' + (r['mu_source'] or '')}]"
-            expl = (f"{_short(r['function'])} ({r['category']}) abnormal on {len(r['ranks'])} of {r['n_workers']} workers "
-                    f"(ranks {workers}): {how}{res}. {why}.")
+            res = ("critical-path share" if dim == "beta" else f"{r['resource'] or ''} utilization from {r['mu_source'] or ''}")
+            note = "" if r["loud"] else (" Symptom only: a collective's time includes waiting for slower peers." if dim == "beta"
+                                         else " Weak alone: only the spread of coarse samples differs.")
+            expl = (f"{_short(r['leaf'])} ({r['category']}) abnormal on {len(r['ranks'])} of {r['n_workers']} workers "
+                    f"(ranks {workers}): {how} [{res}]. {why}.{note}")
+            sev = ("critical" if (r["beta"] or 0) >= 0.05 else "warning") if r["loud"] else "info"
             rows.append(dict(
-                detector="perftracker", scope="function", subject=r["function"], job_id=job_id, capture_id=r["capture_id"],
-                metric=f"{r['kind']}_{dim}", value=float(val) if val is not None else None,
-                baseline=float(base) if base is not None else None,
-                severity="critical" if (r["beta"] or 0) >= 0.05 else "warning", team=team, explanation=expl,
+                detector="perftracker", scope="function", subject=r["leaf"], job_id=job_id, capture_id=r["capture_id"],
+                metric=f"{r['kind']}_{dim}" + ("" if r["loud"] else "_symptom"), value=float(val) if val is not None else None,
+                baseline=float(base) if base is not None else None, severity=sev, team=team, explanation=expl,
                 evidence=json.dumps({"ranks": [int(x) for x in r["ranks"]], "stages": [int(x) for x in r["stages"]], "kind": r["kind"],
-                                     "dimension": dim, "beta": r["beta"], "mu": r["mu"], "sigma": r["sigma"], "d_diff": r["d_diff"],
-                                     "d_exp": r["d_exp"], "mu_source": r["mu_source"], "resource": r["resource"]}),
+                                     "dimension": dim, "dimensions": [d for d in r["dims"] if d], "beta": r["beta"], "mu": r["mu"],
+                                     "sigma": r["sigma"], "d_diff": r["d_diff"], "d_exp": r["d_exp"], "mu_source": r["mu_source"],
+                                     "resource": r["resource"], "call_stacks": r["stacks"][:20]}),
             ))
     if stages is not None and stages.height:
         for r in stages.iter_rows(named=True):

@@ -207,7 +207,14 @@ def _hw_utilization_for_pieces(pieces: pl.DataFrame, hw: pl.DataFrame, workers: 
         .when(pl.col("category") == "python").then(pl.lit("cpu"))
         .otherwise(pl.col("function").replace_strict(coll_res, default="nvlink", return_dtype=pl.Utf8))
     )
-    pieces = pieces.with_columns(resource=res)
+    # the intra-host link a GPU actually uses: PCIe when it moved more bytes over PCIe than over
+    # NVLink during the capture (NVLink down: NCCL falls back to PCIe); its utilization is then
+    # the PCIe one, as PerfTracker saw the three NVLink-down workers by their PCIe bandwidth
+    link = samples.group_by("wid").agg(
+        pcie_first=pl.col("_pcie_bps").fill_null(0).sum() > pl.col("_nvlink_bps").fill_null(0).sum())
+    pieces = pieces.with_columns(resource=res).join(link, on="wid", how="left").with_columns(
+        resource=pl.when((pl.col("resource") == "nvlink") & pl.col("pcie_first").fill_null(False)).then(pl.lit("pcie"))
+        .otherwise(pl.col("resource"))).drop("pcie_first")
     has_res = {r: samples[r].null_count() < samples.height for r in ("sm", "memory", "cpu", "nvlink", "pcie", "nic")}
     covered = pl.col("wid").is_not_null() & pl.col("resource").replace_strict(has_res, default=False, return_dtype=pl.Boolean)
     hw_p = pieces.filter(covered)
@@ -224,10 +231,11 @@ def _hw_utilization_for_pieces(pieces: pl.DataFrame, hw: pl.DataFrame, workers: 
         inside = pl.DataFrame(schema={"_pid": pl.Int64, "u_in": pl.Float64, "u_in_var": pl.Float64, "n_in": pl.UInt32})
     # pieces shorter than a few sample periods: the nearest sample (asof) stands for the piece
     mid = hw_p.select("_pid", "wid", "resource", t=(pl.col("start_ns") + pl.col("stop_ns")) // 2).sort("t")
-    near = mid.join_asof(samples.sort("ts_ns").select("wid", "ts_ns", "sm", "memory", "cpu", "nvlink", "pcie", "nic"),
+    near = mid.join_asof(samples.sort("wid", "ts_ns").select("wid", "ts_ns", "sm", "memory", "cpu", "nvlink", "pcie", "nic"),
                          left_on="t", right_on="ts_ns", by="wid", strategy="nearest", tolerance=int(2 * period))
     near = near.select("_pid", u_near=pl.coalesce([pl.when(pl.col("resource") == r).then(pl.col(r)) for r in ("sm", "memory", "cpu", "nvlink", "pcie", "nic")]))
-    hw_p = hw_p.join(refined, on="_pid", how="left").join(inside, on="_pid", how="left").join(near, on="_pid", how="left")
+    hw_p = hw_p.drop("d_ns", "u", "u_var", "mu_source").join(refined, on="_pid", how="left").join(inside, on="_pid", how="left").join(
+        near, on="_pid", how="left")
     hw_p = hw_p.with_columns(
         d_ns=pl.when(pl.col("d_ns").is_not_null()).then(pl.min_horizontal("d_ns", pl.col("crit_ns").cast(pl.Float64)))
         .otherwise(pl.col("crit_ns").cast(pl.Float64)),
