@@ -323,9 +323,17 @@ def _infer_stream_waits(t: pl.DataFrame, e: pl.DataFrame) -> pl.DataFrame:
 def _collective_groups(t: pl.DataFrame) -> pl.DataFrame:
     """Number each rank's communication kernels per (process group or stream, collective) in launch
     order; the same (key, sequence) on different ranks is one collective."""
-    comm = t.filter((pl.col("kind") == "gpu") & (pl.col("role") == "comm")).with_columns(
-        _key=pl.concat_str([pl.coalesce(pl.col("pg_name"), pl.lit("stream") + pl.col("stream").cast(pl.Utf8)), pl.lit("/"),
-                            pl.col("collective").fill_null("?")]))
+    comm = t.filter((pl.col("kind") == "gpu") & (pl.col("role") == "comm"))
+    # point-to-point: a send on rank a matches the recv on its peer b (a 2-rank group): key a->b
+    ranks = pl.col("group_ranks").str.extract_all(r"\d+").list.eval(pl.element().cast(pl.Int32))
+    peer = ranks.list.set_difference(pl.concat_list(pl.col("rank"))).list.first()
+    p2p_ok = pl.col("collective").is_in(["send", "recv"]) & (ranks.list.len() == 2) & peer.is_not_null()
+    direction = pl.when(pl.col("collective") == "send").then(
+        pl.concat_str([pl.col("rank").cast(pl.Utf8), pl.lit("->"), peer.cast(pl.Utf8)])).otherwise(
+        pl.concat_str([peer.cast(pl.Utf8), pl.lit("->"), pl.col("rank").cast(pl.Utf8)]))
+    what = pl.when(p2p_ok).then(pl.lit("p2p:") + direction).otherwise(pl.col("collective").fill_null("?"))
+    comm = comm.with_columns(
+        _key=pl.concat_str([pl.coalesce(pl.col("pg_name"), pl.lit("stream") + pl.col("stream").cast(pl.Utf8)), pl.lit("/"), what]))
     comm = comm.sort("ts_ns").with_columns(coll_seq=pl.int_range(pl.len()).over(["rank", "_key"]).cast(pl.Int64))
     comm = comm.with_columns(coll_group=pl.concat_str([pl.col("_key"), pl.lit("#"), pl.col("coll_seq").cast(pl.Utf8)]))
     t = t.join(comm.select("task_id", "coll_seq", "coll_group"), on="task_id", how="left")
