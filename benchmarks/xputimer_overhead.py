@@ -1,0 +1,126 @@
+"""Tracer overhead and log volume on a real CPU training loop (torch.distributed gloo, 2 ranks).
+
+    .venv/bin/python benchmarks/xputimer_overhead.py [--hidden 1024] [--blocks 7] [--block-steps 20]
+
+Interleaved in one job: blocks of `block-steps` steps alternate tracer on / off (ft.start / ft.stop
+patch and unpatch), `blocks` of each; overhead = median over the on-blocks' median step time /
+the same over the off-blocks - 1. Log volume: bytes the tracer wrote per step and rank, scaled to
+an hour at the measured step rate and at 1 step/s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def worker(rank, a, port, q, landing):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    import torch
+    import torch.distributed as dist
+
+    import collectors.tracer as ft
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=a.world)
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(a.layers):
+        layers += [torch.nn.Linear(a.hidden, a.hidden), torch.nn.GELU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(a.hidden, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    ds = torch.utils.data.TensorDataset(torch.randn(a.batch * 64, a.hidden), torch.randn(a.batch * 64, 1))
+    loader = torch.utils.data.DataLoader(ds, batch_size=a.batch)
+
+    def batches():
+        while True:
+            yield from loader
+
+    it = batches()
+    params = [p for p in model.parameters()]
+
+    def step():
+        x, y = next(it)
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        works = [dist.all_reduce(p.grad, async_op=True) for p in params]
+        for w in works:
+            w.wait()
+        opt.step()
+
+    for _ in range(10):  # warm-up
+        step()
+    on, off, summ = [], [], []
+    traced_steps = 0
+    for b in range(2 * a.blocks):
+        traced = (b % 2 == 0) if (b // 2) % 2 == 0 else (b % 2 == 1)  # ABBA order against drift
+        if traced:
+            ft.start(landing_dir=landing, capture="overhead", rank=rank, job_id="overhead", profiler=False, stacks=False)
+        dist.barrier()
+        ts = []
+        for _ in range(a.block_steps):
+            t0 = time.perf_counter()
+            step()
+            ts.append(time.perf_counter() - t0)
+        if traced:
+            s = ft.stop()
+            summ.append(s)
+            traced_steps += a.block_steps
+            on.append(statistics.median(ts))
+        else:
+            off.append(statistics.median(ts))
+    q.put(json.dumps({"rank": rank, "on": on, "off": off, "bytes": sum(s["bytes"] for s in summ),
+                      "rows": sum(s["rows"] for s in summ), "traced_steps": traced_steps}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--blocks", type=int, default=7)
+    ap.add_argument("--block-steps", type=int, default=20)
+    a = ap.parse_args(argv)
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        ps = [ctx.Process(target=worker, args=(r, a, port, q, tmp)) for r in range(a.world)]
+        for p in ps:
+            p.start()
+        res = sorted((json.loads(q.get(timeout=1800)) for _ in ps), key=lambda d: d["rank"])
+        for p in ps:
+            p.join()
+    on = [x for r in res for x in r["on"]]
+    off = [x for r in res for x in r["off"]]
+    m_on, m_off = statistics.median(on), statistics.median(off)
+    overhead = m_on / m_off - 1
+    per_step = statistics.mean(r["bytes"] / r["traced_steps"] for r in res)
+    rows_step = statistics.mean(r["rows"] / r["traced_steps"] for r in res)
+    print(f"model: {a.layers}x Linear({a.hidden}) batch {a.batch}, {a.world} ranks gloo, {a.blocks} on + {a.blocks} off "
+          f"blocks x {a.block_steps} steps, interleaved ABBA")
+    print(f"median step off {m_off * 1e3:.2f} ms, on {m_on * 1e3:.2f} ms -> overhead {overhead * 100:+.2f} % (target <= 1 %)")
+    print(f"per-block medians off: {[round(x * 1e3, 2) for x in off]}")
+    print(f"per-block medians on : {[round(x * 1e3, 2) for x in on]}")
+    print(f"log volume: {rows_step:.1f} rows and {per_step:.0f} B per step per rank -> "
+          f"{per_step * 3600 / m_on / 1e6:.1f} MB/rank/hour at this loop's {1 / m_on:.1f} steps/s, "
+          f"{per_step * 3600 / 1e6:.2f} MB/rank/hour at 1 step/s (target < 2 MB)")
+
+
+if __name__ == "__main__":
+    main()
