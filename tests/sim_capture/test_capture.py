@@ -358,3 +358,25 @@ def test_fleet_style_fault_rows(tmp_path, healthy):
     assert sorted((r["fault_id"], r["rank"]) for r in truth) == [("F1", 3), ("F1", 12)]
     assert set(t.filter(pl.col("name") == "gc")["rank"].unique()) == {3, 12}
     assert med(t, "gemm") == pytest.approx(med(th, "gemm"), rel=0.02)
+
+
+def test_zero_mode_reduce_scatter_all_gather(tmp_path, healthy):
+    _, _, th, _ = healthy
+    job = small_job()
+    job.dp_mode = "zero"
+    render_capture(tmp_path, "cap", job, [], 0, trace_ranks=[2])
+    t = pl.read_parquet(sorted((tmp_path / "timings" / "cap").glob("rank*.parquet")))
+    names = set(t["name"].unique())
+    assert {"nccl:ReduceScatter", "nccl:AllGather", "grads-reduce-scatter", "params-all-gather"} <= names
+    dp = t.filter(pl.col("group_size") == 4)
+    assert set(dp["name"].unique()) == {"nccl:ReduceScatter", "nccl:AllGather"}
+    assert "nccl:AllReduce" in set(th.filter(pl.col("group_size") == 4)["name"].unique())
+    ev = load_trace(tmp_path, 2)["traceEvents"]
+    colls = {e["args"]["Collective name"] for e in ev if e.get("cat") == "kernel" and "Collective name" in e.get("args", {})}
+    assert {"_reduce_scatter_base", "_allgather_base"} <= colls
+    # backward kernels are launched from the autograd thread, forward ones from the main thread
+    pid = next(e["pid"] for e in ev if e.get("cat") == "python_function")
+    tids = {e["tid"] for e in ev if e.get("cat") == "cuda_runtime"}
+    assert tids == {pid, pid + 1}
+    mem = {e["cat"] for e in ev if e.get("cat", "").startswith("gpu_mem")}
+    assert mem == {"gpu_memcpy", "gpu_memset"}

@@ -26,6 +26,7 @@ class CaptureJob:
     step_ns: int              # typical step time
     n_layers: int = 8
     seed: int = 0
+    dp_mode: str = "allreduce"  # "allreduce" (DDP buckets) or "zero" (distributed optimizer: reduce-scatter + all-gather)
 
 
 def render_capture(landing_dir: Path, capture_id: str, job: CaptureJob, faults: list[dict], seed: int,
@@ -69,6 +70,8 @@ def _check_job(job: CaptureJob) -> None:
     for name in ("hosts", "gpus", "ips"):
         if len(getattr(job, name)) != n:
             raise ValueError(f"CaptureJob {job.job_id}: {name} has {len(getattr(job, name))} entries, tp*pp*dp = {n}")
+    if getattr(job, "dp_mode", "allreduce") not in ("allreduce", "zero"):
+        raise ValueError(f"CaptureJob {job.job_id}: dp_mode must be 'allreduce' or 'zero', got {job.dp_mode!r}")
     if min(job.tp, job.pp, job.dp, job.n_microbatches, job.n_steps) < 1 or job.step_ns <= 0:
         raise ValueError(f"CaptureJob {job.job_id}: tp, pp, dp, n_microbatches, n_steps must be >= 1 and step_ns > 0")
 

@@ -61,6 +61,10 @@ ADAM = "void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float,
 XENT = "void (anonymous namespace)::cunn_SoftMaxForward<4, c10::BFloat16, float, c10::BFloat16, (anonymous namespace)::LogSoftMaxForwardEpilogue>(c10::BFloat16*, c10::BFloat16 const*, int)"
 NCCL_AR = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
 NCCL_SENDRECV = "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"
+NCCL_RS = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+NCCL_AG = "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+MEMCPY_H2D = "Memcpy HtoD (Pinned -> Device)"
+MEMSET = "Memset (Device)"
 
 PY_STEP = "megatron/training/training.py(812): train_step"
 PY_SCHED = "megatron/core/pipeline_parallel/schedules.py(1209): forward_backward_pipelining_without_interleaving"
@@ -109,6 +113,7 @@ class Rec:
     issue: np.ndarray | None = None
     pyid: int | None = None
     pyparent: int | None = None
+    thread: str = "main"     # main | autograd (backward ops run on the autograd engine's thread)
 
 
 @dataclass
@@ -146,6 +151,7 @@ class Stage:
         self.ext = 100
         self.step = -1
         self.mb = -1
+        self.thread = "main"
         self.cf = sim.eff.compute_factor[self.ranks]
 
     # ------------------------------------------------------------------ primitives
@@ -153,7 +159,7 @@ class Stage:
         return np.maximum(1, np.asarray(base_ns, dtype=float) * np.exp(self.sim.rng.normal(0, sigma, self.n))).astype(np.int64)
 
     def rec(self, **kw) -> Rec:
-        r = Rec(ranks=self.ranks, step=self.step, microbatch=self.mb, **kw)
+        r = Rec(ranks=self.ranks, step=self.step, microbatch=self.mb, thread=self.thread, **kw)
         self.sim.recs.append(r)
         return r
 
@@ -209,7 +215,8 @@ class Stage:
             ev = self.event_record(STREAM_COMPUTE, ext)
             self.stream_wait(stream, ev, STREAM_COMPUTE, ext)
         launch_ts = self.cpu.copy()
-        launch_end = self.runtime("cudaMemcpyAsync" if cat == "gpu_memcpy" else "cudaLaunchKernel", LAUNCH_NS, ext)
+        api = {"gpu_memcpy": "cudaMemcpyAsync", "gpu_memset": "cudaMemsetAsync"}.get(cat, "cudaLaunchKernel")
+        launch_end = self.runtime(api, LAUNCH_NS, ext)
         corr = self.corr
         start = np.maximum(self.streams[stream], launch_end + self.jit(ISSUE_MIN_NS, 0.3))
         if ready is not None:
@@ -246,7 +253,7 @@ class Stage:
         self.cpu = end
 
 
-_CBID = {"cudaLaunchKernel": 211, "cudaEventRecord": 135, "cudaStreamWaitEvent": 147, "cudaDeviceSynchronize": 165,
+_CBID = {"cudaMemsetAsync": 51, "cudaLaunchKernel": 211, "cudaEventRecord": 135, "cudaStreamWaitEvent": 147, "cudaDeviceSynchronize": 165,
          "cudaStreamSynchronize": 131, "cudaMemcpyAsync": 41}
 
 
@@ -264,6 +271,7 @@ class JobSim:
         self.recs: list[Rec] = []
         self.ops: list[dict] = []            # op rows (forward-compute, ...)
         self.layers = max(1, job.n_layers // job.pp)
+        self.zero = getattr(job, "dp_mode", "allreduce") == "zero"
         self.sends: dict[tuple, dict] = {}   # (dir, step, mb, src_stage) -> send info
         self.recv_done: dict[tuple, np.ndarray] = {}
         self.stages = [Stage(self, s) for s in range(job.pp)]
@@ -288,8 +296,10 @@ class JobSim:
         h = self.hosts[ranks_2d]
         return (h == h[:, :1]).all(axis=1)
 
-    def allreduce_ns(self, st: Stage, nbytes: int, axis: str) -> np.ndarray:
-        """Per-rank all-reduce transfer time: ring bus bandwidth set by the group's slowest link."""
+    def allreduce_ns(self, st: Stage, nbytes: int, axis: str, ring_factor: float | None = None) -> np.ndarray:
+        """Per-rank collective time: ring bus bandwidth set by the group's slowest link. ring_factor is the
+        share of the buffer each rank moves: 2(n-1)/n for all-reduce (default), (n-1)/n for
+        reduce-scatter / all-gather."""
         L = self.layout
         n = L.tp if axis == "tp" else L.dp
         r2 = st.ranks.reshape(L.dp, L.tp)
@@ -297,7 +307,8 @@ class JobSim:
         intra = self.intra_host(groups)
         nvl_down = self._nvl_rank[groups].any(axis=1)
         bw = np.where(intra, np.where(nvl_down, PCIE_BUSBW, NVLINK_BUSBW), NIC_BPS)
-        t = nbytes * 2 * (n - 1) / n / bw * 1e9 + NCCL_LAT_NS
+        f = 2 * (n - 1) / n if ring_factor is None else ring_factor
+        t = nbytes * f / bw * 1e9 + NCCL_LAT_NS
         per_group = np.broadcast_to(t[:, None], groups.shape)
         out = per_group if axis == "tp" else per_group.T
         return np.ascontiguousarray(out).reshape(-1)
@@ -388,13 +399,27 @@ class JobSim:
         self.tp_allreduce(st, act, "attn_bwd")
         st.kernel("NativeLayerNormBackward0", LAYERNORM_BWD, STREAM_COMPUTE, self.mem_ns(st, 3 * act))
         if dp_bucket and self.layout.dp > 1:
-            # this layer's gradients are ready: DDP bucket all-reduce on the DP NCCL stream, overlapping the rest
-            params = 12 * H * H // tp + 2 * H * (ffn * tp - 4 * H) // tp
+            # this layer's gradients are ready: a bucket collective on the DP NCCL stream, overlapping the rest
+            # of the backward (DDP all-reduce, or the distributed optimizer's reduce-scatter)
+            params = self.layer_params()
             nbytes = params * 2
             grp = "dp"  # resolved per rank at render time (dp:<stage>.<tp index>)
-            args = self.nccl_args("allreduce", params, grp, self.group_ranks(st, "dp"))
-            st.kernel("record_param_comms", NCCL_AR, STREAM_DP, self.allreduce_ns(st, nbytes, "dp"), tname="nccl:AllReduce",
-                      nbytes=nbytes, group=grp, group_size=self.layout.dp, args=args, collective_axis="dp", pre_sync=True)
+            n = self.layout.dp
+            if self.zero:
+                args = self.nccl_args("_reduce_scatter_base", params, grp, self.group_ranks(st, "dp"))
+                args["Out msg nelems"] = params // n
+                st.kernel("record_param_comms", NCCL_RS, STREAM_DP, self.allreduce_ns(st, nbytes, "dp", (n - 1) / n),
+                          tname="nccl:ReduceScatter", nbytes=nbytes, group=grp, group_size=n, args=args, collective_axis="dp",
+                          pre_sync=True)
+            else:
+                args = self.nccl_args("allreduce", params, grp, self.group_ranks(st, "dp"))
+                st.kernel("record_param_comms", NCCL_AR, STREAM_DP, self.allreduce_ns(st, nbytes, "dp"), tname="nccl:AllReduce",
+                          nbytes=nbytes, group=grp, group_size=n, args=args, collective_axis="dp", pre_sync=True)
+
+    def layer_params(self) -> int:
+        H, tp = HIDDEN, self.layout.tp
+        ffn = FFN_MISALIGNED if self.eff.misaligned else FFN_PER_TP
+        return 4 * H * H // tp + 2 * H * ffn
 
     def _gemm(self, st: Stage, which: str, m: int, n: int, k: int, misaligned: bool = False):
         eff = GEMM_EFF_MISALIGNED if misaligned else GEMM_EFF
@@ -428,6 +453,8 @@ class JobSim:
         st.py_exit()
         # garbage collection fires inside whatever Python runs next (PerfTracker 6.2 problem 3)
         gc = np.where(self.eff.gc_ranks[st.ranks] & (self._gc_pick(st)), self.eff.gc_pause_s * 1e9, 0.0)
+        st.kernel("aten::copy_", MEMCPY_H2D, STREAM_COMPUTE, np.full(st.n, self.tokens * 8 / 20e9 * 1e9 + 2_000), cat="gpu_memcpy",
+                  args={"bytes": self.tokens * 8})
         st.py_enter(PY_GRAD_MODE)
         t_gc = st.cpu + 1_000
         st.cpu_work(st.jit(3_000 + gc, 0.02))
@@ -461,16 +488,19 @@ class JobSim:
         st.py_enter(PY_BWD_STEP)
         st.py_enter(PY_AUTOGRAD)
         st.py_enter(PY_RUN_BWD)
+        st.thread = "autograd"  # the main thread blocks in run_backward while the engine's thread launches
+        st.cpu_work(st.jit(20_000, 0.2))
         if st.s == self.layout.pp - 1:
             st.kernel("LogSoftmaxBackward0", XENT, STREAM_COMPUTE, self.mem_ns(st, self.tokens * 32000 * 2 // self.layout.tp))
         for l in range(self.layers):
             self.layer_backward(st, l, dp_bucket=last)
+        st.thread = "main"
         st.py_exit()
         st.py_exit()
         st.py_exit()
         self.op_row(st, "backward-compute", t_op, np.maximum(st.cpu, st.streams[STREAM_COMPUTE]))
         if last and self.layout.dp > 1:
-            self.op_row(st, "grads-all-reduce", t_op, st.streams[STREAM_DP].copy())
+            self.op_row(st, "grads-reduce-scatter" if self.zero else "grads-all-reduce", t_op, st.streams[STREAM_DP].copy())
 
     def p2p(self, st: Stage, direction: str, send: bool, mb: int):
         """direction 'fwd' (activations to the next stage) or 'bwd' (gradients to the previous)."""
@@ -527,12 +557,27 @@ class JobSim:
             st.ext += 1
             ev = st.event_record(STREAM_DP, st.ext)
             st.stream_wait(STREAM_COMPUTE, ev, STREAM_DP, st.ext)
-        H, tp = HIDDEN, self.layout.tp
-        params = self.layers * (12 * H * H // tp)
+        params = self.layers * self.layer_params()
+        shard = params // self.layout.dp if self.zero else params  # the distributed optimizer updates its shard
         for _ in range(4):
-            st.kernel("aten::_foreach_add_", ADAM, STREAM_COMPUTE, self.mem_ns(st, params * 16 // 4))
+            st.kernel("aten::_foreach_add_", ADAM, STREAM_COMPUTE, self.mem_ns(st, shard * 16 // 4))
+        if self.zero and self.layout.dp > 1:
+            t_ag = self.op_start(st)
+            n = self.layout.dp
+            for _ in range(self.layers):
+                p = self.layer_params()
+                args = self.nccl_args("_allgather_base", p // n, "dp", self.group_ranks(st, "dp"))
+                args["Out msg nelems"] = p
+                st.kernel("record_param_comms", NCCL_AG, STREAM_DP, self.allreduce_ns(st, p * 2, "dp", (n - 1) / n),
+                          tname="nccl:AllGather", nbytes=p * 2, group="dp", group_size=n, args=args, collective_axis="dp",
+                          pre_sync=True)
+            st.ext += 1
+            ev = st.event_record(STREAM_DP, st.ext)
+            st.stream_wait(STREAM_COMPUTE, ev, STREAM_DP, st.ext)
         st.py_exit()
         self.op_row(st, "optimizer", t_op, np.maximum(st.cpu, st.streams[STREAM_COMPUTE]))
+        if self.zero and self.layout.dp > 1:
+            self.op_row(st, "params-all-gather", t_ag, st.streams[STREAM_DP].copy())
         st.py_enter(PY_ITEM)
         st.kernel("aten::_local_scalar_dense", "Memcpy DtoH (Device -> Pinned)", STREAM_COMPUTE, np.full(st.n, 2_000.0), cat="gpu_memcpy",
                   args={"bytes": 4})
@@ -594,6 +639,9 @@ class JobSim:
                         step_start[(s, step)] = st.cpu.copy()
                         st.user_ann = st.cpu.copy()
                         st.py_enter(PY_STEP)
+                        # zero the gradient buffers
+                        st.kernel("aten::zero_", MEMSET, STREAM_COMPUTE, self.mem_ns(st, self.layers * self.layer_params() * 4),
+                                  cat="gpu_memset", args={"bytes": self.layers * self.layer_params() * 4})
                         st.py_enter(PY_SCHED)
                     elif kind == "end":
                         st.py_exit()

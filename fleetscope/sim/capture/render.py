@@ -77,10 +77,11 @@ def trace_events(sim: M.JobSim, ranks: list[int]) -> dict[int, list[dict]]:
         ts_l = ((r.ts[sel] - base) / 1000.0).round(3).tolist()
         dur_l = (r.dur[sel] / 1000.0).round(3).tolist()
         rk_l = r.ranks[sel].tolist()
-        if r.cat in ("kernel", "gpu_memcpy"):
+        if r.cat in ("kernel", "gpu_memcpy", "gpu_memset"):
             launch_l = ((r.issue[sel] - base) / 1000.0).round(3).tolist()
         for j, rank in enumerate(rk_l):
             pid, dev, out = int(pids[rank]), devs[rank], outs[rank]
+            tid = pid if r.thread == "main" else pid + 1
             ts_us, dur_us = ts_l[j], dur_l[j]
             if r.cat == "python_function":
                 args = {"Python id": r.pyid, "Python thread": 0}
@@ -92,11 +93,11 @@ def trace_events(sim: M.JobSim, ranks: list[int]) -> dict[int, list[dict]]:
                 args.update(r.args)
                 if "Process Group Name" in args:
                     _pg_args(sim, rank, args)
-                out.append({"ph": "X", "cat": r.cat, "name": r.name, "pid": pid, "tid": pid, "ts": ts_us, "dur": dur_us, "args": args})
+                out.append({"ph": "X", "cat": r.cat, "name": r.name, "pid": pid, "tid": tid, "ts": ts_us, "dur": dur_us, "args": args})
             elif r.cat == "cuda_runtime":
-                out.append({"ph": "X", "cat": "cuda_runtime", "name": r.name, "pid": pid, "tid": pid, "ts": ts_us, "dur": dur_us,
+                out.append({"ph": "X", "cat": "cuda_runtime", "name": r.name, "pid": pid, "tid": tid, "ts": ts_us, "dur": dur_us,
                             "args": {"External id": r.ext, "cbid": r.args.get("cbid", 0), "correlation": r.corr}})
-            elif r.cat in ("kernel", "gpu_memcpy"):
+            elif r.cat in ("kernel", "gpu_memcpy", "gpu_memset"):
                 streams[rank].add(r.stream)
                 args = {"External id": r.ext, "queued": 0, "device": dev, "context": 1, "stream": r.stream, "correlation": r.corr}
                 if r.cat == "kernel":
@@ -105,12 +106,12 @@ def trace_events(sim: M.JobSim, ranks: list[int]) -> dict[int, list[dict]]:
                                  "blocks per SM": 1.0, "warps per SM": 4.0, "grid": [132, 1, 1], "block": [384, 1, 1],
                                  "est. achieved occupancy %": 0 if nccl else 12})
                 else:
-                    args["memory bandwidth (GB/s)"] = 0.002
+                    args["memory bandwidth (GB/s)"] = round(r.args.get("bytes", 0) / max(dur_us, 1e-3) / 1e3, 3)
                 args.update(r.args)
                 if "Process Group Name" in args:
                     _pg_args(sim, rank, args)
                 out.append({"ph": "X", "cat": r.cat, "name": r.name, "pid": dev, "tid": r.stream, "ts": ts_us, "dur": dur_us, "args": args})
-                out.append({"ph": "s", "id": r.corr, "pid": pid, "tid": pid, "ts": launch_l[j], "cat": "ac2g", "name": "ac2g"})
+                out.append({"ph": "s", "id": r.corr, "pid": pid, "tid": tid, "ts": launch_l[j], "cat": "ac2g", "name": "ac2g"})
                 out.append({"ph": "f", "id": r.corr, "pid": dev, "tid": r.stream, "ts": ts_us, "cat": "ac2g", "name": "ac2g", "bp": "e"})
             elif r.cat == "cuda_sync":
                 stream = r.stream if r.stream is not None and r.stream >= 0 else 4294967295
@@ -126,6 +127,7 @@ def trace_events(sim: M.JobSim, ranks: list[int]) -> dict[int, list[dict]]:
             {"name": "process_name", "ph": "M", "ts": t0, "pid": pid, "tid": 0, "args": {"name": "python3.11"}},
             {"name": "process_labels", "ph": "M", "ts": t0, "pid": pid, "tid": 0, "args": {"labels": "CPU"}},
             {"name": "thread_name", "ph": "M", "ts": t0, "pid": pid, "tid": pid, "args": {"name": f"thread {pid} (pt_main_thread)"}},
+            {"name": "thread_name", "ph": "M", "ts": t0, "pid": pid, "tid": pid + 1, "args": {"name": f"thread {pid + 1} (pt_autograd_0)"}},
             {"name": "process_name", "ph": "M", "ts": t0, "pid": dev, "tid": 0, "args": {"name": "python3.11"}},
             {"name": "process_labels", "ph": "M", "ts": t0, "pid": dev, "tid": 0, "args": {"labels": f"GPU {dev}"}},
         ]
@@ -346,7 +348,7 @@ def activity_frame(sim: M.JobSim) -> pl.DataFrame:
             nb = np.zeros(len(r.ranks))
         else:
             gs = r.group_size or 2
-            factor = 2 * (gs - 1) / gs if r.tname == "nccl:AllReduce" else 1.0
+            factor = 2 * (gs - 1) / gs if r.tname == "nccl:AllReduce" else (gs - 1) / gs if r.tname in ("nccl:ReduceScatter", "nccl:AllGather") else 1.0
             nb = np.full(len(r.ranks), (r.nbytes or 0) * factor)
             if r.group and r.group.startswith("pp"):
                 res = np.full(len(r.ranks), "nic", dtype=object)

@@ -34,9 +34,12 @@ def _fault(fid, kind, scope, subject, job, magnitude=None, **extra) -> dict:
             "end_ns": job.start_ns + 3600 * 10**9, "magnitude": magnitude, "job_id": job.job_id, **extra}
 
 
+EXTRA_SCENARIOS = ["hang_link", "healthy_zero"]
+
+
 def scenario_job_and_faults(scenario: str, seed: int = 0) -> tuple[CaptureJob, list[dict]]:
-    if scenario not in SCENARIOS + ["hang_link"]:
-        raise ValueError(f"unknown scenario {scenario!r}; known: {SCENARIOS + ['hang_link']}")
+    if scenario not in SCENARIOS + EXTRA_SCENARIOS:
+        raise ValueError(f"unknown scenario {scenario!r}; known: {SCENARIOS + EXTRA_SCENARIOS}")
     jid = f"job-{scenario.replace('_', '-')}"
     start = T0 + seed * 3_600_000_000_000
     if scenario == "throttled_racks":
@@ -45,6 +48,8 @@ def scenario_job_and_faults(scenario: str, seed: int = 0) -> tuple[CaptureJob, l
         job = make_job(jid, 2, tp=2, pp=4, dp=2, start_ns=start, seed=seed)
     else:
         job = make_job(jid, 2, tp=2, pp=2, dp=4, start_ns=start, n_steps=2 if scenario.startswith("hang") else 3, seed=seed)
+    if scenario == "healthy_zero":
+        job.dp_mode = "zero"
     f: list[dict] = []
     if scenario == "slow_gpu":
         f = [_fault("f-slow-gpu", "slow_gpu", "gpu", job.ips[5], job, 1.6)]
