@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
+
+import polars as pl
 
 from dagster import (
     AddDynamicPartitionsRequest,
@@ -47,7 +50,12 @@ _fleet_keys = [k for a in unpartitioned_assets() for k in a.keys]
 fleet_analysis = define_asset_job("fleet_analysis", selection=AssetSelection.assets(*_fleet_keys),
                                   description="Fleet-wide summaries and reports over everything analysed.") if _fleet_keys else None
 
-ALL_JOBS = [j for j in list(JOB_FOR_SET.values()) + [fleet_analysis] if j is not None]
+incident_report_job = define_asset_job(
+    "incident_report_job", selection=AssetSelection.assets("incident_report"), partitions_def=incidents,
+    description="Re-write an incident's report once the analyses in its scope have run.") \
+    if any("incident_report" in str(k) for a in ALL_ASSETS for k in a.keys) else None
+
+ALL_JOBS = [j for j in list(JOB_FOR_SET.values()) + [fleet_analysis, incident_report_job] if j is not None]
 
 # Files are read where the code location runs; the sensor uses the same environment as the CLI.
 _SENSOR_SETTLE_S = float(os.environ.get("FLEETSCOPE_SETTLE_SECONDS", "5"))
@@ -137,4 +145,90 @@ if fleet_analysis is not None:
         description="Every night: the fleet analysis job (fleet-wide summaries and the nightly report).")(_nightly_fleet))
 
 
-ALL_SENSORS = [landing_sensor] + ([flow_window_sensor] if JOB_FOR_SET[flow_windows.name] is not None else [])
+def incident_scope(wh: Warehouse, incident_id: str, instance) -> tuple[list[str], list[str]]:
+    """(flow windows, captures) an incident request needs: windows overlapping its time span (or
+    every window of its job), and the captures of its job."""
+    from fleetscope.windows import parse_window_id
+    req = wh.read("incidents", where=f"incident_id = '{incident_id}'")
+    if req.height == 0:
+        return [], []
+    r = req.to_dicts()[0]
+    windows = []
+    for w in instance.get_dynamic_partitions(flow_windows.name):
+        ws, we = parse_window_id(w)
+        if (r.get("from_ns") is None or we >= r["from_ns"]) and (r.get("to_ns") is None or ws <= r["to_ns"]):
+            windows.append(w)
+    if r.get("from_ns") is None and r.get("to_ns") is None and r.get("job_id"):
+        seen = wh.read("jobs", where=f"job_id = '{r['job_id']}'")
+        windows = sorted(set(seen["window_id"].to_list())) if seen.height else []
+    caps = []
+    if r.get("job_id"):
+        caps = wh.read("captures", where=f"job_id = '{r['job_id']}'")["capture_id"].to_list()
+    if r.get("capture"):
+        caps.append(r["capture"])
+    return sorted(set(windows)), sorted(set(caps))
+
+
+@sensor(name="incident_sensor", minimum_interval_seconds=_SENSOR_INTERVAL_S, default_status=DefaultSensorStatus.RUNNING,
+        description="An incident request (landing/incidents/*.json, ingested by incident_analysis) starts runs scoped to its job, "
+                    "hosts and time span (its flow windows and captures), then re-writes its report when they finish.",
+        jobs=[j for j in (JOB_FOR_SET[flow_windows.name], JOB_FOR_SET[captures.name], incident_report_job) if j is not None])
+def incident_sensor(context: SensorEvaluationContext):
+    from dagster import DagsterRunStatus, RunsFilter
+    state = json.loads(context.cursor) if context.cursor else {"after": 0, "pending": {}}
+    recs = context.instance.fetch_materializations(
+        AssetRecordsFilter(asset_key=AssetKey("incident_inputs"), after_storage_id=state["after"]), limit=100, ascending=True).records
+    wh = Warehouse(warehouse_path())
+    requests = []
+    for rec in recs:
+        state["after"] = max(state["after"], rec.storage_id)
+        key = rec.partition_key
+        windows, caps = incident_scope(wh, key, context.instance)
+        for w in windows:
+            requests.append(RunRequest(run_key=f"incident:{key}:{rec.storage_id}:{w}", job_name="flow_window_analysis",
+                                       partition_key=w, tags={"fleetscope/incident": key}))
+        for c in caps:
+            requests.append(RunRequest(run_key=f"incident:{key}:{rec.storage_id}:{c}", job_name="capture_analysis",
+                                       partition_key=c, tags={"fleetscope/incident": key}))
+        state["pending"][key] = rec.storage_id
+    finished = {DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED}
+    for key, sid in list(state["pending"].items()):
+        runs = context.instance.get_runs(RunsFilter(tags={"fleetscope/incident": key}))
+        if any(r.status not in finished for r in runs) or any(k.startswith(f"incident:{key}:") for k in (q.run_key for q in requests)):
+            continue
+        if incident_report_job is not None:
+            requests.append(RunRequest(run_key=f"incident-report:{key}:{sid}", job_name="incident_report_job", partition_key=key,
+                                       tags={"fleetscope/trigger": "incident_sensor"}))
+        del state["pending"][key]
+    if not requests:
+        return SensorResult(skip_reason=SkipReason("no new incidents"), cursor=json.dumps(state))
+    return SensorResult(run_requests=requests, cursor=json.dumps(state))
+
+
+@sensor(name="critical_verdict_sensor", minimum_interval_seconds=max(_SENSOR_INTERVAL_S, 60), default_status=DefaultSensorStatus.RUNNING,
+        description="A new critical verdict about a job files an incident request (landing/incidents/auto-*.json): the "
+                    "landing and incident sensors then run its scoped analyses and write its report.")
+def critical_verdict_sensor(context: SensorEvaluationContext):
+    seen = set(json.loads(context.cursor)) if context.cursor else None
+    wh = Warehouse(warehouse_path())
+    if not wh.has_table("anomaly_verdicts"):
+        return SkipReason("no verdicts yet")
+    crit = wh.read("anomaly_verdicts", where="severity = 'critical' AND job_id IS NOT NULL",
+                   columns=["verdict_id", "job_id", "start_ns", "end_ns", "explanation"])
+    ids = set(crit["verdict_id"].to_list())
+    if seen is None:  # first evaluation: today's state is the baseline, file only what is new from now on
+        return SensorResult(skip_reason=SkipReason(f"baseline of {len(ids)} critical verdicts"), cursor=json.dumps(sorted(ids)))
+    new = crit.filter(~pl.col("verdict_id").is_in(list(seen)))
+    folder = Path(landing_path()) / "incidents"
+    for r in new.unique("job_id").iter_rows(named=True):
+        folder.mkdir(parents=True, exist_ok=True)
+        req = {"kind": "slow", "job_id": r["job_id"], "from_ns": r["start_ns"], "to_ns": r["end_ns"],
+               "note": f"filed by critical_verdict_sensor for verdict {r['verdict_id']}: {r['explanation'][:200]}"}
+        tmp = folder / f".auto-{r['verdict_id']}.json.tmp"
+        tmp.write_text(json.dumps(req))
+        tmp.rename(folder / f"auto-{r['verdict_id']}.json")
+    return SensorResult(skip_reason=SkipReason(f"{new.height} new critical verdicts filed as incidents") if new.height == 0 else None,
+                        cursor=json.dumps(sorted(ids | seen)[-20000:]))
+
+
+ALL_SENSORS = [landing_sensor, incident_sensor, critical_verdict_sensor] + ([flow_window_sensor] if JOB_FOR_SET[flow_windows.name] is not None else [])
