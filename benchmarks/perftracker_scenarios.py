@@ -49,26 +49,30 @@ def run_scenario(scenario: str, seed: int, tmp: Path) -> dict:
     row = {"scenario": scenario, "render_s": round(t_render, 1), "analyze_s": round(t_analyze, 1),
            "patterns": pats.height, "loud_verdicts": loud.height}
     if not truth:
-        row.update(truth_function="-", detected=loud.height == 0, team_ok=True, rank_recall=None, rank_precision=None,
-                   false_verdicts=loud.height, verdict="nothing reported" if loud.height == 0 else "FALSE ALARMS")
+        row.update(truth_function="-", truth_team="-", detected=loud.height == 0, team_ok=True, rank_recall=None, rank_precision=None,
+                   other_functions=loud.height, off_truth_ranks=loud.height,
+                   verdict="nothing reported" if loud.height == 0 else "FALSE ALARMS")
         return row
     tdf = pl.DataFrame(truth)
     t_ranks = set(tdf["rank"].to_list())
     team = tdf["team"][0]
     names = [n for n in {tdf["function"][0], tdf["kernel"][0]} if n]
-    hit = loud.filter(pl.any_horizontal([pl.col("subject").str.contains(n, literal=True) for n in names]))
+    names_hit = pl.any_horizontal([pl.col("subject").str.contains(n, literal=True) for n in names])
+    hit = loud.filter(names_hit)
     hit_team = hit.filter(pl.col("team") == team)
     ranks = set()
     for ev in hit_team["evidence"].to_list():
         ranks |= set(json.loads(ev).get("ranks", []))
+    all_ranks = [set(json.loads(ev).get("ranks", [])) for ev in loud["evidence"].to_list()]
     recall = len(ranks & t_ranks) / len(t_ranks) if t_ranks else None
     precision = len(ranks & t_ranks) / len(ranks) if ranks else 0.0
-    false_v = loud.height - hit.height
-    row.update(truth_function=tdf["function"][0][:48], truth_ranks=len(t_ranks), detected=hit_team.height > 0,
-               team_ok=hit_team.height > 0, rank_recall=None if recall is None else round(recall, 2), rank_precision=round(precision, 2),
-               false_verdicts=false_v,
-               verdict=(hit_team.sort("severity")["explanation"][0][:150] if hit_team.height else
-                        (hit["explanation"][0][:150] if hit.height else "MISSED")))
+    row.update(truth_function=tdf["function"][0][-40:], truth_team=team, truth_ranks=len(t_ranks), detected=hit_team.height > 0,
+               team_ok=hit_team.height > 0 and hit.filter(pl.col("team") != team).height == 0,
+               rank_recall=None if recall is None else round(recall, 2), rank_precision=round(precision, 2),
+               other_functions=loud.height - hit.height,
+               off_truth_ranks=sum(1 for r in all_ranks if not r <= t_ranks),
+               verdict=(hit_team.sort("severity")["explanation"][0][:160] if hit_team.height else
+                        (hit["explanation"][0][:160] if hit.height else "MISSED")))
     return row
 
 
@@ -80,8 +84,8 @@ def run_real() -> dict:
     loud = verdicts.filter(pl.col("severity").is_in(["warning", "critical"]))
     stage = loud.filter((pl.col("scope") == "stage") & (pl.col("subject") == "3") & (pl.col("team") == "algorithm"))
     return {"scenario": "real:straggler_analysis", "analyze_s": round(dt, 2), "patterns": pats.height, "loud_verdicts": loud.height,
-            "truth_function": "stage 3 (too long)", "detected": stage.height > 0, "team_ok": stage.height > 0,
-            "false_verdicts": loud.height - stage.height,
+            "truth_function": "stage 3 (too long)", "truth_team": "algorithm", "detected": stage.height > 0, "team_ok": stage.height > 0,
+            "other_functions": loud.height - stage.height, "off_truth_ranks": loud.filter(pl.col("scope") != "stage").height,
             "verdict": stage["explanation"][0][:150] if stage.height else "MISSED"}
 
 
@@ -98,9 +102,9 @@ def main() -> None:
     rows.append(run_real())
     print(json.dumps(rows[-1]))
     df = pl.DataFrame(rows, infer_schema_length=None)
-    cols = [c for c in ["scenario", "truth_function", "truth_ranks", "detected", "team_ok", "rank_recall", "rank_precision",
-                        "false_verdicts", "loud_verdicts", "analyze_s"] if c in df.columns]
-    with pl.Config(tbl_rows=50, tbl_width_chars=200, fmt_str_lengths=50, tbl_hide_dataframe_shape=True):
+    cols = [c for c in ["scenario", "truth_function", "truth_team", "truth_ranks", "detected", "team_ok", "rank_recall", "rank_precision",
+                        "loud_verdicts", "other_functions", "off_truth_ranks", "analyze_s"] if c in df.columns]
+    with pl.Config(tbl_rows=50, tbl_width_chars=250, fmt_str_lengths=40, tbl_cols=20, tbl_hide_dataframe_shape=True):
         print(df.select(cols))
     for r in rows:
         print(f"- {r['scenario']}: {r['verdict']}")

@@ -26,10 +26,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from fleetscope.perftracker.schemas import DIMENSIONS, finish_patterns
+from fleetscope.perftracker.schemas import BEHAVIOR_PATTERNS, CATEGORIES, DIMENSIONS, finish_patterns
+from fleetscope.schemas.base import conform
 from fleetscope.verdicts import make_verdicts
 
 INF = float("inf")
+CATEGORY_CODES = {c: i for i, c in enumerate(CATEGORIES)}
 # expected boxes per category (PerfTracker's production experience; configurable). A missing
 # dimension is unconstrained; GPU compute kernels are never unexpected.
 DEFAULT_EXPECTED: dict[str, dict[str, tuple[float, float]]] = {
@@ -165,9 +167,13 @@ def _group_median_mad(values: np.ndarray, gid: np.ndarray, n_groups: int, vmax: 
 # localization
 
 
-def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig()) -> pl.DataFrame:
+def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), validate: bool = True) -> pl.DataFrame:
     """behavior_patterns -> the same rows with d_exp, d_diff, abnormal and the explanation columns
-    (peer_group, n_peers, d_diff_threshold, diff_dim, diff_delta, exp_dim, reason) filled."""
+    (peer_group, n_peers, d_diff_threshold, diff_dim, diff_delta, exp_dim, reason) filled.
+
+    Numpy over the rows in (capture, function, stage) order; the frame itself is never re-sorted
+    (results are scattered back). validate=False skips the pandera validation of the output (the
+    writer validates it anyway; at 20 million rows it costs as much as the localization)."""
     need = ["capture_id", "rank", "function", "category", "beta", "mu", "sigma"]
     missing = [c for c in need if c not in patterns.columns]
     if missing:
@@ -177,94 +183,108 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig()) 
     bad = patterns.filter(pl.col("beta").is_null() | ~pl.col("beta").is_between(0.0, 1.0))
     if bad.height:
         raise LocalizeError(f"{bad.height} pattern rows have beta outside [0, 1] or null (e.g. rank {bad['rank'][0]}, {bad['function'][0]!r})")
+    unknown = set(patterns["category"].cast(pl.Utf8).unique().to_list()) - set(CATEGORY_CODES)
+    if unknown:
+        raise LocalizeError(f"unknown function categories {sorted(unknown)}; expected {list(CATEGORY_CODES)}")
     df = patterns
     if "stage" not in df.columns:
         df = df.with_columns(stage=pl.lit(None, dtype=pl.Int32))
-    staged = pl.col("category").is_in(list(config.stage_aware_categories)) & pl.lit(config.stage_aware)
+    staged = pl.col("category").cast(pl.Utf8).is_in(list(config.stage_aware_categories)) & pl.lit(config.stage_aware)
     stage_key = pl.when(staged).then(pl.col("stage").cast(pl.Int64).fill_null(-1)).otherwise(-1)
-    # integer group key (capture, function, stage) without hashing strings per row twice
-    df = df.with_columns(
-        _cap=pl.col("capture_id").cast(pl.Categorical).to_physical().cast(pl.Int64),
-        _fn=pl.col("function").cast(pl.Categorical).to_physical().cast(pl.Int64),
-        _st=stage_key,
+    # integer group key (capture, function, stage) from categorical codes, then one argsort
+    keys = df.select(
+        _cap=pl.col("capture_id").cast(pl.Utf8).cast(pl.Categorical).to_physical().cast(pl.Int64),
+        _fn=pl.col("function").cast(pl.Utf8).cast(pl.Categorical).to_physical().cast(pl.Int64),
+        _st=stage_key, rank=pl.col("rank"),
+        _cat=pl.col("category").cast(pl.Utf8).replace_strict(CATEGORY_CODES, return_dtype=pl.Int8),
+        _src=(pl.col("mu_source").cast(pl.Utf8).fill_null("none") == "hw_alg1") if "mu_source" in df.columns else pl.lit(False),
+        _staged=staged,
     )
-    st_min = int(df["_st"].min())
-    n_st = int(df["_st"].max()) - st_min + 1
-    n_fn = int(df["_fn"].max()) + 1
-    df = df.with_columns(_g=(pl.col("_cap") * n_fn + pl.col("_fn")) * n_st + (pl.col("_st") - st_min)).sort("_g", "rank")
-    graw = df["_g"].to_numpy()
-    change = np.empty(graw.size, bool)
+    st_min = int(keys["_st"].min())
+    n_st = int(keys["_st"].max()) - st_min + 1
+    n_fn = int(keys["_fn"].max()) + 1
+    keys = keys.with_columns(_g=(pl.col("_cap") * n_fn + pl.col("_fn")) * n_st + (pl.col("_st") - st_min))
+    perm = keys.select(pl.arg_sort_by(["_g", "rank"])).to_series().to_numpy()
+    graw = keys["_g"].to_numpy()[perm]
+    n = graw.size
+    change = np.empty(n, bool)
     change[0] = True
     change[1:] = graw[1:] != graw[:-1]
     gid = np.cumsum(change) - 1
-    bounds = np.concatenate([np.nonzero(change)[0], [graw.size]])
+    bounds = np.concatenate([np.nonzero(change)[0], [n]])
     n_groups = bounds.size - 1
+    cat = keys["_cat"].to_numpy()[perm]
 
-    x = np.stack([df[c].cast(pl.Float64).fill_null(np.nan).to_numpy() for c in DIMENSIONS], axis=1)
-    # expectation boxes per category
-    cats = df["category"].to_numpy()
-    lo = np.zeros_like(x)
-    hi = np.ones_like(x)
-    for cat, box in config.expected.items():
-        m = cats == cat
-        if not m.any():
-            continue
+    x = np.stack([df[c].cast(pl.Float64).fill_null(np.nan).to_numpy()[perm] for c in DIMENSIONS], axis=1)
+    # expectation boxes per category (table lookup by category code)
+    lo_t = np.zeros((len(CATEGORY_CODES), 3))
+    hi_t = np.ones((len(CATEGORY_CODES), 3))
+    for c, code in CATEGORY_CODES.items():
         for k, dim in enumerate(DIMENSIONS):
-            if dim in box:
-                lo[m, k], hi[m, k] = box[dim]
-    dexp_parts = expectation_distance(x, lo, hi)
+            if dim in config.expected.get(c, {}):
+                lo_t[code, k], hi_t[code, k] = config.expected[c][dim]
+    dexp_parts = expectation_distance(x, lo_t[cat], hi_t[cat])
     d_exp = dexp_parts.sum(1)
-    exp_dim = np.where(d_exp > 0, np.array(DIMENSIONS, dtype=object)[dexp_parts.argmax(1)], None)
+    exp_code = np.where(d_exp > 0, dexp_parts.argmax(1), -1)
 
-    # max-normalization within the peer group; unknown dimensions count as 0
-    x0 = np.nan_to_num(x, nan=0.0)
+    # max-normalization within the peer group (with floors); unknown dimensions count as 0
+    x0 = np.where(np.isnan(x), 0.0, x)
     gmax = np.maximum.reduceat(x0, bounds[:-1], axis=0)
     scale = np.maximum(gmax, np.asarray(config.norm_floor, dtype=np.float64)[None, :])
     xn = (x0 / scale[gid]).astype(np.float32)
     d_diff, m_row = differential_counts(xn, bounds, config.theta, config.sample_size, config.seed, config.chunk)
+    del xn
     med, mad = _group_median_mad(d_diff, gid, n_groups, int(config.sample_size))
     thr = med + config.k_mad * mad
     diff_flag = ((d_diff > thr[gid]) | (d_diff >= config.majority_share * m_row)) & (d_diff >= config.min_diff_share * m_row) & (m_row >= 3)
 
     # how it differs: the normalized dimension farthest from the group's median (raw delta kept)
-    gmed = df.select(pl.col("_g"), *[pl.col(c).cast(pl.Float64).median().over("_g").alias(f"_m{c}") for c in DIMENSIONS])
-    medx = np.stack([gmed[f"_m{c}"].fill_null(np.nan).to_numpy() for c in DIMENSIONS], axis=1)
-    dn = np.abs(np.nan_to_num(x - medx, nan=0.0)) / scale[gid]
+    gmed = (pl.DataFrame({"g": gid, "b": x[:, 0], "m": x[:, 1], "s": x[:, 2]}).fill_nan(None)
+            .group_by("g").agg(pl.col("b", "m", "s").median()).sort("g"))
+    medx = np.stack([gmed[c].fill_null(np.nan).to_numpy() for c in ("b", "m", "s")], axis=1)[gid]
+    delta = np.where(np.isnan(x - medx), 0.0, x - medx)
+    dn = np.abs(delta) / scale[gid]
     kdim = dn.argmax(1)
     # a collective's beta includes waiting for slower peers unless Algorithm 1 refined it: when its
     # utilization also differs materially, that is how it differs (the waiting is the symptom)
-    src = df["mu_source"].fill_null("none").to_numpy() if "mu_source" in df.columns else np.full(len(cats), "none")
-    waiting = (cats == "collective") & (src != "hw_alg1")
+    waiting = (cat == CATEGORY_CODES["collective"]) & ~keys["_src"].to_numpy()[perm]
     material = 0.75 * config.theta
     kdim = np.where(waiting & (dn[:, 1] >= material), 1, np.where(waiting & (kdim == 0) & (dn[:, 2] >= material), 2, kdim))
-    diff_delta = np.take_along_axis(np.nan_to_num(x - medx, nan=0.0), kdim[:, None], 1)[:, 0]
+    diff_delta = np.take_along_axis(delta, kdim[:, None], 1)[:, 0]
 
-    beta = x[:, 0]
     exp_flag = d_exp > 0
-    abnormal = (beta > config.min_beta) & (exp_flag | diff_flag)
-    reason = np.where(exp_flag & diff_flag, "both", np.where(exp_flag, "expectation", np.where(diff_flag, "differential", None)))
-    peer = pl.when(staged).then(pl.concat_str([pl.col("function"), pl.lit(" @stage "), pl.col("stage").cast(pl.Utf8)])).otherwise(pl.col("function"))
+    abnormal = (x[:, 0] > config.min_beta) & (exp_flag | diff_flag)
+    reason = np.where(exp_flag & diff_flag, 3, np.where(exp_flag, 1, np.where(diff_flag, 2, 0)))
+
+    def back(a: np.ndarray) -> np.ndarray:  # sorted order -> the frame's row order
+        out = np.empty_like(a)
+        out[perm] = a
+        return out
+
+    dims = {i: d for i, d in enumerate(DIMENSIONS)}
+    peer = pl.when(keys["_staged"]).then(pl.concat_str([pl.col("function").cast(pl.Utf8), pl.lit(" @stage "), pl.col("stage").cast(pl.Utf8)]))
     out = df.with_columns(
-        d_exp=pl.Series(d_exp, dtype=pl.Float64),
-        d_diff=pl.Series(d_diff, dtype=pl.Int64),
-        n_peers=pl.Series(m_row, dtype=pl.Int64),
-        d_diff_threshold=pl.Series(thr[gid], dtype=pl.Float64),
-        abnormal=pl.Series(abnormal, dtype=pl.Boolean),
-        diff_dim=pl.Series(np.array(DIMENSIONS)[kdim].tolist(), dtype=pl.Utf8),
-        diff_delta=pl.Series(diff_delta, dtype=pl.Float64),
-        exp_dim=pl.Series(exp_dim.tolist(), dtype=pl.Utf8),
-        reason=pl.Series(reason.tolist(), dtype=pl.Utf8),
-        peer_group=pl.when(pl.col("stage").is_not_null()).then(peer).otherwise(pl.col("function")),
-    ).drop("_cap", "_fn", "_st", "_g")
+        d_exp=pl.Series(back(d_exp), dtype=pl.Float64),
+        d_diff=pl.Series(back(d_diff), dtype=pl.Int64),
+        n_peers=pl.Series(back(m_row), dtype=pl.Int64),
+        d_diff_threshold=pl.Series(back(thr[gid]), dtype=pl.Float64),
+        abnormal=pl.Series(back(abnormal), dtype=pl.Boolean),
+        diff_dim=pl.Series(back(kdim.astype(np.int8))).replace_strict(dims, return_dtype=pl.Utf8),
+        diff_delta=pl.Series(back(diff_delta), dtype=pl.Float64),
+        exp_dim=pl.Series(back(exp_code.astype(np.int8))).replace_strict(dims, default=None, return_dtype=pl.Utf8),
+        reason=pl.Series(back(reason.astype(np.int8))).replace_strict({1: "expectation", 2: "differential", 3: "both"}, default=None,
+                                                                      return_dtype=pl.Utf8),
+        peer_group=peer.otherwise(pl.col("function").cast(pl.Utf8)),
+    )
     # workers of a stage that stands out as a whole are explained by the stage (one stage verdict)
     stages = stage_imbalance(out, config)
     if stages.height:
         out = out.join(stages.select("capture_id", "function", "stage", _st_flag=pl.lit(True)), on=["capture_id", "function", "stage"],
-                       how="left").with_columns(
+                       how="left", maintain_order="left").with_columns(
             abnormal=pl.when(pl.col("_st_flag").fill_null(False) & (pl.col("reason") == "differential")).then(False).otherwise(pl.col("abnormal")),
             reason=pl.when(pl.col("_st_flag").fill_null(False)).then(pl.lit("stage_imbalance")).otherwise(pl.col("reason")),
         ).drop("_st_flag")
-    return finish_patterns(out)
+    return finish_patterns(out) if validate else conform(out, BEHAVIOR_PATTERNS)
 
 
 def stage_imbalance(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig()) -> pl.DataFrame:
@@ -395,7 +415,7 @@ def patterns_verdicts(localized: pl.DataFrame, stages: pl.DataFrame | None = Non
             sev = ("critical" if (r["beta"] or 0) >= 0.05 else "warning") if r["loud"] else "info"
             rows.append(dict(
                 detector="perftracker", scope="function", subject=r["leaf"], job_id=job_id, capture_id=r["capture_id"],
-                metric=f"{r['kind']}_{dim}" + ("" if r["loud"] else "_symptom"), value=float(val) if val is not None else None,
+                metric=f"{r['kind']}_{dim}" + ("" if r["loud"] else ("_symptom" if dim == "beta" else "_weak")), value=float(val) if val is not None else None,
                 baseline=float(base) if base is not None else None, severity=sev, team=team, explanation=expl,
                 evidence=json.dumps({"ranks": [int(x) for x in r["ranks"]], "stages": [int(x) for x in r["stages"]], "kind": r["kind"],
                                      "dimension": dim, "dimensions": [d for d in r["dims"] if d], "beta": r["beta"], "mu": r["mu"],

@@ -43,8 +43,9 @@ BEHAVIOR_PATTERNS = register(
             "exp_dim": pa.Column(pl.Utf8, nullable=True),  # dimension farthest outside the expected box
             "reason": pa.Column(pl.Utf8, nullable=True),  # expectation / differential / both
         },
+        # one row per (capture_id, rank, function) by construction (group_by); not re-checked here
+        # because pandera's uniqueness check costs seconds per million rows
         strict=False,
-        unique=["capture_id", "rank", "function"],
     ),
 )
 
