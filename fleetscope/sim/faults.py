@@ -96,6 +96,9 @@ def choose_faults(spec: str | None, jobs: list[JobSpec], fab: Fabric, rng: np.ra
     want = parse_spec(spec)
     if not want:
         return []
+    if not jobs:
+        raise ValueError(f"faults {spec!r} need a job to act on, but a fleet of {fab.n_hosts} host(s) has none "
+                         f"(a job needs >= 2 hosts)")
     W0, W1 = window
     span = W1 - W0
     hosts = fab.host_name

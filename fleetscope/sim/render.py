@@ -114,55 +114,69 @@ def add_collector_noise(df: pl.DataFrame, fab: Fabric, rng: np.random.Generator)
 
 
 def path_strings(fab: Fabric, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    """Per flow an index into a list of distinct `leaf>spine>leaf` strings."""
+    """Per flow an index into a list of distinct `leaf>spine>leaf` strings. The spine follows from
+    the source leaf, so (source leaf, destination leaf) names a path: a dense O(n) mapping."""
     ls, sp, ld = fab.path_switches(src, dst)
-    nsw = len(fab.switch_name) + 1
-    code = (ls.astype(np.int64) * nsw + (sp + 1)) * nsw + (ld + 1)
-    uniq, inv = np.unique(code, return_inverse=True)
+    nsw = len(fab.switch_name)
+    code = fab.leaf[src].astype(np.int64) * nsw + fab.leaf[dst]
+    present = np.zeros(nsw * nsw, bool)
+    present[code] = True
+    uniq = np.flatnonzero(present)
+    index = np.cumsum(present) - 1
     names = fab.switch_name
     out = []
     for c in uniq:
-        a, rest = divmod(int(c), nsw * nsw)
-        b, d = divmod(rest, nsw)
-        parts = [names[a]] + ([names[b - 1]] if b else []) + ([names[d - 1]] if d else [])
-        out.append(">".join(parts))
-    return inv, out
+        a, d = divmod(int(c), nsw)
+        out.append(names[a] if a == d else f"{names[a]}>{names[fab.spine_of_leaf(a)]}>{names[d]}")
+    return index[code], out
 
 
 def write_flow_files(df: pl.DataFrame, fab: Fabric, flows_dir: Path, window_start: int) -> list[Path]:
-    """One file per collector per minute; the collector's index picks its export format."""
+    """One file per collector per minute, rows in time order; the collector's index picks its export
+    format. Sorting and partitioning run on integer columns; strings are gathered per file."""
     flows_dir.mkdir(parents=True, exist_ok=True)
     src, dst = df["src"].to_numpy(), df["dst"].to_numpy()
     inv, paths = path_strings(fab, src, dst)
-    pstr = pl.Series("p", paths, dtype=pl.Utf8)
-    df = df.with_columns(
-        src_ip=pl.Series(fab.ip).gather(pl.Series(src.astype(np.int64))),
-        dst_ip=pl.Series(fab.ip).gather(pl.Series(dst.astype(np.int64))),
-        path=pstr.gather(pl.Series(inv.astype(np.int64))),
-        minute=((pl.col("start") - window_start) // 60_000_000_000).cast(pl.Int32),
-    ).sort("start_ns")
+    minute = (df["start"].to_numpy() - window_start) // 60_000_000_000
+    coll = df["collector"].to_numpy().astype(np.int64)
+    key = coll * (int(minute.max()) + 1 if minute.size else 1) + minute
+    order = np.lexsort((dst, src, df["start_ns"].to_numpy(), key))        # stable: same seed, same bytes
+    key = key[order]
+    cols = ["start_ns", "duration_ns", "bytes", "packets", "src_port", "dst_port", "src_qp", "dst_qp"]
+    num = df.select(cols)[order]
+    src, dst, inv, coll, minute = src[order], dst[order], inv[order], coll[order], minute[order]
+    ip = pl.Series(fab.ip)
+    pstr = pl.Series(paths, dtype=pl.Utf8)
+    plist = pstr.str.split(">")
+    bounds = np.flatnonzero(np.diff(key)) + 1
     written = []
-    for (coll, minute), part in df.group_by(["collector", "minute"], maintain_order=False):
-        t = datetime.fromtimestamp((window_start + int(minute) * 60_000_000_000) / 1e9, tz=timezone.utc)
-        stem = f"erspan-c{int(coll):03d}-{t:%Y%m%dT%H%M}"
-        fmt = int(coll) % 4
-        part = part.sort("start_ns")
-        if fmt in (0, 1):
-            out = part.select("start_ns", "duration_ns", "src_ip", "dst_ip", "bytes", "packets", "src_port", "dst_port",
-                              "src_qp", "dst_qp", pl.col("path").str.split(">"))
+    for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [key.size]])):
+        if hi <= lo:
+            continue
+        c, mnt = int(coll[lo]), int(minute[lo])
+        t = datetime.fromtimestamp((window_start + mnt * 60_000_000_000) / 1e9, tz=timezone.utc)
+        stem = f"erspan-c{c:03d}-{t:%Y%m%dT%H%M}"
+        fmt = c % 4
+        part = num[int(lo):int(hi)]
+        sip = ip.gather(pl.Series(src[lo:hi].astype(np.int64))).alias("src_ip")
+        dip = ip.gather(pl.Series(dst[lo:hi].astype(np.int64))).alias("dst_ip")
+        pidx = pl.Series(inv[lo:hi].astype(np.int64))
+        if fmt in (0, 1):       # duration and a list path
+            out = part.select("start_ns", "duration_ns").with_columns(sip, dip).hstack(
+                part.select(cols[2:])).with_columns(plist.gather(pidx).alias("path"))
             p = flows_dir / f"{stem}.parquet"
             out.write_parquet(p, compression="zstd", compression_level=1)
-        elif fmt == 2:
-            out = part.select("start_ns", (pl.col("start_ns") + pl.col("duration_ns")).alias("end_ns"), "src_ip", "dst_ip",
-                              "bytes", "packets", "src_port", "dst_port", "src_qp", "dst_qp", "path")
-            p = flows_dir / f"{stem}.parquet"
-            out.write_parquet(p, compression="zstd", compression_level=1)
-        else:
-            out = part.select("start_ns", (pl.col("start_ns") + pl.col("duration_ns")).alias("end_ns"), "src_ip", "dst_ip",
-                              "bytes", "packets", "dst_port", "src_qp", "dst_qp", "path")
-            p = flows_dir / f"{stem}.csv.gz"
-            # mtime=0 and no name in the gzip header: same seed, same bytes
-            with open(p, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=1, mtime=0) as fh:
-                out.write_csv(fh)
+        else:                   # end time and a `>` path string
+            out = part.select("start_ns", end_ns=pl.col("start_ns") + pl.col("duration_ns")).with_columns(sip, dip).hstack(
+                part.select(cols[2:] if fmt == 2 else ["bytes", "packets", "dst_port", "src_qp", "dst_qp"])
+            ).with_columns(pstr.gather(pidx).alias("path"))
+            if fmt == 2:
+                p = flows_dir / f"{stem}.parquet"
+                out.write_parquet(p, compression="zstd", compression_level=1)
+            else:
+                p = flows_dir / f"{stem}.csv.gz"
+                # mtime=0 and no name in the gzip header: same seed, same bytes
+                with open(p, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=1, mtime=0) as fh:
+                    out.write_csv(fh)
         written.append(p)
     return sorted(written)

@@ -215,6 +215,8 @@ def _truth_jobs(job_list, runs, fab, steps) -> tuple[pl.DataFrame, pl.DataFrame]
                     "n_gpus": j.world, "n_hosts": int(np.unique(j.gpus // GPUS_PER_HOST).size), "dp_style": j.dp_style,
                     "n_buckets": int(j.buckets.size), "channels": j.channels, "act_bytes": j.act_bytes, "grad_bytes": j.grad_bytes,
                     "start_ns": j.start_ns, "stop_ns": j.stop_ns, "hang_ns": r.hang_ns, "median_step_ns": None if m is None else int(m)})
+    if not rows:   # a fleet too small for any job (one host): background traffic only
+        return empty_frame(S.TRUTH_JOBS), empty_frame(S.TRUTH_JOB_LAYOUT)
     return pl.concat(rows), conform(pl.DataFrame(lay, infer_schema_length=None), S.TRUTH_JOB_LAYOUT)
 
 
