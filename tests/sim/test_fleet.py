@@ -27,6 +27,10 @@ def test_same_seed_same_bytes_other_seed_other_fleet(healthy64, tmp_path):
 
 
 def test_topology_is_rail_optimized(healthy256):
+    from fleetscope.ingest.topology import read_topology
+
+    res = read_topology(healthy256.landing / "topology" / "topology.csv")     # the real ingestion accepts it
+    assert res.rejected.height == 0 and res.kept.height == 256
     topo = pl.read_csv(healthy256.landing / "topology" / "topology.csv")
     assert topo.columns == ["ip", "host", "gpu", "leaf", "spine", "rail", "rack", "pod"]
     assert topo.height == 256 and topo["ip"].n_unique() == 256
