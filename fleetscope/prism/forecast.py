@@ -11,7 +11,9 @@ The Monte Carlo model of a capture (`StepModel`) samples every op slot of the st
   rank shares, e.g. a network-wide slow all-reduce; correlated across ops);
 - residual: per slot, from the family fitted for that op (variability.py); a synchronizing group
   draws one residual for all its members (a collective has one transfer time).
-Gaps (untraced time before an op) are drawn from the slot's measured gaps.
+Gaps (untraced time before an op: data loading, launch delays) are those of the drawn measured
+step, like the iteration factor: they are per-iteration events (a dataloader stall, a warm-up
+step) rather than per-op noise.
 
 Scenarios: `baseline` (as measured, with KS distance and mean error against the measured
 steps), `no_stragglers` (every op and gap at the typical value of its op type over all ranks
@@ -33,7 +35,7 @@ from fleetscope.prism.structure import JobGraph, build_graph, replay
 from fleetscope.prism.variability import Dist, fit_families, hw_correlation, scaled_slots, select, temporal_ratios, variability_models
 from fleetscope.verdicts import make_verdicts
 
-COMPUTE_HINTS = ("compute", "optimizer", "gemm", "flash", "attn", "gc", "matmul", "loss")
+IRREGULAR_SPREAD = 3.0  # a slot whose residual IQR exceeds this many times its op's median IQR is erratic
 
 
 @dataclass
@@ -46,6 +48,8 @@ class StepModel:
     name_gap: dict[str, float]      # op name -> typical gap before it
     scaled: np.ndarray              # [n_slots] bool: sampled as typical x factor x residual (else replayed)
     draw_key: np.ndarray            # [n_slots] slots with one key share one residual draw
+    own: np.ndarray                 # [n_slots] erratic slots: residual from their own measured steps
+    res_all: np.ndarray             # [n_slots, n_steps] measured residuals (ratio / iteration factor)
 
 
 def fit_step_model(g: JobGraph) -> StepModel:
@@ -58,12 +62,22 @@ def fit_step_model(g: JobGraph) -> StepModel:
     factor = np.ones_like(ratio)
     resid = {}
     scaled = scaled_slots(g, typ)
+    own = np.zeros(len(typ), dtype=bool)
+    res_all = np.ones_like(ratio)
     for nm in np.unique(names):
         sel = names == nm
         pos = sel & scaled
         if pos.any():
             factor[sel] = np.median(ratio[pos], axis=0)
-            fits = fit_families((ratio[pos] / factor[pos]).ravel())
+            res_all[pos] = ratio[pos] / factor[pos]
+            # slots far more erratic than their siblings (a receive that sometimes queues
+            # behind other traffic) keep their own residuals instead of widening the pool
+            q75, q25 = np.percentile(res_all[pos], [75, 25], axis=1)
+            spread = q75 - q25
+            odd = spread > max(IRREGULAR_SPREAD * np.median(spread), 0.01)
+            own[np.flatnonzero(pos)[odd]] = True
+            pool = pos & ~own
+            fits = fit_families(res_all[pool].ravel() if pool.any() else res_all[pos].ravel())
             resid[nm] = fits[select(fits)][0]
         else:
             resid[nm] = Dist("constant", {"value": 1.0})
@@ -76,7 +90,7 @@ def fit_step_model(g: JobGraph) -> StepModel:
     comm = g.group_is_comm[g.group_of]
     keys = np.where(comm, np.char.add("g", g.group_of.astype(str)), np.char.add("l", local_key.astype(str)))
     _, draw_key = np.unique(keys, return_inverse=True)
-    return StepModel(g, typ, factor, resid, name_typ, name_gap, scaled, draw_key)
+    return StepModel(g, typ, factor, resid, name_typ, name_gap, scaled, draw_key, own, res_all)
 
 
 def sample_durations(sm: StepModel, n: int, rng: np.random.Generator, only: np.ndarray | None = None):
@@ -97,9 +111,12 @@ def sample_durations(sm: StepModel, n: int, rng: np.random.Generator, only: np.n
             continue
         ug, inv = np.unique(sm.draw_key[idx], return_inverse=True)
         draws = d.sample(rng, (len(ug), n))[inv]
+        o = sm.own[idx]
+        if o.any():  # erratic slots: a residual of their own, from a random measured step
+            jo = rng.integers(0, g.dur.shape[1], (int(o.sum()), n))
+            draws[o] = np.take_along_axis(sm.res_all[idx[o]], jo, axis=1)
         dur[idx] = sm.typ[idx, None] * sm.factor[idx][:, J] * draws
-    gi = rng.integers(0, g.gap.shape[1], (g.n_slots, n))
-    gap = np.take_along_axis(g.gap, gi, axis=1)
+    gap = g.gap[:, J]  # untraced time (data loading, launch delays) of the same measured step
     if only is not None:
         gap[~only] = np.median(g.gap[~only], axis=1)[:, None]
     return gap, dur

@@ -282,11 +282,18 @@ def build_graph(timings: pl.DataFrame, capture_id: str | None = None, layout: di
     overlap = pl.col("end_ns").cum_max().shift(1).over("rank") - pl.col("start_ns")
     is_coll = pl.col("names").list.eval(pl.element().map_elements(lambda n: collective_scope(n) not in (None, "p2p"), return_dtype=pl.Boolean)).list.any()
     ref = ref.with_columns(concurrent=(is_coll & (overlap > CONCURRENT_MIN_NS)).fill_null(False))
+    # A sequential op that ends after a concurrent collective it overlaps waited for it (an
+    # optimizer blocked on the gradient all-reduce: after_all); one that ends before it ran
+    # beside it on the compute stream (a send after the last backward) and follows only the
+    # rank's sequential ops.
+    ref = ref.with_columns(pe_all=pl.col("end_ns").cum_max().shift(1).over("rank"))
+    ref = ref.with_columns(after_all=(~pl.col("concurrent") & (pl.col("end_ns") >= pl.col("pe_all") - CONCURRENT_MIN_NS)).fill_null(True)
+                           | pl.col("concurrent"))
     slots = ref.select(
         pl.int_range(pl.len(), dtype=pl.Int64).alias("slot"),
         pl.Series("rank_idx", slot_rank), pl.col("rank"), "pos", "occ", "name", "names", "microbatch",
         pl.Series("group", group_of.astype(np.int64)),
-        pl.Series("is_comm", group_is_comm[group_of]), "concurrent",
+        pl.Series("is_comm", group_is_comm[group_of]), "concurrent", "after_all",
         pl.Series("stage", stage[slot_rank]), pl.Series("dp_rank", dp[slot_rank]), pl.Series("tp_rank", tp[slot_rank]),
     )
 
@@ -295,18 +302,21 @@ def build_graph(timings: pl.DataFrame, capture_id: str | None = None, layout: di
     step_start = kept.group_by("step").agg(pl.col("start_ns").min().alias("t0"))
     kept = (kept.join(step_start, on="step")
             .sort("rank", "step", "pos")
-            .with_columns(prev_end=pl.col("end_ns").cum_max().shift(1).over("rank", "step"),
+            .join(slots.select("rank", "name", "occ", "slot", "concurrent", "after_all", pl.col("group").alias("gid")), on=["rank", "name", "occ"])
+            .with_columns(pe_all=pl.col("end_ns").cum_max().shift(1).over("rank", "step"),
+                          pe_seq=pl.when(pl.col("concurrent")).then(None).otherwise(pl.col("end_ns"))
+                          .cum_max().shift(1).forward_fill().over("rank", "step"),
                           prev_start=pl.col("start_ns").shift(1).over("rank", "step"))
-            .join(slots.select("rank", "name", "occ", "slot", "concurrent", pl.col("group").alias("gid")), on=["rank", "name", "occ"])
+            .with_columns(prev_end=pl.coalesce(pl.when(pl.col("after_all")).then(pl.col("pe_all")).otherwise(pl.col("pe_seq")), "t0"))
             .with_columns(gap=pl.when(pl.col("concurrent")).then(pl.col("start_ns") - pl.col("prev_start"))
-                          .otherwise(pl.col("start_ns") - pl.coalesce("prev_end", "t0")).cast(pl.Float64)))
+                          .otherwise(pl.col("start_ns") - pl.col("prev_end")).cast(pl.Float64)))
     step_idx = {int(s): j for j, s in enumerate(good)}
     kept = kept.with_columns(j=pl.col("step").replace_strict(step_idx, return_dtype=pl.Int64))
     si, sj = kept["slot"].to_numpy(), kept["j"].to_numpy()
     ST = np.zeros((n_slots, len(good)))
     ST[si, sj] = kept["start_ns"].to_numpy()
     PE = np.zeros((n_slots, len(good)))
-    PE[si, sj] = kept["prev_end"].fill_null(kept["t0"]).to_numpy()
+    PE[si, sj] = kept["prev_end"].to_numpy()
     conc = slots["concurrent"].to_numpy()
     # latest start among a slot and those it waits for (and, for a sequential slot, the end of
     # the rank's earlier work): the intrinsic duration runs from there
@@ -353,21 +363,27 @@ def _detect_schedule(names_last_stage: list[str], vpp: int) -> str:
 
 def replay(g: JobGraph, gap: np.ndarray, dur: np.ndarray, per_rank: bool = False) -> np.ndarray:
     """Max-plus recurrence of the step over S columns at once: gap, dur are [n_slots, S]
-    (ns). A slot arrives gap after its rank's latest end (after the previous slot's start for a
-    concurrent slot), starts when it and every slot it waits for have arrived, and ends dur
-    later. Returns the step time per column (latest end over ranks), or [n_ranks, S] end
-    times with per_rank=True."""
+    (ns). A slot arrives gap after its rank's latest end (of every earlier op, or of the
+    sequential ones only for an op that runs beside a concurrent collective; after the previous
+    slot's start for a concurrent slot), starts when it and every slot it waits for have
+    arrived, and ends dur later. Returns the step time per column (latest end over ranks), or
+    [n_ranks, S] end times with per_rank=True."""
     S = gap.shape[1]
-    ready = np.zeros((g.n_ranks, S))
+    ready = np.zeros((g.n_ranks, S))      # latest end of any op
+    ready_seq = np.zeros((g.n_ranks, S))  # latest end of the sequential (non-concurrent) ops
     arrive = np.zeros((g.n_slots, S))
     conc = g.concurrent
+    after_all = g.slots["after_all"].to_numpy()
     arrive[g.first_slot] = gap[g.first_slot]
     for i in g.order:
         w = g.waits[i]
         start = np.maximum(arrive[i], arrive[w].max(axis=0)) if len(w) else arrive[i]
         r = g.slot_rank[i]
-        ready[r] = np.maximum(ready[r], start + dur[i])
+        end = start + dur[i]
+        ready[r] = np.maximum(ready[r], end)
+        if not conc[i]:
+            ready_seq[r] = np.maximum(ready_seq[r], end)
         n = g.next_slot[i]
         if n >= 0:
-            arrive[n] = (start if conc[n] else ready[r]) + gap[n]
+            arrive[n] = (start if conc[n] else ready[r] if after_all[n] else ready_seq[r]) + gap[n]
     return ready if per_rank else ready.max(axis=0)
