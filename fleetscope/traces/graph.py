@@ -416,18 +416,22 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataF
              # a delay no modeled dependency explains is kept as observed (counted in graph.meta)
              .when(unexplained).then(pl.col("slack"))
              .otherwise(pl.col("typ").cast(pl.Int64)))
-    flow = flow.with_columns(lag_calibrated_ns=lag.cast(pl.Int64), lag_ns=model.cast(pl.Int64))
+    strict = (pl.when(is_wait).then(pl.lit(0, pl.Int64))
+              .when(pl.col("subtype") == "thread_order").then(pl.col("slack"))
+              .otherwise(pl.col("typ").cast(pl.Int64)))
+    flow = flow.with_columns(lag_calibrated_ns=lag.cast(pl.Int64), lag_ns=model.cast(pl.Int64), lag_typical_ns=strict.cast(pl.Int64))
     # a thread gap explained by another thread: the thread edge keeps only a short gap
     inter = flow.filter((pl.col("subtype") == "inter_thread") & pl.col("binding")).select("dst").unique().with_columns(_it=pl.lit(True))
     cap = (pl.col("subtype") == "thread_order") & pl.col("_it").fill_null(False)
     flow = flow.join(inter, on="dst", how="left").with_columns(
         lag_ns=pl.when(cap).then(pl.min_horizontal("lag_ns", pl.lit(INTER_THREAD_GAP_NS))).otherwise("lag_ns"),
         lag_calibrated_ns=pl.when(cap).then(pl.min_horizontal("lag_calibrated_ns", pl.lit(INTER_THREAD_GAP_NS))).otherwise("lag_calibrated_ns"),
+        lag_typical_ns=pl.when(cap).then(pl.min_horizontal("lag_typical_ns", pl.lit(INTER_THREAD_GAP_NS))).otherwise("lag_typical_ns"),
     ).drop("_it")
     coll = e.filter(pl.col("edge_type") == "collective").with_columns(
-        lag_ns=pl.lit(0, pl.Int64), lag_calibrated_ns=pl.lit(0, pl.Int64), slack=pl.lit(None, pl.Int64),
+        lag_ns=pl.lit(0, pl.Int64), lag_calibrated_ns=pl.lit(0, pl.Int64), lag_typical_ns=pl.lit(0, pl.Int64), slack=pl.lit(None, pl.Int64),
         binding=pl.lit(None, pl.Boolean), from_start=pl.lit(False))
-    cols = ["src", "dst", "edge_type", "subtype", "lag_ns", "lag_calibrated_ns", "slack", "binding", "from_start"]
+    cols = ["src", "dst", "edge_type", "subtype", "lag_ns", "lag_calibrated_ns", "lag_typical_ns", "slack", "binding", "from_start"]
     e = pl.concat([flow.select(cols), coll.select(cols)], how="vertical_relaxed").rename({"slack": "slack_ns"})
     info = {"dropped_edges": dict(dropped.iter_rows()),
             "unexplained_delays": flow.filter(unexplained).height,

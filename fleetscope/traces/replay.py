@@ -287,14 +287,15 @@ def _windows(t: pl.DataFrame, start_col: str, end_col: str) -> pl.DataFrame:
 
 
 def replay(graph: Graph, sim_dur: np.ndarray | None = None, sm_bucket_ns: int = SM_BUCKET_NS,
-           calibrated: bool = False) -> ReplayResult:
+           calibrated: bool = False, lag_col: str | None = None) -> ReplayResult:
     """Simulate the graph and compare with the trace per rank and iteration.
 
     calibrated=False (default) uses the model lags (typical delay per edge type), so the error
     measures how well the graph's structure explains the trace; calibrated=True uses the exact lags
-    and reproduces the trace of the unchanged graph."""
+    and reproduces the trace of the unchanged graph; lag_col="lag_typical_ns" also replaces the
+    delays no dependency explains by typical ones (how much those unexplained delays matter)."""
     t = graph.tasks
-    sim = simulate(t, graph.edges, sim_dur, "lag_calibrated_ns" if calibrated else "lag_ns")
+    sim = simulate(t, graph.edges, sim_dur, lag_col or ("lag_calibrated_ns" if calibrated else "lag_ns"))
     t = t.with_columns(sim_start_ns=pl.Series(sim.start), sim_end_ns=pl.Series(sim.end))
     if t["iteration"].null_count() == t.height:  # no ProfilerStep annotations: the whole capture is one
         t = t.with_columns(iteration=pl.lit(0, pl.Int64))

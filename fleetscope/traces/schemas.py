@@ -179,6 +179,7 @@ GRAPH_EDGES = register(
             "subtype": _c(pl.Utf8, False, pa.Check.isin(EDGE_SUBTYPES)),
             "lag_ns": _c(pl.Int64),  # model: dst may start lag_ns after src ends (typical delay of the edge type)
             "lag_calibrated_ns": _c(pl.Int64),  # exact where the edge bound dst in the trace
+            "lag_typical_ns": _c(pl.Int64),  # typical delay everywhere, even where no dependency explains a delay
             "slack_ns": _c(pl.Int64, True),  # observed dst start - src end
             "binding": _c(pl.Boolean, True),  # this edge determined dst's start in the trace
             "from_start": _c(pl.Boolean),  # lag counts from src's start (a blocking copy's launch)

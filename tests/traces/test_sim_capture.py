@@ -1,0 +1,34 @@
+"""The simulator's captures (landing/traces/<capture>/rank<R>.json.gz) go through the whole pipeline."""
+import polars as pl
+import pytest
+
+from fleetscope.traces.graph import build_graph
+from fleetscope.traces.parse import read_capture
+from fleetscope.traces.replay import replay
+
+capture = pytest.importorskip("fleetscope.sim.capture")
+
+
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory):
+    landing, _ = capture.scenario_capture(tmp_path_factory.mktemp("simcap"), "healthy")
+    folder = next((landing / "traces").iterdir())
+    return folder, read_capture(folder)
+
+
+def test_sim_capture_parses_links_ranks_and_replays(healthy):
+    folder, ev = healthy
+    n_files = len(list(folder.glob("rank*.json.gz")))
+    assert ev["rank"].n_unique() == n_files > 1
+    assert (ev["capture_id"] == folder.name).all()
+    g = build_graph(ev)
+    grp = g.tasks.filter(pl.col("coll_group").is_not_null()).group_by("coll_group").agg(
+        n=pl.len(), gs=pl.col("group_size").first(), colls=pl.col("collective").unique().sort())
+    # every linked collective has exactly its group's ranks; p2p pairs are one send and one recv
+    assert grp.height > 0 and (grp["n"] == grp["gs"]).all()
+    p2p = grp.filter(pl.col("coll_group").str.contains("/p2p:"))
+    assert p2p.height > 0 and all(c == ["recv", "send"] for c in p2p["colls"].to_list())
+    r = replay(g)
+    assert not r.order_fallback
+    assert r.replays["rank"].n_unique() == n_files
+    assert r.replays["error_pct"].mean() <= 2.0
