@@ -232,7 +232,8 @@ def _hw_utilization_for_pieces(pieces: pl.DataFrame, hw: pl.DataFrame, workers: 
     # pieces shorter than a few sample periods: the nearest sample (asof) stands for the piece
     mid = hw_p.select("_pid", "wid", "resource", t=(pl.col("start_ns") + pl.col("stop_ns")) // 2).sort("t")
     near = mid.join_asof(samples.sort("wid", "ts_ns").select("wid", "ts_ns", "sm", "memory", "cpu", "nvlink", "pcie", "nic"),
-                         left_on="t", right_on="ts_ns", by="wid", strategy="nearest", tolerance=int(2 * period))
+                         left_on="t", right_on="ts_ns", by="wid", strategy="nearest", tolerance=int(2 * period),
+                         check_sortedness=False)
     near = near.select("_pid", u_near=pl.coalesce([pl.when(pl.col("resource") == r).then(pl.col(r)) for r in ("sm", "memory", "cpu", "nvlink", "pcie", "nic")]))
     hw_p = hw_p.drop("d_ns", "u", "u_var", "mu_source").join(refined, on="_pid", how="left").join(inside, on="_pid", how="left").join(
         near, on="_pid", how="left")
