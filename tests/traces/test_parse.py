@@ -157,3 +157,24 @@ def test_read_capture(tmp_path):
     shutil.copy(real("timeline_analysis"), cap / "c.json.gz")
     with pytest.raises(TraceError, match="both rank 0"):
         read_capture(cap)
+
+
+def test_derived_tables():
+    from fleetscope.traces.tables import trace_collectives, trace_iterations, trace_syncs
+
+    ev = read_trace(real("nccl_parser_config"), "c").events
+    c = trace_collectives(ev)
+    truth = [e for e in load_json(real("nccl_parser_config"))["traceEvents"]
+             if e.get("cat") == "kernel" and "Collective name" in e.get("args", {})]
+    assert c.height == len(truth)
+    assert c.filter(pl.col("collective") == "allreduce")["seq"].sort().to_list() == list(range(c.filter(pl.col("collective") == "allreduce").height))
+    gloo = trace_collectives(read_trace(real("cpu_only"), "c").events)
+    assert gloo.height == 10 and set(gloo["collective"].to_list()) == {"allreduce"}
+    it = trace_iterations(read_trace(real("negative_queue"), "c").events)
+    steps = sorted(int(e["name"].split("#")[1]) for e in load_json(real("negative_queue"))["traceEvents"]
+                   if e.get("name", "").startswith("ProfilerStep#"))
+    assert it["iteration"].to_list() == steps
+    s = trace_syncs(read_trace(real("critical_path__alexnet"), "c").events)
+    assert s.filter(pl.col("source") == "cuda_sync")["kind"].value_counts().sort("kind").rows() == [
+        ("context_sync", 5), ("stream_sync", 16), ("stream_wait_event", 20)]
+    assert s.filter((pl.col("source") == "cuda_runtime") & (pl.col("kind") == "stream_sync")).height == 16
