@@ -11,7 +11,7 @@ on log gaps, a sequential 2-means with robust (clipped) updates:
 * only the level the gap was assigned to moves, by alpha * clip(x - level, +-clip), so a single
   huge gap (job pause, missing flows) cannot drag a level away.
 
-The levels start from the first `warmup` gaps (median and max; a bounded lag, like BOCD's lagged P(r_{t+L})).
+The levels start from the first `warmup` gaps (median, and upper quartile of those well above it; a bounded lag, like BOCD's lagged P(r_{t+L})).
 It is causal after the warm-up and runs vectorized across all sequences at once: the Python
 loop is over the position inside a sequence (hundreds to a few thousands), never over rows."""
 from __future__ import annotations
@@ -75,15 +75,20 @@ def split_steps(group: np.ndarray, gaps: np.ndarray, params: SplitParams = Split
     vpos = vcs - np.repeat(vcs[starts] - valid[starts], lengths)  # 1-based rank among valid gaps
 
     # initial levels from the first `warmup` gaps of each group: lo = their median (most gaps are
-    # inside a step), hi = their max (the warm-up spans a step boundary when steps have fewer
-    # flows than the warm-up); gaps of several within-step levels (channels, buckets) then all
+    # inside a step), hi = the typical gap well above it (the warm-up spans step boundaries when
+    # steps have fewer flows than the warm-up); gaps of several within-step levels (channels, buckets) then all
     # fall under the midpoint
     import polars as pl
 
     w = valid & (vpos <= params.warmup)
     gid_all = np.cumsum(first) - 1
-    lv = (pl.DataFrame({"g": gid_all[w], "x": x[w]}).group_by("g")
-          .agg(lo=pl.col("x").median(), hi=pl.col("x").max()))
+    # hi = upper quartile of the warm-up gaps that clear lo by min_ratio (not their max: one long
+    # pause, such as the job's start-up, must not set the between-step level; not their median:
+    # a distributed optimizer's pause between reduce-scatter and all-gather is not a step gap)
+    lv = (pl.DataFrame({"g": gid_all[w], "x": x[w]}).with_columns(lo=pl.col("x").median().over("g"))
+          .group_by("g").agg(lo=pl.col("lo").first(),
+                             hi=pl.col("x").filter(pl.col("x") > pl.col("lo") + lmin).quantile(0.75, "higher")))
+    lv = lv.with_columns(pl.col("hi").fill_null(pl.col("lo")))
     lo = np.zeros(len(starts))
     hi = np.zeros(len(starts))
     gi = lv["g"].to_numpy()

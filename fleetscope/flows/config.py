@@ -12,6 +12,8 @@ class FlowConfig:
     # a pair is job traffic (periodic) with at least this many flows of recurring sizes; fewer is
     # aperiodic background (control, one-off copies) and never creates or merges jobs
     min_pair_flows: int = 4
+    min_data_bytes: int = 1024  # smaller flows are control messages (credits, notifications, store)
+    size_tol: float = 0.01  # flow sizes within 1 % are one size
     # two cross-machine clusters on the same host set are one job only when they move in lockstep:
     # at least sync_min_share of one's flows start within sync_tol_ns of a same-size flow of the other
     sync_tol_ns: int = 2_000_000
@@ -24,6 +26,9 @@ class FlowConfig:
     # a step belongs to the window [ws, we) when end + edge_guard_ns falls in it; the guard must
     # exceed any gap inside one step's DP phase (so a step cut by the window end is not claimed)
     edge_guard_ns: int = 2_000_000_000
+    # a reconstructed step shorter than this share of the ip's median step is a split inside a DP
+    # phase and is merged into the step before it
+    min_step_frac: float = 0.5
     # verdicts: robust k-sigma (median + k * 1.4826 MAD) with a relative floor so that tiny jitter
     # on a perfectly regular fleet is not an anomaly
     k_sigma: float = 3.0

@@ -21,12 +21,18 @@ def pair_summary(seg_flows: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
     """Per unordered pair: n_flows, bytes, n_steps, mode of distinct sizes per step, step period,
     duty cycle inside steps, and `periodic` (job traffic). `seg_flows` has ip_a, ip_b, seg.
 
-    Sizes are counted only when they recur (>= 2 flows of the pair have that size): collective
+    Sizes are counted only for data flows (>= min_data_bytes) and when they recur (>= 2 flows of
+    the pair have that size, within size_tol): collective
     chunks and activations repeat every step, while the pieces of a flow split by a
     retransmission have one-off sizes that would otherwise make a PP pair look like DP."""
-    f = seg_flows.with_columns(rec=pl.len().over("ip_a", "ip_b", "bytes") >= 2)
+    # sizes within size_tol of each other are one size (headers or control messages coalesced into
+    # a burst shift a message's size by a few bytes); flows under min_data_bytes are control traffic
+    f = seg_flows.sort("ip_a", "ip_b", "bytes").with_columns(
+        size_cl=(pl.col("bytes") > pl.col("bytes").shift(1) * (1 + cfg.size_tol)).fill_null(True)
+        .cum_sum().over("ip_a", "ip_b"))
+    f = f.with_columns(rec=(pl.len().over("ip_a", "ip_b", "size_cl") >= 2) & (pl.col("bytes") >= cfg.min_data_bytes))
     steps = f.group_by("ip_a", "ip_b", "seg").agg(
-        n=pl.len(), sizes=pl.col("bytes").filter("rec").n_unique(),
+        n=pl.len(), sizes=pl.col("size_cl").filter("rec").n_unique(),
         first=pl.col("start_ns").min(), last=pl.col("end_ns").max(),
         busy=(pl.col("end_ns") - pl.col("start_ns")).sum(),
     )

@@ -36,9 +36,16 @@ def reconstruct_steps(ipf: pl.DataFrame, window_start_ns: int, window_end_ns: in
     has_dp = ipf.filter(pl.col("comm_type") == "DP").select("ip").unique()
     src = ipf.join(has_dp.with_columns(dp=pl.lit(True)), on="ip", how="left").with_columns(
         source=pl.when(pl.col("dp")).then(pl.lit("DP")).otherwise(pl.lit("PP")))
-    bnd = src.filter(pl.col("comm_type") == pl.col("source"))
+    bnd = src.filter((pl.col("comm_type") == pl.col("source")) & (pl.col("bytes") >= cfg.min_data_bytes))
     # a flow seen by both ends is one event per ip; channels give several rows per ip, fine
     seg = segment(bnd, ["ip"], cfg.split)
+    # a change point inside a DP phase (a scheduling hiccup between two buckets) leaves a step far
+    # shorter than the ip's typical (upper-quartile) step: merge such a piece back into the step before it
+    ends = seg.group_by("ip", "seg").agg(e=pl.col("end_ns").max()).sort("ip", "seg").with_columns(
+        d=pl.col("e").diff().over("ip"))
+    ends = ends.with_columns(short=(pl.col("d") < cfg.min_step_frac * pl.col("d").quantile(0.75).over("ip")).fill_null(False))
+    ends = ends.with_columns(seg2=((~pl.col("short")).cum_sum().over("ip") - 1).cast(pl.Int64))
+    seg = seg.join(ends.select("ip", "seg", "seg2"), on=["ip", "seg"]).drop("seg").rename({"seg2": "seg"})
     steps = seg.group_by("job_id", "ip", "seg").agg(
         boundary_source=pl.col("source").first(),
         dp_start_ns=pl.col("start_ns").min(), end_ns=pl.col("end_ns").max(),

@@ -61,8 +61,15 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns:
     tm["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    seg = segment(win, ["ip_a", "ip_b"], cfg.split)
+    # control messages (credits, notifications, store polls) carry no step timing: the split and
+    # the size count run on data flows; pairs with control traffic only are aperiodic (`other`)
+    seg = segment(win.filter(pl.col("bytes") >= cfg.min_data_bytes), ["ip_a", "ip_b"], cfg.split)
     pairs = pair_summary(seg, cfg)
+    ctrl = win.join(pairs.select("ip_a", "ip_b"), on=["ip_a", "ip_b"], how="anti").group_by("ip_a", "ip_b").agg(
+        n_flows=pl.len().cast(pl.Int64), bytes=pl.col("bytes").sum().cast(pl.Int64),
+        first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max())
+    pairs = pl.concat([pairs, ctrl.with_columns(n_steps=pl.lit(0, dtype=pl.Int64), periodic=pl.lit(False))],
+                      how="diagonal_relaxed").sort("ip_a", "ip_b")
     members, job_pairs = recognize_jobs(pairs, seg, topo, cfg)
     tm["jobs"] = time.perf_counter() - t
 
