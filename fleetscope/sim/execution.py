@@ -97,14 +97,16 @@ def one_f_one_b(fdur: np.ndarray, bdur: np.ndarray, c_f: np.ndarray | None, c_b:
     P, m = fdur.shape[:2]
     Fs, Fe, Bs, Be = (np.zeros_like(fdur) for _ in range(4))
     prev = np.zeros((P,) + fdur.shape[2:])
+    # latencies may also differ per microbatch (variable sequence lengths): a leading (m,) axis
+    per_mb = c_f is not None and c_f.ndim == fdur.ndim
     for s, b, i in one_f_one_b_order(P, m):
         if b == 0:
-            dep = Fe[s - 1, i] + c_f[..., s - 1] if s > 0 else 0.0
+            dep = (c_f[i] if per_mb else c_f)[..., s - 1] + Fe[s - 1, i] if s > 0 else 0.0
             st = np.maximum(prev[s], dep)
             Fs[s, i], Fe[s, i] = st, st + fdur[s, i]
             prev[s] = Fe[s, i]
         else:
-            dep = Be[s + 1, i] + c_b[..., s] if s < P - 1 else 0.0
+            dep = (c_b[i] if per_mb else c_b)[..., s] + Be[s + 1, i] if s < P - 1 else 0.0
             st = np.maximum(prev[s], dep)
             Bs[s, i], Be[s, i] = st, st + bdur[s, i]
             prev[s] = Be[s, i]
@@ -193,21 +195,29 @@ def _execute(job, job_idx, fab, faults, net, active, K, R, slot_gpus, ring_src, 
     common = rng.lognormal(0.0, 0.01, K)[:, None]           # step-to-step jitter (data, clocks)
     noise = rng.lognormal(0.0, 0.015, (2 * m * P, K, D))
     gc_mb = (np.arange(K) * 7 + job_idx) % m               # microbatch whose forward the pause hits
+    # sequence length of each microbatch relative to the longest (variable-length jobs only; own
+    # generator so the other jobs' draws do not move)
+    seq = np.ones((m, K))
+    if job.variable_seq:
+        seq = np.ceil(np.random.default_rng([seed, 8, job_idx]).uniform(0.3, 1.0, (m, K)) * 32) / 32
+    compute_scale = 0.3 + 0.7 * seq                            # attention + MLP work grows with length
 
     # ---- p2p transfers: duration of each TP shard's activation / gradient per hop ----------------
     if P > 1:
         fsrc, fdst = slot_gpus[:, :-1, :], slot_gpus[:, 1:, :]         # (D, P-1, T)
         fac_f = link_factor(fab, net, fsrc, fdst, net_active)               # (K, D, P-1, T)
         fac_b = link_factor(fab, net, fdst, fsrc, net_active)
-        dur_f = PP_LAT_NS + job.act_bytes / (NIC_BW * fac_f) * 1e9
-        dur_b = PP_LAT_NS + job.act_bytes / (NIC_BW * fac_b) * 1e9
-        c_f = 2 * LAUNCH_NS + dur_f.max(axis=3)                        # (K, D, P-1)
-        c_b = 2 * LAUNCH_NS + dur_b.max(axis=3)
+        act = np.round(job.act_bytes * seq).astype(np.int64)             # (m, K)
+        a5 = act[:, :, None, None, None]
+        dur_f = PP_LAT_NS + a5 / (NIC_BW * fac_f[None]) * 1e9             # (m, K, D, P-1, T)
+        dur_b = PP_LAT_NS + a5 / (NIC_BW * fac_b[None]) * 1e9
+        c_f = 2 * LAUNCH_NS + dur_f.max(axis=4)                        # (m, K, D, P-1)
+        c_b = 2 * LAUNCH_NS + dur_b.max(axis=4)
     # ---- 1F1B max-plus recurrence ----------------------------------------------------------------
     fdur = np.empty((P, m, K, D))
     bdur = np.empty((P, m, K, D))
     for n, (s, b, i) in enumerate(one_f_one_b_order(P, m)):
-        base = job.fwd_ns[s] * (2.0 if b else 1.0) * common * noise[n] * mult[:, :, s]
+        base = job.fwd_ns[s] * (2.0 if b else 1.0) * common * noise[n] * mult[:, :, s] * compute_scale[i][:, None]
         if b:
             bdur[s, i] = base
         else:
@@ -232,11 +242,12 @@ def _execute(job, job_idx, fab, faults, net, active, K, R, slot_gpus, ring_src, 
         # (P-1, m, K, D, T): one activation per microbatch forward, one gradient backward
         src = fsrc.transpose(1, 0, 2)[:, None, None, :, :]
         dst = fdst.transpose(1, 0, 2)[:, None, None, :, :]
-        df = dur_f.transpose(2, 0, 1, 3)[:, None]
-        db = dur_b.transpose(2, 0, 1, 3)[:, None]
+        df = dur_f.transpose(3, 0, 1, 2, 4)
+        db = dur_b.transpose(3, 0, 1, 2, 4)
         k5 = kk[None, None, :, None, None]
-        emit(KIND_PP, src, dst, Fe[:-1][..., None] + LAUNCH_NS, df, job.act_bytes, 0, k5)
-        emit(KIND_PP, dst, src, Be[1:][..., None] + LAUNCH_NS, db, job.act_bytes, 0, k5)
+        nb = act[None, :, :, None, None]
+        emit(KIND_PP, src, dst, Fe[:-1][..., None] + LAUNCH_NS, df, nb, 0, k5)
+        emit(KIND_PP, dst, src, Be[1:][..., None] + LAUNCH_NS, db, nb, 0, k5)
 
     # ---- DP collectives --------------------------------------------------------------------------
     C = job.channels

@@ -35,6 +35,8 @@ class JobSpec:
     start_ns: int               # start of its first simulated step (may precede the window)
     stop_ns: int | None         # no step starts after this
     first_step: int
+    variable_seq: bool = False  # PP activations vary per microbatch (variable sequence lengths)
+    equal_buckets: bool = False  # padded buckets of one size: one DP flow size per step
     extra: dict = field(default_factory=dict)
 
     @property
@@ -133,7 +135,8 @@ def make_job(job_id: str, tenant: str, hosts: np.ndarray, gph: int, gpu_offset: 
 _SIZES = np.array([2, 3, 4, 4, 6, 8, 8, 12, 16, 16, 24, 32, 48, 64, 96, 128, 256])
 
 
-def place_jobs(fab: Fabric, n_jobs: int | None, rng: np.random.Generator, window: tuple[int, int]) -> tuple[list[JobSpec], np.ndarray]:
+def place_jobs(fab: Fabric, n_jobs: int | None, rng: np.random.Generator, window: tuple[int, int],
+               hard_cases: bool = False) -> tuple[list[JobSpec], np.ndarray]:
     """A deterministic multi-tenant mix. Returns (jobs, idle host indices)."""
     H = fab.n_hosts
     if n_jobs is not None and n_jobs < 1:
@@ -187,4 +190,22 @@ def place_jobs(fab: Fabric, n_jobs: int | None, rng: np.random.Generator, window
         jobs.append(make_job(f"job-{n0 + i:03d}", tenant, hosts, GPUS_PER_HOST, 0, rng, window,
                              late=(i == late_i), stop=(i == stop_i)))
     unused = free[pos:]
+    if hard_cases and jobs:
+        _make_hard(jobs)
     return jobs, np.sort(np.concatenate([idle, unused])).astype(np.int64)
+
+
+def _make_hard(jobs: list[JobSpec]) -> None:
+    """The cases where LLMPrism's "distinct flow sizes per step" rule fails (DESIGN.md): a pipelined
+    job with variable sequence lengths (its PP pairs see many sizes) and a job whose gradient
+    buffer is padded into equal buckets (its DP pairs see one size per step)."""
+    order = sorted(range(len(jobs)), key=lambda i: (jobs[i].tenant == "tenant-a", i))   # tenant pair last
+    var = next((i for i in order if jobs[i].pp > 1), None)
+    if var is not None:
+        jobs[var].variable_seq = True
+    eq = next((i for i in order if i != var), None)
+    if eq is not None:
+        j = jobs[eq]
+        cap = int(max(4e7, 1e6 * j.dp)) * 4 if j.dp_style != "ddp" else 25 << 20
+        k = max(2, int(round(j.grad_bytes / cap)))
+        j.grad_bytes, j.buckets, j.equal_buckets = k * cap, np.full(k, cap, dtype=np.int64), True

@@ -39,6 +39,8 @@ TRUTH_JOB_LAYOUT = register("sim_truth_job_layout", pa.DataFrameSchema({
     "stop_ns": pa.Column(pl.Int64, nullable=True),
     "hang_ns": pa.Column(pl.Int64, nullable=True),
     "median_step_ns": pa.Column(pl.Int64, nullable=True),
+    "variable_seq": pa.Column(pl.Boolean),      # hard case: PP activation sizes vary per microbatch
+    "equal_buckets": pa.Column(pl.Boolean),     # hard case: one DP flow size per step
 }, strict=True))
 
 TRUTH_PAIRS = register("sim_truth_pairs", pa.DataFrameSchema({

@@ -36,13 +36,16 @@ MAX_CAPTURES = 2
 
 
 def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 1.0, faults: str = "",
-             seed: int = 0, start_ns: int | None = None, captures: bool = True, overwrite: bool = False) -> dict:
+             seed: int = 0, start_ns: int | None = None, captures: bool = True, overwrite: bool = False,
+             hard_cases: bool = False) -> dict:
     """Simulate `gpus` GPUs (a multiple of 8) for `minutes` minutes; deterministic by seed.
 
     jobs: number of jobs (default: a mix sized to the fleet); faults: "kind[:count],..." or ""/"none"
     (kinds in fleetscope.sim.faults.KINDS); start_ns: window start (default 2026-11-21T12:00Z);
     captures: also render traces / timings / hw / hang stacks through fleetscope.sim.capture when it
-    is installed. Writes out_dir/landing and out_dir/ground_truth; returns a summary dict (also
+    is installed. hard_cases: one pipelined job with variable sequence lengths (PP flow sizes vary)
+    and one with equal padded gradient buckets (one DP flow size per step), for the flow analytics'
+    fallbacks. Writes out_dir/landing and out_dir/ground_truth; returns a summary dict (also
     written to ground_truth/summary.json)."""
     t0 = time.perf_counter()
     out = Path(out_dir)
@@ -64,7 +67,7 @@ def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 
     rng = np.random.default_rng(seed)
 
     fab = build_fabric(gpus)
-    job_list, idle_hosts = place_jobs(fab, jobs, np.random.default_rng([seed, 1]), window)
+    job_list, idle_hosts = place_jobs(fab, jobs, np.random.default_rng([seed, 1]), window, hard_cases=hard_cases)
     fault_list = choose_faults(faults, job_list, fab, np.random.default_rng([seed, 2]), window)
 
     # ---- model the execution -----------------------------------------------------------------
@@ -214,7 +217,8 @@ def _truth_jobs(job_list, runs, fab, steps) -> tuple[pl.DataFrame, pl.DataFrame]
         lay.append({"job_id": j.job_id, "tenant": j.tenant, "tp": j.tp, "pp": j.pp, "dp": j.dp, "n_microbatches": j.n_microbatches,
                     "n_gpus": j.world, "n_hosts": int(np.unique(j.gpus // GPUS_PER_HOST).size), "dp_style": j.dp_style,
                     "n_buckets": int(j.buckets.size), "channels": j.channels, "act_bytes": j.act_bytes, "grad_bytes": j.grad_bytes,
-                    "start_ns": j.start_ns, "stop_ns": j.stop_ns, "hang_ns": r.hang_ns, "median_step_ns": None if m is None else int(m)})
+                    "start_ns": j.start_ns, "stop_ns": j.stop_ns, "hang_ns": r.hang_ns, "median_step_ns": None if m is None else int(m),
+                    "variable_seq": j.variable_seq, "equal_buckets": j.equal_buckets})
     if not rows:   # a fleet too small for any job (one host): background traffic only
         return empty_frame(S.TRUTH_JOBS), empty_frame(S.TRUTH_JOB_LAYOUT)
     return pl.concat(rows), conform(pl.DataFrame(lay, infer_schema_length=None), S.TRUTH_JOB_LAYOUT)

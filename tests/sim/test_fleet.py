@@ -206,3 +206,33 @@ def test_rerun_into_a_previous_simulation_replaces_it(tmp_path):
     assert pl.read_csv(tmp_path / "landing" / "topology" / "topology.csv").height == 128
     names = {p.name for p in (tmp_path / "landing" / "flows").iterdir()}
     assert len(names) == s["flow_files"] + 1
+
+
+def test_hard_cases_break_the_distinct_sizes_rule_but_not_the_truth(tmp_path):
+    """hard_cases=True: a job with variable sequence lengths (many PP sizes) and one with equal
+    padded buckets (one DP size per step); the labels stay what the layout says."""
+    simulate(tmp_path, gpus=128, seed=2, captures=False, hard_cases=True)
+    lay = pl.read_csv(tmp_path / "ground_truth" / "job_layout.csv")
+    var = lay.filter(pl.col("variable_seq"))["job_id"].to_list()
+    eq = lay.filter(pl.col("equal_buckets"))["job_id"].to_list()
+    assert len(var) == 1 and len(eq) == 1 and var != eq
+    steps = pl.read_csv(tmp_path / "ground_truth" / "steps.csv")
+    pairs = pl.read_csv(tmp_path / "ground_truth" / "pairs.csv")
+    from fleetscope.ingest.flows import read_flows
+    f = pl.concat([read_flows(p).kept.select("start_ns", "src_ip", "dst_ip", "bytes")
+                   for p in sorted((tmp_path / "landing" / "flows").iterdir())])
+    f = f.with_columns(ip_a=pl.min_horizontal("src_ip", "dst_ip"), ip_b=pl.max_horizontal("src_ip", "dst_ip")).join(
+        pairs, on=["ip_a", "ip_b"])
+    # steps of the first ip_a by truth: sizes per (pair, step) of the equal-bucket job's DP pairs
+    s = steps.filter(pl.col("job_id") == eq[0]).select(ip_a="ip", step="step", lo="start_ns", hi="end_ns")
+    d = f.filter((pl.col("job_id") == eq[0]) & (pl.col("comm_type") == "DP")).join(s, on="ip_a").filter(
+        (pl.col("start_ns") > pl.col("lo")) & (pl.col("start_ns") <= pl.col("hi")))
+    per_step = d.group_by("ip_a", "ip_b", "step").agg(pl.col("bytes").mode().len().alias("n_modes"),
+                                                      (pl.col("bytes").value_counts().struct.field("count").max()
+                                                       / pl.len()).alias("share"))
+    assert per_step.height > 0 and per_step["share"].median() > 0.95        # one size (but retransmission splits)
+    pp = f.filter((pl.col("job_id") == var[0]) & (pl.col("comm_type") == "PP"))
+    assert pp.group_by("ip_a", "ip_b").agg(pl.col("bytes").n_unique())["bytes"].min() >= 8
+    other = f.filter((pl.col("job_id") != var[0]) & (pl.col("comm_type") == "PP"))
+    share = other.group_by("ip_a", "ip_b").agg((pl.col("bytes").value_counts().struct.field("count").max() / pl.len()).alias("s"))
+    assert share["s"].min() > 0.97
