@@ -12,7 +12,9 @@ Timestamps are microseconds in the file, read as text and converted exactly to i
 from __future__ import annotations
 
 import json
+import queue
 import re
+import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +25,7 @@ import polars as pl
 from fleetscope.schemas.base import conform
 from fleetscope.traces.schemas import TRACE_EVENTS
 
-BLOCK_BYTES = 16 << 20  # decompressed text per parse block
+BLOCK_BYTES = 8 << 20  # decompressed text per parse block
 
 
 class TraceError(ValueError):
@@ -320,46 +322,41 @@ def _scan_events(path: Path) -> tuple[list[pl.DataFrame], list[pl.DataFrame], di
                 raise TraceError(f"{path}: valid JSON but it has no 'traceEvents' array: not a PyTorch profiler trace "
                                  "(export with torch.profiler's export_chrome_trace / tensorboard_trace_handler)")
         prefix = b"" if bare else head[:start]
-        rest = head[start:]
-        # ---- phase 2: events
+        # ---- phase 2 and 3: a reader thread decompresses and cuts blocks of whole events while this
+        # thread parses the previous block (zlib, numpy and polars release the GIL); the queue bound
+        # keeps at most a few blocks of text in memory
+        q: queue.Queue = queue.Queue(maxsize=2)
+        stop = threading.Event()
+        reader = threading.Thread(target=_cut_blocks, args=(stream, head[start:], start, len(head), path, q, stop), daemon=True)
+        reader.start()
         frames: list[pl.DataFrame] = []
         rares: list[pl.DataFrame] = []
         n_seen = 0
-        total = len(head)
-        consumed = start
-        tail = None
-        eof = False
-        while tail is None:
-            if rest:
-                used, nd, tail, starts, ends = _ndjson_block(rest, eof, path, consumed)
-                if nd is not None:
-                    df = _parse_block(nd, path, consumed)
-                    if df.height != starts.size:
-                        raise TraceError(f"{path}: malformed traceEvents near byte {consumed}; re-export the trace")
-                    rare = _rare_args(df, nd, starts, ends, n_seen)
-                    if rare is not None:
-                        rares.append(rare)
-                    frames.append(df)
-                    n_seen += df.height
-                if used:
-                    consumed += used
-                    rest = rest[used:]
-                if tail is not None:
+        try:
+            while True:
+                item = q.get()
+                if item[0] == "error":
+                    raise item[1]
+                if item[0] == "end":
+                    _, tail, total = item
                     break
-            if eof:
-                raise TraceError(f"{path}: JSON ends inside the traceEvents array (truncated file?); re-copy or re-export the trace")
-            chunk = _read(stream, BLOCK_BYTES, path)
-            total += len(chunk)
-            if not chunk:
-                eof = True
-            rest += chunk
-        # ---- phase 3: metadata after the array
-        while True:
-            chunk = _read(stream, BLOCK_BYTES, path)
-            if not chunk:
-                break
-            total += len(chunk)
-            tail += chunk
+                _, nd, starts, ends, offset = item
+                df = _parse_block(nd, path, offset)
+                if df.height != starts.size:
+                    raise TraceError(f"{path}: malformed traceEvents near byte {offset}; re-export the trace")
+                rare = _rare_args(df, nd, starts, ends, n_seen)
+                if rare is not None:
+                    rares.append(rare)
+                frames.append(df)
+                n_seen += df.height
+        finally:
+            stop.set()
+            while reader.is_alive():  # unblock a reader waiting on a full queue
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    pass
+                reader.join(0.01)
     finally:
         stream.close()
     if bare:
@@ -375,6 +372,48 @@ def _scan_events(path: Path) -> tuple[list[pl.DataFrame], list[pl.DataFrame], di
             raise TraceError(f"{path}: top-level JSON is not an object; not a trace")
         meta.pop("traceEvents", None)
     return frames, rares, meta, total
+
+
+def _cut_blocks(stream, rest: bytes, consumed: int, total: int, path: Path, q: queue.Queue, stop: threading.Event) -> None:
+    """Reader thread: whole events as NDJSON blocks onto q, then ("end", text after the array, bytes read)."""
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    try:
+        tail = None
+        eof = False
+        while tail is None:
+            if rest:
+                used, nd, tail, starts, ends = _ndjson_block(rest, eof, path, consumed)
+                if nd is not None and not put(("block", nd, starts, ends, consumed)):
+                    return
+                if used:
+                    consumed += used
+                    rest = rest[used:]
+                if tail is not None:
+                    break
+            if eof:
+                raise TraceError(f"{path}: JSON ends inside the traceEvents array (truncated file?); re-copy or re-export the trace")
+            chunk = _read(stream, BLOCK_BYTES, path)
+            total += len(chunk)
+            if not chunk:
+                eof = True
+            rest += chunk
+        while True:  # metadata after the array
+            chunk = _read(stream, BLOCK_BYTES, path)
+            if not chunk:
+                break
+            total += len(chunk)
+            tail += chunk
+        put(("end", tail, total))
+    except BaseException as exc:  # noqa: BLE001 - handed to the parsing thread
+        put(("error", exc))
 
 
 def _find_trace_events(head: bytes) -> int | None:
