@@ -90,7 +90,7 @@ def run_all(landing: str | Path, warehouse: str | Path, settle_s: float = 2.0, l
                         log("        " + err.message.strip().splitlines()[-1][:300])
         return res.success
 
-    order = ["topology_files", "flow_files", "hw_files", "captures", "incidents"]
+    order = ["topology_files", "flow_files", "hw_files", "captures"]
     for pset in order:
         job = JOB_FOR_SET.get(pset)
         if job is None:
@@ -110,6 +110,10 @@ def run_all(landing: str | Path, warehouse: str | Path, settle_s: float = 2.0, l
             windows.update(instance.get_dynamic_partitions(flow_windows.name))
         for w in sorted(windows):
             execute(wjob.name, w)
+    # incidents last: their reports summarize what the analyses above found in their scope
+    if JOB_FOR_SET.get("incidents") is not None:
+        for key in sorted(to_run.get("incidents", [])):
+            execute(JOB_FOR_SET["incidents"].name, key)
     if fleet_analysis is not None:
         execute(fleet_analysis.name, None)
     wh.publish_views()
