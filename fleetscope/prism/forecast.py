@@ -122,10 +122,21 @@ def sample_durations(sm: StepModel, n: int, rng: np.random.Generator, only: np.n
     return gap, dur
 
 
-def ideal_columns(sm: StepModel) -> tuple[np.ndarray, np.ndarray]:
-    names = sm.graph.slot_names()
-    dur = np.array([sm.name_typ[n] for n in names])[:, None]
-    gap = np.array([sm.name_gap[n] for n in names])[:, None]
+def ideal_columns(sm: StepModel, typical: str = "median") -> tuple[np.ndarray, np.ndarray]:
+    """(gap, dur) columns with every op at the typical value of its op type over all ranks and
+    steps: `median` (the default: a slow stage or rank does not move it) or `mean` (what
+    StragglerAnalysis averages, so part of a slow stage stays in its ideal)."""
+    g = sm.graph
+    names = g.slot_names()
+    if typical == "median":
+        dur = np.array([sm.name_typ[n] for n in names])[:, None]
+        gap = np.array([sm.name_gap[n] for n in names])[:, None]
+    elif typical == "mean":
+        m = {n: (float(g.dur[names == n].mean()), float(g.gap[names == n].mean())) for n in np.unique(names)}
+        dur = np.array([m[n][0] for n in names])[:, None]
+        gap = np.array([m[n][1] for n in names])[:, None]
+    else:
+        raise ValueError(f"typical must be 'median' or 'mean', got {typical!r}")
     return gap, dur
 
 
