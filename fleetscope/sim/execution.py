@@ -282,7 +282,7 @@ def _execute(job, job_idx, fab, faults, net, active, K, R, slot_gpus, ring_src, 
             prev_end = collective(s, ready, wire, nb, prev_end)
         if job.dp_style == "zero":
             # sharded optimizer, then all-gather of the updated parameters
-            ag_ready = prev_end.max(axis=1) + job.optimizer_ns / D * 4
+            ag_ready = prev_end.max(axis=1) + job.optimizer_ns * max(0.25, 1.0 / D)   # sharded step
             prev_end = np.full((K, T), -np.inf)
             for nb in sizes:
                 prev_end = collective(s, ag_ready, (N - 1) / N, nb, prev_end)
