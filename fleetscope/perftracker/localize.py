@@ -250,6 +250,9 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
     waiting = (cat == CATEGORY_CODES["collective"]) & ~keys["_src"].to_numpy()[perm]
     material = 0.75 * config.theta
     kdim = np.where(waiting & (dn[:, 1] >= material), 1, np.where(waiting & (kdim == 0) & (dn[:, 2] >= material), 2, kdim))
+    # otherwise a material difference in beta or mu is the finding, rather than the spread (sigma)
+    primary = np.where(dn[:, 1] > dn[:, 0], 1, 0)
+    kdim = np.where(~waiting & (dn[np.arange(n), primary] >= material), primary, kdim)
     diff_delta = np.take_along_axis(delta, kdim[:, None], 1)[:, 0]
 
     exp_flag = d_exp > 0
