@@ -41,7 +41,7 @@ def real_runs(tmp_path_factory):
         "healthy_b": demo(landing, "healthy_b"),
         "gc": demo(landing, "gc", "--gc-stall-rank", "1", "--gc-stall-every", "4", "--gc-heap", "200000"),
         "sync": demo(landing, "sync", "--sync-in-forward", "4"),
-        "slowdl": demo(landing, "slowdl", "--slow-dataloader-ms", "300", "--slow-dataloader-from", "15", steps=40),
+        "slowdl": demo(landing, "slowdl", "--slow-dataloader-ms", "500", "--slow-dataloader-from", "15", steps=40),
     }
     return landing, res
 
@@ -50,14 +50,14 @@ def real_runs(tmp_path_factory):
 def hang_run(tmp_path_factory):
     """A run with a profiling request waiting for it (served at the first step boundary), an
     extra traced Python API from the environment, a per-step loss all-reduce, and rank 2 stuck
-    outside any collective for 5 s at step 8, during which every rank's stack is requested."""
+    outside any collective for 5 s at step 14, during which every rank's stack is requested."""
     from fleetscope.xputimer.degradation import write_profile_request
 
     landing = tmp_path_factory.mktemp("hang") / "landing"
     req = write_profile_request(landing, "hang", {"kind": "degraded", "at_ns": 1, "ratio": 1.2}, steps=2, capture="hang-prof")
     marker = landing.parent / "hang.marker"
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from collectors import demo_train; "
-            f"demo_train.run({[*COMMON, '--steps', '20', '--landing', str(landing), '--capture', 'hang', '--job-id', 'hang', '--log-loss', '--hang-rank', '2', '--hang-step', '8', '--hang-s', '5', '--hang-marker', str(marker)]!r})")
+            f"demo_train.run({[*COMMON, '--steps', '20', '--landing', str(landing), '--capture', 'hang', '--job-id', 'hang', '--log-loss', '--hang-rank', '2', '--hang-step', '14', '--hang-s', '5', '--hang-marker', str(marker)]!r})")
     env = dict(os.environ, FLEETSCOPE_TRACED_PYTHON_API="torch.nn.functional.mse_loss,torch.nn.init@zeros_")
     p = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO)
     t0 = time.time()

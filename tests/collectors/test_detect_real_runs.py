@@ -65,13 +65,13 @@ def test_slow_dataloader_v_inter_and_degradation(real_runs):
     assert {"v_inter", "issue_latency_ks_dataloader"} & set(bad["metric"].to_list())
     # PerfTracker 4.1: the iteration sequence is found and the slowdown from batch 16 is flagged
     # the paper's 5 % needs a quiet machine: on this shared 2-core box healthy steps vary 2-3x
-    # (mean/min up to 2.5 measured), so the threshold here is 4x and the injected stall 300 ms
-    its, deg = detect_degradation(t, threshold=4.0)
+    # (mean/min up to 2.5 measured), so here the threshold is mean > 3.5 x min and the stall 500 ms
+    its, deg = detect_degradation(t, threshold=2.5)
     assert its.filter(pl.col("rank") == 0).height >= 40 - 12
     d = deg.filter(pl.col("kind") == "degraded")
     assert set(d["rank"].to_list()) == set(range(WORLD))
     # not before the fault: the first slow batch is the 16th, fetched at the start of step 15
     fault = t.filter((pl.col("name") == "dataloader.next") & (pl.col("step") == 15)).select("rank", pl.col("start_ns").alias("f"))
     assert d.join(fault, on="rank").select((pl.col("at_ns") >= pl.col("f")).all()).item()
-    _, deg_h = detect_degradation(_t(landing, "healthy_a"), threshold=4.0)
+    _, deg_h = detect_degradation(_t(landing, "healthy_a"), threshold=2.5)
     assert deg_h.filter(pl.col("kind") == "degraded").height == 0
