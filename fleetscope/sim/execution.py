@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from fleetscope.sim.fabric import GPUS_PER_HOST, Fabric
+from fleetscope.sim.fabric import Fabric
 from fleetscope.sim.faults import COMPUTE, NETWORK, Fault
 from fleetscope.sim.jobs import JobSpec, dp_rings
 

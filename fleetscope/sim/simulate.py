@@ -25,7 +25,7 @@ from fleetscope.sim import schemas as S
 from fleetscope.sim.execution import KIND_DP, KIND_PP, run_job
 from fleetscope.sim.fabric import GPUS_PER_HOST, build_fabric
 from fleetscope.sim.faults import choose_faults
-from fleetscope.sim.jobs import dp_rings, place_jobs
+from fleetscope.sim.jobs import place_jobs
 from fleetscope.sim.render import add_collector_noise, background_flows, write_flow_files
 
 DEFAULT_START_NS = int(datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc).timestamp()) * 1_000_000_000
@@ -64,7 +64,6 @@ def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 
     W0 = DEFAULT_START_NS if start_ns is None else int(start_ns)
     W1 = W0 + int(round(minutes * 60e9))
     window = (W0, W1)
-    rng = np.random.default_rng(seed)
 
     fab = build_fabric(gpus)
     job_list, idle_hosts = place_jobs(fab, jobs, np.random.default_rng([seed, 1]), window, hard_cases=hard_cases)
@@ -99,6 +98,7 @@ def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 
     bg = pl.DataFrame(background_flows(fab, window, np.random.default_rng([seed, 3])))
     allf = pl.concat([in_win, bg.select(in_win.columns)])
     noisy = add_collector_noise(allf, fab, np.random.default_rng([seed, 4]))
+    _validate_rendered(noisy.head(VALIDATE_SAMPLE), fab)
     flow_files = write_flow_files(noisy, fab, landing / "flows", W0)
     (landing / "topology").mkdir(parents=True, exist_ok=True)
     fab.topology().write_csv(landing / "topology" / "topology.csv")
@@ -121,13 +121,12 @@ def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 
     S.TRUTH_JOB_LAYOUT.validate(layout).write_csv(truth / "job_layout.csv")
     S.TRUTH_PAIRS.validate(pairs).write_csv(truth / "pairs.csv")
     S.TRUTH_STEPS.validate(steps).write_csv(truth / "steps.csv")
-    fdf = conform(pl.DataFrame(fault_rows, infer_schema_length=None), S.TRUTH_FAULTS) if fault_rows else conform(pl.DataFrame(), S.TRUTH_FAULTS)
+    fdf = conform(pl.DataFrame(fault_rows, infer_schema_length=None), S.TRUTH_FAULTS) if fault_rows else empty_frame(S.TRUTH_FAULTS)
     S.TRUTH_FAULTS.validate(fdf).write_csv(truth / "faults.csv")
     if capture_truth:
         pl.DataFrame(capture_truth, infer_schema_length=None).write_csv(truth / "capture_faults.csv")
     n_st = fab.n_bg - 2
     pl.DataFrame({"ip": fab.ip[fab.n_gpus:], "role": ["storage"] * n_st + ["monitoring"] * 2}).write_csv(truth / "background.csv")
-    _validate_rendered(noisy.head(VALIDATE_SAMPLE), fab)
 
     summary = {
         "out_dir": str(out), "landing": str(landing), "ground_truth": str(truth),
