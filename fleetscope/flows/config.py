@@ -14,6 +14,7 @@ class FlowConfig:
     min_pair_flows: int = 4
     min_data_bytes: int = 1024  # smaller flows are control messages (credits, notifications, store)
     size_tol: float = 0.01  # flow sizes within 1 % are one size
+    min_size_share: float = 0.02  # a size counts when >= 2 % of the pair's flows have it
     # two cross-machine clusters on the same host set are one job only when they move in lockstep:
     # at least sync_min_share of one's flows start within sync_tol_ns of a same-size flow of the other
     sync_tol_ns: int = 2_000_000

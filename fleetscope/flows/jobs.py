@@ -30,7 +30,11 @@ def pair_summary(seg_flows: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
     f = seg_flows.sort("ip_a", "ip_b", "bytes").with_columns(
         size_cl=(pl.col("bytes") > pl.col("bytes").shift(1) * (1 + cfg.size_tol)).fill_null(True)
         .cum_sum().over("ip_a", "ip_b"))
-    f = f.with_columns(rec=(pl.len().over("ip_a", "ip_b", "size_cl") >= 2) & (pl.col("bytes") >= cfg.min_data_bytes))
+    # a size recurs when it makes up a real share of the pair's flows (a bucket's chunks every step);
+    # the pieces of retransmission splits are scattered one-offs even if two happen to be close
+    f = f.with_columns(rec=(pl.len().over("ip_a", "ip_b", "size_cl")
+                            >= pl.max_horizontal(pl.lit(2), cfg.min_size_share * pl.len().over("ip_a", "ip_b")))
+                       & (pl.col("bytes") >= cfg.min_data_bytes))
     steps = f.group_by("ip_a", "ip_b", "seg").agg(
         n=pl.len(), sizes=pl.col("size_cl").filter("rec").n_unique(),
         first=pl.col("start_ns").min(), last=pl.col("end_ns").max(),
