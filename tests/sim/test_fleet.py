@@ -236,3 +236,23 @@ def test_hard_cases_break_the_distinct_sizes_rule_but_not_the_truth(tmp_path):
     other = f.filter((pl.col("job_id") != var[0]) & (pl.col("comm_type") == "PP"))
     share = other.group_by("ip_a", "ip_b").agg((pl.col("bytes").value_counts().struct.field("count").max() / pl.len()).alias("s"))
     assert share["s"].min() > 0.97
+
+
+def test_every_job_gpu_talks_on_the_network(healthy256):
+    """Job recognition works from flows only: every GPU of a job is in some pair of that job."""
+    jobs = healthy256.truth("jobs").select("job_id", "ip")
+    p = healthy256.truth("pairs")
+    seen = pl.concat([p.select("job_id", ip="ip_a"), p.select("job_id", ip="ip_b")]).unique()
+    assert jobs.join(seen, on=["job_id", "ip"], how="anti").height == 0
+
+
+def test_window_start_and_minutes_give_one_file_per_collector_per_minute(tmp_path):
+    t0 = 1_800_000_000_000_000_000
+    s = simulate(tmp_path, gpus=64, minutes=2.5, start_ns=t0, seed=5, captures=False)
+    assert s["window"] == [t0, t0 + 150_000_000_000]
+    names = sorted(p.name for p in (tmp_path / "landing" / "flows").iterdir())
+    minutes = {n.split("-")[-1].split(".")[0] for n in names}
+    collectors = {n.split("-")[1] for n in names}
+    assert len(minutes) == 3 and len(names) == len(minutes) * len(collectors)
+    steps = pl.read_csv(tmp_path / "ground_truth" / "steps.csv")
+    assert steps["start_ns"].min() >= t0 and steps["end_ns"].max() < t0 + 150_000_000_000
