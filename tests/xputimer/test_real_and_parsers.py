@@ -103,3 +103,23 @@ def test_profile_request_file(tmp_path):
     assert req["kind"] == "profile" and req["id"] == "degraded-123" and req["steps"] == 4
     assert req["capture"] == "job7-prof-degraded-123" and "1.080" in req["note"]
     assert not list((tmp_path / "requests").glob("*.tmp"))
+
+
+def test_metrics_over_a_real_gpu_trace():
+    """The same metrics from a real A100 profiler trace (HTA test data, rank 0 of 2, NCCL)."""
+    from fleetscope.traces.parse import read_trace
+    from fleetscope.xputimer.from_traces import timings_from_trace_events
+
+    ev = read_trace(REAL / "hta" / "nccl_parser_config__nccl_data.json.gz", capture_id="hta").events
+    t = timings_from_trace_events(ev)
+    comm_k = ev.filter((pl.col("cat") == "kernel") & pl.col("is_comm"))
+    steps = ev.filter(pl.col("name").str.starts_with("ProfilerStep#"))
+    st = M.step_throughput(t)
+    assert st["step"].to_list() == sorted(int(n.split("#")[1]) for n in steps["name"].to_list())
+    lat = M.issue_latencies(t)
+    # every NCCL kernel inside a profiler step, with the device definition (launch -> start)
+    assert lat.height == comm_k.filter(pl.col("ts_ns") >= steps["ts_ns"].min()).height > 0
+    assert (lat["mode"] == "device").all() and (lat["latency_ns"] >= 0).all()
+    bw = M.comm_bandwidth(M.comm_instances(t))
+    assert set(bw["collective"].to_list()) <= {"allreduce", "broadcast"}
+    assert (bw.filter(pl.col("collective") == "allreduce")["median_busbw_bps"] > 1e9).all()  # MB-sized all-reduces: GB/s
