@@ -107,9 +107,11 @@ def _fit_mixture(x: np.ndarray, iters: int = 60):
     s = max(np.std(y), 1e-6)
     s1 = s2 = s
     w = 0.1
+    def pdf(v, m, sd):
+        return np.exp(-0.5 * ((v - m) / sd) ** 2) / (sd * 2.5066282746310002)
     for _ in range(iters):
-        l1 = (1 - w) * stats.norm.pdf(y, mu1, s1)
-        l2 = w * stats.norm.pdf(y, mu2, s2)
+        l1 = (1 - w) * pdf(y, mu1, s1)
+        l2 = w * pdf(y, mu2, s2)
         tot = l1 + l2 + 1e-300
         r2 = l2 / tot
         w = float(np.clip(r2.mean(), 1e-4, 0.5))
@@ -124,7 +126,7 @@ def _fit_mixture(x: np.ndarray, iters: int = 60):
         mu1, mu2, s1, s2, w = mu2, mu1, s2, s1, 1 - w
     if w > 0.5:
         return None
-    ll = np.sum(np.log((1 - w) * stats.norm.pdf(y, mu1, s1) + w * stats.norm.pdf(y, mu2, s2) + 1e-300) - y)
+    ll = np.sum(np.log((1 - w) * pdf(y, mu1, s1) + w * pdf(y, mu2, s2) + 1e-300) - y)
     return {"mu": float(mu1), "sigma": float(s1), "mu_slow": float(mu2), "sigma_slow": float(s2), "w_slow": float(w)}, float(ll)
 
 
@@ -148,20 +150,26 @@ def fit_families(x: np.ndarray) -> list[tuple[Dist, float, float, float]]:
         ly = np.log(x)
         lm, ls = float(ly.mean()), float(max(ly.std(), 1e-9))
         cands.append((Dist("lognormal", {"mu": lm, "sigma": ls}), np.sum(stats.lognorm.logpdf(x, ls, scale=np.exp(lm))), 2))
-        try:
-            a, _, sc = stats.gamma.fit(x, floc=0)
-            cands.append((Dist("gamma", {"shape": float(a), "scale": float(sc)}), np.sum(stats.gamma.logpdf(x, a, scale=sc)), 2))
-        except Exception:  # noqa: BLE001 - a failed optimizer just means no gamma candidate
-            pass
+        # gamma MLE in closed form (Minka's approximation; no optimizer: fast on many kernels)
+        sg = float(np.log(x.mean()) - ly.mean())
+        if sg > 0:
+            a = (3 - sg + np.sqrt((sg - 3) ** 2 + 24 * sg)) / (12 * sg)
+            sc = float(x.mean() / a)
+            cands.append((Dist("gamma", {"shape": float(a), "scale": sc}), np.sum(stats.gamma.logpdf(x, a, scale=sc)), 2))
         if len(x) >= 20:
             m = _fit_mixture(x)
             if m is not None:
                 cands.append((Dist("mixture", m[0]), m[1], 5))
+    xs_fit = np.sort(x)
+    n = len(xs_fit)
     for d, ll, k in cands:
         if not np.isfinite(ll):
             continue
-        ks = stats.kstest(x, d.cdf)
-        out.append((d, float(ks.statistic), float(ks.pvalue), float(2 * k - 2 * ll)))
+        c = d.cdf(xs_fit)
+        ks = float(max((np.arange(1, n + 1) / n - c).max(), (c - np.arange(n) / n).max()))
+        # asymptotic Kolmogorov p-value (Stephens' small-sample correction): fast on many kernels
+        pv = float(stats.kstwobign.sf(ks * (np.sqrt(n) + 0.12 + 0.11 / np.sqrt(n))))
+        out.append((d, ks, min(max(pv, 0.0), 1.0), float(2 * k - 2 * ll)))
     out.append((Dist("empirical", {}, xs), 0.0, 1.0, float("nan")))
     return out
 
@@ -225,15 +233,39 @@ VARIABILITY_COLUMNS = {
 }
 
 
+def _model_rows(cap: str, op_name: str, dims) -> list[dict]:
+    rows = []
+    qs = np.array([0.05, 0.5, 0.95, 0.99])
+    for dim, unit, x in dims:
+        x = np.asarray(x, dtype=float)
+        x = x[np.isfinite(x)]
+        if len(x) == 0:
+            continue
+        fits = fit_families(x)
+        best = select(fits)
+        for i, (d, ks, p, aic) in enumerate(fits):
+            q = d.ppf(qs) if d.family != "empirical" else np.quantile(x, qs)
+            m = d.mean()
+            sd = float(np.std(x, ddof=1)) if d.family == "empirical" and len(x) > 1 else float(np.sqrt(_var(d, x)))
+            rows.append({
+                "capture_id": cap, "op_name": op_name, "dimension": dim, "unit": unit, "family": d.family,
+                "selected": i == best, "n": len(x), "mean": float(m), "std": sd, "cv": sd / m if m else None,
+                "p5": float(q[0]), "p50": float(q[1]), "p95": float(q[2]), "p99": float(q[3]),
+                "ks_stat": ks, "ks_pvalue": p, "aic": aic if np.isfinite(aic) else None,
+                "params": json.dumps(d.params),
+            })
+    return rows
+
+
 def variability_models(g: JobGraph) -> pl.DataFrame:
     """One row per (op, dimension, fitted family) of a capture; see the module doc. Quantiles
-    are those of the fitted family (of the data for the empirical one)."""
+    are those of the fitted family (of the data for the empirical one). Durations are the
+    intrinsic ones of the step structure (waits for peers removed)."""
     from fleetscope.prism.schemas import VARIABILITY_MODELS  # local: schemas import nothing from here
     typ, ratio = temporal_ratios(g)
     scaled = scaled_slots(g, typ)
     names = g.slot_names()
     rows = []
-    qs = np.array([0.05, 0.5, 0.95, 0.99])
     for nm in np.unique(names):
         sel = names == nm
         dims = []
@@ -243,24 +275,54 @@ def variability_models(g: JobGraph) -> pl.DataFrame:
         # spatial: each rank's typical duration of this op (median over its slots and steps)
         ranks = g.slot_rank[sel]
         vals = g.dur[sel]
-        per_rank = np.array([np.median(vals[ranks == r]) for r in np.unique(ranks)])
-        dims.append(("spatial", "ns", per_rank))
-        for dim, unit, x in dims:
-            fits = fit_families(x)
-            best = select(fits)
-            for i, (d, ks, p, aic) in enumerate(fits):
-                q = d.ppf(qs) if d.family != "empirical" else np.quantile(x, qs)
-                m = d.mean()
-                sd = float(np.std(x, ddof=1)) if d.family == "empirical" and len(x) > 1 else float(np.sqrt(_var(d, x)))
-                rows.append({
-                    "capture_id": g.capture_id, "op_name": nm, "dimension": dim, "unit": unit, "family": d.family,
-                    "selected": i == best, "n": len(x), "mean": float(m), "std": sd, "cv": sd / m if m else None,
-                    "p5": float(q[0]), "p50": float(q[1]), "p95": float(q[2]), "p99": float(q[3]),
-                    "ks_stat": ks, "ks_pvalue": p, "aic": aic if np.isfinite(aic) else None,
-                    "params": json.dumps(d.params),
-                })
-    df = pl.DataFrame(rows, schema=VARIABILITY_COLUMNS)
-    return VARIABILITY_MODELS.validate(df)
+        dims.append(("spatial", "ns", [np.median(vals[ranks == r]) for r in np.unique(ranks)]))
+        rows += _model_rows(g.capture_id, nm, dims)
+    return VARIABILITY_MODELS.validate(pl.DataFrame(rows, schema=VARIABILITY_COLUMNS))
+
+
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def trace_kernel_executions(events: pl.DataFrame) -> pl.DataFrame:
+    """trace_events (fleetscope.traces) -> one row per GPU kernel / memcpy / memset with its
+    iteration: the last `ProfilerStep#N` annotation that started before it (null without
+    annotations), and its occurrence index among same-named kernels of that rank and step."""
+    k = events.filter(pl.col("cat").is_in(GPU_CATS) & pl.col("dur_ns").is_not_null())
+    cols = ["capture_id", "rank", "name", "ts_ns", "dur_ns"]
+    steps = (events.filter(pl.col("name").str.starts_with("ProfilerStep#") & pl.col("cat").is_in(["user_annotation", "gpu_user_annotation", "cpu_op", "python_function"]))
+             .select("capture_id", "rank", pl.col("ts_ns").alias("step_ts"),
+                     pl.col("name").str.extract(r"#(\d+)").cast(pl.Int64).alias("step"))
+             .unique(["capture_id", "rank", "step"], keep="first").sort("step_ts"))
+    k = k.select(cols).sort("ts_ns")
+    if steps.height:
+        with warnings.catch_warnings():  # both sides are sorted on time; polars cannot verify it per group
+            warnings.simplefilter("ignore", UserWarning)
+            k = k.join_asof(steps, left_on="ts_ns", right_on="step_ts", by=["capture_id", "rank"], strategy="backward").drop("step_ts")
+    else:
+        k = k.with_columns(step=pl.lit(None, dtype=pl.Int64))
+    return k.with_columns(occ=pl.int_range(pl.len()).over("capture_id", "rank", "step", "name"))
+
+
+def kernel_variability_models(events: pl.DataFrame, min_count: int = 8) -> pl.DataFrame:
+    """variability_models from profiler traces (trace_events), per capture and kernel name:
+    temporal = each execution over the median of the same kernel slot (rank, step position)
+    across iterations when the trace has >= 2 ProfilerSteps, else over the rank's median of that
+    kernel; spatial = each rank's median. Kernels with fewer than min_count executions are
+    skipped (nothing to fit)."""
+    from fleetscope.prism.schemas import VARIABILITY_MODELS
+    ex = trace_kernel_executions(events)
+    rows = []
+    for (cap,), e in ex.group_by("capture_id", maintain_order=True):
+        multi = e["step"].drop_nulls().n_unique() >= 2
+        key = ["rank", "name", "occ"] if multi else ["rank", "name"]
+        e = e.with_columns(ratio=pl.col("dur_ns") / pl.col("dur_ns").median().over(key))
+        counts = e.group_by("name").len().filter(pl.col("len") >= min_count)
+        for (nm,), x in e.filter(pl.col("name").is_in(counts["name"].implode())).group_by("name", maintain_order=True):
+            ok = x.filter(pl.col("ratio").is_finite())
+            dims = [("temporal", "ratio", ok["ratio"].to_numpy()),
+                    ("spatial", "ns", x.group_by("rank").agg(pl.col("dur_ns").median())["dur_ns"].to_numpy())]
+            rows += _model_rows(str(cap), str(nm), dims)
+    return VARIABILITY_MODELS.validate(pl.DataFrame(rows, schema=VARIABILITY_COLUMNS))
 
 
 def _var(d: Dist, x: np.ndarray) -> float:

@@ -57,3 +57,22 @@ def test_hw_samples_explain_a_slow_gpu(sim_slow_gpu):
 def test_hw_correlation_without_hosts_is_empty_not_an_error(real_timings, sim_slow_gpu):
     hc = hw_correlation(real_timings, sim_slow_gpu[1])
     assert hc.height == 0 and set(hc.columns) == set(HW_CORRELATION.columns)
+
+
+def test_kernel_models_from_real_profiler_traces():
+    from pathlib import Path
+
+    from fleetscope.prism.variability import kernel_variability_models, trace_kernel_executions
+    from fleetscope.traces.parse import read_trace
+
+    hta = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "real" / "hta"
+    ev = pl.concat([read_trace(hta / "timeline_analysis__sampled_rank-0.json.gz", "hta").events,
+                    read_trace(hta / "trace_filter__sampled_rank-1.json.gz", "hta").events], how="diagonal_relaxed")
+    ex = trace_kernel_executions(ev)
+    assert set(ex["step"].drop_nulls().unique()) == {551, 552}  # the two ProfilerStep annotations
+    vm = kernel_variability_models(ev)
+    VARIABILITY_MODELS.validate(vm)
+    sel = vm.filter(pl.col("selected"))
+    assert (sel.group_by("op_name", "dimension").len()["len"] == 1).all()
+    nccl = sel.filter(pl.col("op_name").str.contains("nccl") & (pl.col("dimension") == "spatial"))
+    assert nccl.height >= 1 and (nccl["n"] == 2).all()  # two ranks: one typical duration each
