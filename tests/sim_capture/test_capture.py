@@ -289,13 +289,18 @@ def test_misaligned_gemm_lower_flops(tmp_path, healthy):
 
 
 def test_slow_stage_worker_no_hw_signal(tmp_path):
-    land, truth = scenario_capture(tmp_path, "slow_stage_worker", seed=0)
-    assert [(r["rank"], r["stage"]) for r in truth] == [(10, 2)]
-    t = pl.read_parquet(sorted((land / "timings").glob("*/rank*.parquet"))).with_columns(d=pl.col("end_ns") - pl.col("start_ns"))
+    from fleetscope.sim.capture.scenarios import scenario_job_and_faults
+
+    job, faults = scenario_job_and_faults("slow_stage_worker", 0)
+    truth = render_capture(tmp_path, "cap", job, faults, 0, trace_ranks=[])
+    assert [(r["rank"], r["stage"]) for r in truth] == [(18, 2)] and job.pp == 4 and job.tp * job.dp == 8
+    t = pl.read_parquet(sorted((tmp_path / "timings" / "cap").glob("rank*.parquet"))).with_columns(d=pl.col("end_ns") - pl.col("start_ns"))
     g = t.filter(pl.col("name") == "gemm").group_by("rank").agg(pl.col("d").median()).sort("rank")["d"].to_numpy()
-    assert g[10] > 1.4 * np.median(g) and (np.delete(g, 10) < 1.05 * np.median(g)).all()
-    hw = pl.read_parquet(next((land / "hw").glob("*.parquet")))
-    assert (hw["throttle_reasons"] == 0).all()
+    assert g[18] > 1.4 * np.median(g) and (np.delete(g, 18) < 1.05 * np.median(g)).all()
+    gpus = pl.DataFrame({"host": job.hosts, "gpu": job.gpus, "ip": job.ips})
+    render_hw(tmp_path, gpus, faults, job.start_ns, job.start_ns + 10**9, 0, 100_000_000)
+    hw = pl.read_parquet(next((tmp_path / "hw").glob("*.parquet")))
+    assert (hw["throttle_reasons"] == 0).all() and hw["sm_clock_mhz"].min() > 1800
 
 
 def test_throttled_rack_host_scope(tmp_path, healthy):

@@ -45,7 +45,8 @@ def scenario_job_and_faults(scenario: str, seed: int = 0) -> tuple[CaptureJob, l
     if scenario == "throttled_racks":
         job = make_job(jid, 4, tp=4, pp=2, dp=4, start_ns=start, seed=seed)
     elif scenario == "slow_stage_worker":
-        job = make_job(jid, 2, tp=2, pp=4, dp=2, start_ns=start, seed=seed)
+        # 4 stages of 8 workers each (tp2 x dp4): enough same-stage peers to tell one worker apart
+        job = make_job(jid, 4, tp=2, pp=4, dp=4, start_ns=start, seed=seed)
     else:
         job = make_job(jid, 2, tp=2, pp=2, dp=4, start_ns=start, n_steps=2 if scenario.startswith("hang") else 3, seed=seed)
     if scenario == "healthy_zero":
@@ -60,7 +61,7 @@ def scenario_job_and_faults(scenario: str, seed: int = 0) -> tuple[CaptureJob, l
     elif scenario in ("slow_dataloader", "cpu_bound_forward", "gc_stall", "sync_in_forward", "misaligned_gemm"):
         f = [_fault(f"f-{scenario}", scenario, "job", job.job_id, job)]
     elif scenario == "slow_stage_worker":
-        f = [_fault("f-slow-worker", "slow_stage_worker", "gpu", job.ips[10], job, 1.5)]
+        f = [_fault("f-slow-worker", "slow_stage_worker", "gpu", job.ips[18], job, 1.5)]  # stage 2, dp 1, tp 0
     return job, f
 
 
