@@ -1,0 +1,35 @@
+"""The real traces made by others go through the same path as users' files: every file is
+registered and ingested, none is rejected, ranks and layouts come out right."""
+import polars as pl
+import pytest
+
+from conftest import REAL
+from fleetscope.real_data import layout_real_landing
+from fleetscope.warehouse import Warehouse
+from jobs.runner import run_all
+
+
+@pytest.mark.slow
+def test_every_real_file_is_ingested(fleet_env):
+    landing, warehouse, _ = fleet_env
+    placed = layout_real_landing(REAL, landing)
+    report = run_all(landing, warehouse, settle_s=0, log=lambda *_: None)
+    assert not report.failed
+    wh = Warehouse(warehouse)
+    assert wh.read("rejected_records").height == 0
+    assert wh.read("landed_files").height == len(placed)
+    ev = wh.sql("SELECT source_file, count(*) AS n, min(rank) AS r, count(*) FILTER (WHERE cat = 'kernel') AS k "
+                "FROM trace_events GROUP BY 1")
+    traces = [d for _, d in placed if d.startswith("traces/")]
+    assert sorted(ev["source_file"].to_list()) == sorted(traces)
+    assert (ev["n"] > 0).all()
+    by = {r["source_file"]: r for r in ev.iter_rows(named=True)}
+    assert by["traces/hta-sampled-128rank/rank1.json.gz"]["r"] == 1
+    cpu = [f for f in by if "cpu_only" in f][0]
+    assert by[cpu]["k"] == 0 and by[cpu]["r"] == 34   # CPU-only gloo rank 34 of a 300-rank job
+    amd = [f for f in by if "amd_trace" in f][0]
+    assert by[amd]["k"] > 0
+    caps = wh.read("captures").filter(pl.col("capture_id") == "straggler-ST")
+    assert caps.select("dp", "pp", "tp").row(0) == (2, 4, 1)
+    t = wh.read("timings")
+    assert t.height == 6784 and t["stage"].n_unique() == 4
