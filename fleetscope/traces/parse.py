@@ -293,8 +293,9 @@ def _parse_block(nd: bytes, path: Path, offset: int) -> pl.DataFrame:
         raise TraceError(f"{path}: malformed JSON in traceEvents near byte {offset}: {exc}; the file is corrupt, re-export it") from exc
 
 
-def _scan_events(path: Path) -> tuple[list[pl.DataFrame], list[pl.DataFrame], dict, int]:
-    """Stream the file: returns raw event frames, the metadata dict and the number of text bytes."""
+def _scan_events(path: Path) -> tuple[list[pl.DataFrame], tuple[int, int], dict, int]:
+    """Stream the file: normalized event frames (times before baseTimeNanoseconds), (raw events,
+    events without timestamp), the metadata dict and the number of text bytes."""
     stream = _open_stream(path)
     try:
         head = b""
@@ -330,8 +331,8 @@ def _scan_events(path: Path) -> tuple[list[pl.DataFrame], list[pl.DataFrame], di
         reader = threading.Thread(target=_cut_blocks, args=(stream, head[start:], start, len(head), path, q, stop), daemon=True)
         reader.start()
         frames: list[pl.DataFrame] = []
-        rares: list[pl.DataFrame] = []
         n_seen = 0
+        n_no_ts = 0
         try:
             while True:
                 item = q.get()
@@ -345,9 +346,11 @@ def _scan_events(path: Path) -> tuple[list[pl.DataFrame], list[pl.DataFrame], di
                 if df.height != starts.size:
                     raise TraceError(f"{path}: malformed traceEvents near byte {offset}; re-export the trace")
                 rare = _rare_args(df, nd, starts, ends, n_seen)
-                if rare is not None:
-                    rares.append(rare)
-                frames.append(df)
+                del nd
+                # normalize block by block (times relative to baseTimeNanoseconds, which Kineto
+                # writes after the array) so only the compact result of earlier blocks stays in memory
+                n_no_ts += df.filter(pl.col("ph").is_in(["X", "i", "I"]) & pl.col("ts").is_null()).height
+                frames.append(_normalize(df, rare, 0, n_seen))
                 n_seen += df.height
         finally:
             stop.set()
@@ -371,7 +374,7 @@ def _scan_events(path: Path) -> tuple[list[pl.DataFrame], list[pl.DataFrame], di
         if not isinstance(meta, dict):
             raise TraceError(f"{path}: top-level JSON is not an object; not a trace")
         meta.pop("traceEvents", None)
-    return frames, rares, meta, total
+    return frames, (n_seen, n_no_ts), meta, total
 
 
 def _cut_blocks(stream, rest: bytes, consumed: int, total: int, path: Path, q: queue.Queue, stop: threading.Event) -> None:
@@ -503,7 +506,7 @@ def _us_to_ns(col: str) -> pl.Expr:
     return whole.cast(pl.Int64) * 1000 + ((v - whole) * 1000).round(0).cast(pl.Int64)
 
 
-def _normalize(raw: pl.DataFrame, rare: pl.DataFrame | None, base_ns: int) -> pl.DataFrame:
+def _normalize(raw: pl.DataFrame, rare: pl.DataFrame | None, base_ns: int, first_id: int = 0) -> pl.DataFrame:
     """Raw event columns -> trace_events columns (one lazy query so polars fuses the passes)."""
     a = pl.col("args")
     cat_l = pl.col("cat").str.to_lowercase()
@@ -511,7 +514,7 @@ def _normalize(raw: pl.DataFrame, rare: pl.DataFrame | None, base_ns: int) -> pl
     is_gpu = pl.col("cat").is_in(gpu_cat)
     lf = (
         raw.lazy()
-        .with_row_index("event_id")
+        .with_row_index("event_id", offset=first_id)
         .filter(pl.col("ph").is_in(["X", "i", "I"]) & (cat_l != "trace") & pl.col("ts").is_not_null())
         .with_columns(
             cat=cat_l.replace_strict(_CAT_MAP, default="other", return_dtype=pl.Utf8),
@@ -578,7 +581,7 @@ def read_trace(path: str | Path, capture_id: str = "", rank: int | None = None) 
     (meta['rank_source'] says which). Raises TraceError with an actionable message when the file is
     not a readable trace."""
     path = Path(path)
-    frames, rares, meta, nbytes = _scan_events(path)
+    frames, (n_raw, n_no_ts), meta, nbytes = _scan_events(path)
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else None
     if rank is not None:
         r, src = int(rank), "argument"
@@ -590,10 +593,10 @@ def read_trace(path: str | Path, capture_id: str = "", rank: int | None = None) 
         r, src = 0, "default"
     base_ns = meta.get("baseTimeNanoseconds")
     base_ns = int(base_ns) if isinstance(base_ns, (int, float)) and base_ns else 0
-    raw = pl.concat(frames, how="vertical") if frames else pl.DataFrame(schema=_READ_SCHEMA)
-    n_raw = raw.height
-    ev = _normalize(raw, pl.concat(rares) if rares else None, base_ns)
-    del raw
+    ev = pl.concat(frames, how="vertical_relaxed") if frames else _normalize(pl.DataFrame(schema=_READ_SCHEMA), None, 0)
+    del frames
+    if base_ns:
+        ev = ev.with_columns(pl.col("ts_ns") + base_ns, pl.col("end_ns") + base_ns)
     ev = ev.with_columns(
         capture_id=pl.lit(capture_id, pl.Utf8),
         rank=pl.lit(r, pl.Int32),
@@ -610,7 +613,8 @@ def read_trace(path: str | Path, capture_id: str = "", rank: int | None = None) 
         "rank_source": src,
         "n_raw_events": n_raw,
         "n_events": ev.height,
-        "n_other_phases": n_raw - ev.height,  # metadata (M), flow arrows (s/f), profiler spans
+        "n_other_phases": n_raw - ev.height - n_no_ts,  # metadata (M), flow arrows (s/f), profiler spans
+        "n_without_timestamp": n_no_ts,
         "text_bytes": nbytes,
         "is_gpu": bool(ev.filter(pl.col("cat").is_in(["kernel", "gpu_memcpy", "gpu_memset"])).height),
         "other_keys": {k: v for k, v in meta.items() if k not in ("distributedInfo", "deviceProperties", "schemaVersion")},
