@@ -14,6 +14,10 @@ import os
 from pathlib import Path
 
 import numpy as np
+import polars as pl
+
+from fleetscope.schemas.base import conform
+from fleetscope.sim.capture.schemas import TRUTH
 
 from fleetscope.sim.capture.faults import _as_list, fault_mask
 
@@ -104,14 +108,17 @@ def render_hang(landing_dir: Path, incident_id: str, job, fault: dict, seed: int
     (landing_dir / "incidents" / f"{incident_id}.json").write_text(json.dumps(inc, indent=1))
     subject = f"{job.ips[truth_ranks[0]]}-{job.ips[truth_ranks[1]]}" if mode == "link" else None
     rows = []
+    stage_of = np.arange(n) // (job.dp * job.tp)
+    dp_of, tp_of = (np.arange(n) // job.tp) % job.dp, np.arange(n) % job.tp
     for r in truth_ranks:
         rows.append({
             "fault_id": str(fault.get("fault_id", f"{incident_id}-hang")), "kind": "hang",
             "scope": subj_scope, "subject": subject or str(int(r)), "start_ns": inc["from_ns"], "end_ns": inc["to_ns"],
             "magnitude": None, "capture_id": incident_id, "job_id": job.job_id, "rank": int(r), "host": job.hosts[r],
-            "gpu": job.gpus[r], "ip": job.ips[r], "stage": None, "dp_rank": None, "tp_rank": None, "function": func, "kernel": "",
+            "gpu": job.gpus[r], "ip": job.ips[r], "stage": int(stage_of[r]), "dp_rank": int(dp_of[r]), "tp_rank": int(tp_of[r]),
+            "function": func, "kernel": "",
             "team": "operations", "mode": mode,
             "expected": "rank stuck outside the collective (data loader socket read)" if mode == "rank"
             else "all ranks in the same all_reduce; the ring connection with the lowest step is the faulty link",
         })
-    return rows
+    return TRUTH.validate(conform(pl.DataFrame(rows, infer_schema_length=None), TRUTH)).to_dicts()

@@ -84,6 +84,7 @@ TRUTH = register(
             "kernel": pa.Column(pl.Utf8, **_nn),
             "team": pa.Column(pl.Utf8, pa.Check.isin(["algorithm", "infrastructure", "operations"])),
             "expected": pa.Column(pl.Utf8, **_nn),
+            "mode": pa.Column(pl.Utf8, pa.Check.isin(["rank", "link"]), **_nn),  # hang only
         },
         strict=False,
     ),
