@@ -248,8 +248,10 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
     # a collective's beta includes waiting for slower peers unless Algorithm 1 refined it: when its
     # utilization also differs materially, that is how it differs (the waiting is the symptom)
     waiting = (cat == CATEGORY_CODES["collective"]) & ~keys["_src"].to_numpy()[perm]
+    # (waiting also lowers the mean link utilization a little, so a collective's mu must differ by a
+    # full theta; other functions report beta or mu once they differ by 0.75 theta)
     material = 0.75 * config.theta
-    kdim = np.where(waiting & (dn[:, 1] >= material), 1, np.where(waiting & (kdim == 0) & (dn[:, 2] >= material), 2, kdim))
+    kdim = np.where(waiting & (dn[:, 1] >= config.theta), 1, np.where(waiting & (kdim == 0) & (dn[:, 2] >= config.theta), 2, kdim))
     # otherwise a material difference in beta or mu is the finding, rather than the spread (sigma)
     primary = np.where(dn[:, 1] > dn[:, 0], 1, 0)
     kdim = np.where(~waiting & (dn[np.arange(n), primary] >= material), primary, kdim)
