@@ -1,0 +1,15 @@
+"""PRISM: latency variability models and step-time forecasts with straggler what-ifs.
+
+- structure.build_graph(timings) -> JobGraph: the per-rank op structure of a capture's steps,
+  intrinsic op durations (waits removed) and an exact vectorized replay;
+- variability.variability_models(graph) / kernel_variability_models(trace_events) /
+  hw_correlation(timings, hw): fitted latency distributions and their hardware correlates;
+- compose: serial sums, max of synchronizing ranks, pipeline schedules, the hierarchical
+  TP x PP x DP model for large scales;
+- forecast.forecast_capture(timings, hw=...) -> PrismResult: step_forecasts, the scenario
+  sweeps (step_forecast_details), verdicts and CDF plots.
+"""
+from fleetscope.prism.forecast import PrismResult, forecast_capture, step_forecasts  # noqa: F401
+from fleetscope.prism.schemas import HW_CORRELATION, SCENARIO_DETAILS, STEP_FORECASTS, VARIABILITY_MODELS  # noqa: F401
+from fleetscope.prism.structure import JobGraph, StructureError, build_graph, replay  # noqa: F401
+from fleetscope.prism.variability import hw_correlation, kernel_variability_models, variability_models  # noqa: F401
