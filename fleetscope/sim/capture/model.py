@@ -38,6 +38,7 @@ LAUNCH_NS = 5_000              # cudaLaunchKernel duration
 ATEN_NS = 14_000               # python + aten overhead before a launch
 ISSUE_MIN_NS = 3_000           # launch end -> earliest kernel start
 SMALL_API_NS = 2_000
+SPATIAL_SIGMA = 0.005          # per-GPU static speed spread (lognormal sigma)
 
 # model
 HIDDEN = 4096
@@ -152,7 +153,7 @@ class Stage:
         self.step = -1
         self.mb = -1
         self.thread = "main"
-        self.cf = sim.eff.compute_factor[self.ranks]
+        self.cf = sim.eff.compute_factor[self.ranks] * sim.spatial[self.ranks]
 
     # ------------------------------------------------------------------ primitives
     def jit(self, base_ns, sigma=0.03) -> np.ndarray:
@@ -266,6 +267,8 @@ class JobSim:
         if self.layout.world != len(job.ips):
             raise ValueError(f"job {job.job_id}: tp*pp*dp = {self.layout.world} but {len(job.ips)} ips were given")
         self.rng = np.random.default_rng(seed)
+        # GPUs of one model differ slightly in speed (silicon, cooling): a static per-rank factor
+        self.spatial = np.exp(np.random.default_rng([seed, 101]).normal(0, SPATIAL_SIGMA, self.layout.world))
         self.t0 = t0
         self.mb_size = micro_batch
         self.recs: list[Rec] = []
