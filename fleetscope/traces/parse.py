@@ -25,7 +25,7 @@ import polars as pl
 from fleetscope.schemas.base import conform
 from fleetscope.traces.schemas import TRACE_EVENTS
 
-BLOCK_BYTES = 8 << 20  # decompressed text per parse block
+BLOCK_BYTES = 4 << 20  # decompressed text per parse block
 
 
 class TraceError(ValueError):
@@ -326,7 +326,7 @@ def _scan_events(path: Path) -> tuple[list[pl.DataFrame], tuple[int, int], dict,
         # ---- phase 2 and 3: a reader thread decompresses and cuts blocks of whole events while this
         # thread parses the previous block (zlib, numpy and polars release the GIL); the queue bound
         # keeps at most a few blocks of text in memory
-        q: queue.Queue = queue.Queue(maxsize=2)
+        q: queue.Queue = queue.Queue(maxsize=1)
         stop = threading.Event()
         reader = threading.Thread(target=_cut_blocks, args=(stream, head[start:], start, len(head), path, q, stop), daemon=True)
         reader.start()
