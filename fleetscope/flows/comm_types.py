@@ -22,17 +22,17 @@ from fleetscope.flows.config import FlowConfig
 
 def _dp_phases(seg_flows: pl.DataFrame, dp_pairs: pl.DataFrame) -> pl.DataFrame:
     """Per ip and pair-step of unambiguous DP pairs: [phase_start, phase_end]."""
-    f = seg_flows.join(dp_pairs.select("ip_a", "ip_b"), on=["ip_a", "ip_b"])
-    ph = f.group_by("ip_a", "ip_b", "seg").agg(ps=pl.col("start_ns").min(), pe=pl.col("end_ns").max())
+    f = seg_flows.join(dp_pairs.select("pid"), on="pid")
+    ph = f.group_by("pid", "seg").agg(ip_a=pl.col("ip_a").first(), ip_b=pl.col("ip_b").first(), ps=pl.col("start_ns").min(), pe=pl.col("end_ns").max())
     return pl.concat([ph.select(ip="ip_a", ps="ps", pe="pe"), ph.select(ip="ip_b", ps="ps", pe="pe")]).sort("ip", "ps")
 
 
 def _in_phase_fraction(seg_flows: pl.DataFrame, cand: pl.DataFrame, phases: pl.DataFrame,
                        max_flows: int = 64) -> pl.DataFrame:
     """Fraction of each candidate pair's flows lying inside a DP phase of either endpoint."""
-    f = seg_flows.join(cand.select("ip_a", "ip_b"), on=["ip_a", "ip_b"]).select("ip_a", "ip_b", "start_ns", "end_ns")
+    f = seg_flows.join(cand.select("pid"), on="pid").select("pid", "ip_a", "ip_b", "start_ns", "end_ns")
     # an evenly spread sample of each pair's flows is enough for a share (and keeps this linear)
-    f = f.with_columns(k=pl.int_range(pl.len()).over("ip_a", "ip_b"), n=pl.len().over("ip_a", "ip_b")).filter(
+    f = f.with_columns(k=pl.int_range(pl.len()).over("pid"), n=pl.len().over("pid")).filter(
         pl.col("k") % (pl.col("n") // max_flows).clip(lower_bound=1) == 0).drop("k", "n")
     f = f.with_row_index("fid")
     hit = []
@@ -42,7 +42,7 @@ def _in_phase_fraction(seg_flows: pl.DataFrame, cand: pl.DataFrame, phases: pl.D
         j = x.join_asof(phases, left_on="start_ns", right_on="ps", by="ip", strategy="backward", check_sortedness=False)
         hit.append(j.select("fid", inside=(pl.col("pe").is_not_null() & (pl.col("end_ns") <= pl.col("pe") + 1_000_000))))
     h = pl.concat(hit).group_by("fid").agg(pl.col("inside").any())
-    return f.join(h, on="fid").group_by("ip_a", "ip_b").agg(in_dp=pl.col("inside").mean())
+    return f.join(h, on="fid").group_by("pid").agg(in_dp=pl.col("inside").mean())
 
 
 def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.DataFrame,
@@ -64,9 +64,9 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
         sure = p.filter(pl.col("raw_type") == "DP")
         phases = _dp_phases(seg_flows, sure) if sure.height else None
         frac = _in_phase_fraction(seg_flows, cand, phases) if phases is not None and phases.height else \
-            cand.select("ip_a", "ip_b", in_dp=pl.lit(None, dtype=pl.Float64))
+            cand.select("pid", in_dp=pl.lit(None, dtype=pl.Float64))
         jobs_with_dp = sure["job_id"].unique()
-        p = p.join(frac, on=["ip_a", "ip_b"], how="left").with_columns(
+        p = p.join(frac, on="pid", how="left").with_columns(
             fb=(pl.col("raw_type") == "PP") & pl.when(pl.col("job_id").is_in(jobs_with_dp.implode()))
             .then(pl.col("in_dp").fill_null(0.0) >= cfg.fallback_in_dp_phase)
             .otherwise(pl.col("duty").fill_null(0.0) >= cfg.fallback_duty)
@@ -96,5 +96,5 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
         method=pl.when("refined").then(pl.lit("transitivity")).otherwise("method"),
     )
     p = p.with_columns(dp_group=pl.when(pl.col("comm_type") == "DP").then(pl.col("ca")))
-    return p.select("ip_a", "ip_b", "job_id", "comm_type", "n_flows", "bytes", "n_steps", "mode_distinct_sizes",
+    return p.select("pid", "ip_a", "ip_b", "job_id", "comm_type", "n_flows", "bytes", "n_steps", "mode_distinct_sizes",
                     "raw_type", "method", "refined", "dp_group").sort("job_id", "ip_a", "ip_b")

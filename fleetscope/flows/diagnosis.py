@@ -124,7 +124,7 @@ def _slow_pp_compute(ipf: pl.DataFrame, pairs: pl.DataFrame, st: pl.DataFrame, w
 
 def _network(flows: pl.DataFrame, pairs: pl.DataFrame, topo: pl.DataFrame, wid: str, cfg: FlowConfig) -> list[dict]:
     """Switch-level and per-NIC degradation with explain-away (see module doc)."""
-    f = flows.join(pairs.select("ip_a", "ip_b", "job_id", "comm_type"), on=["ip_a", "ip_b"]).filter(
+    f = flows.join(pairs.select("pid", "job_id", "comm_type"), on="pid").filter(
         pl.col("comm_type").is_in(["DP", "PP"]) & (pl.col("end_ns") > pl.col("start_ns")))
     if f.height == 0:
         return []
@@ -194,7 +194,7 @@ def _network(flows: pl.DataFrame, pairs: pl.DataFrame, topo: pl.DataFrame, wid: 
 def _oversubscription(flows: pl.DataFrame, pairs: pl.DataFrame, topo: pl.DataFrame, wid: str, cfg: FlowConfig) -> list[dict]:
     """Peak concurrent DP flows per switch (sweep line) against its capacity: configured, else
     dp_flows_per_nic x the NICs under it (a leaf: its NICs; a spine: the NICs of its leaves)."""
-    f = flows.join(pairs.filter(pl.col("comm_type") == "DP").select("ip_a", "ip_b"), on=["ip_a", "ip_b"])
+    f = flows.join(pairs.filter(pl.col("comm_type") == "DP").select("pid"), on="pid")
     f = f.filter(pl.col("path").is_not_null())
     if f.height == 0:
         return []
@@ -217,10 +217,12 @@ def _oversubscription(flows: pl.DataFrame, pairs: pl.DataFrame, topo: pl.DataFra
 
 
 def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology: pl.DataFrame, window_id: str,
-                  cfg: FlowConfig, ipf: pl.DataFrame | None = None) -> pl.DataFrame:
-    """All flow verdicts of a window. flows: the window's in-topology flows with ip_a/ip_b;
+                  cfg: FlowConfig, ipf: pl.DataFrame | None = None, pairs: pl.DataFrame | None = None) -> pl.DataFrame:
+    """All flow verdicts of a window. flows: the window's in-topology flows with ip_a/ip_b and the
+    pair key pid; pairs: classify_pairs output (with pid; default tables["comm_pairs"]);
     ipf: timelines.ip_flows of them (PP timing), optional."""
-    st, pairs = tables["step_timelines"], tables["comm_pairs"]
+    st = tables["step_timelines"]
+    pairs = tables["comm_pairs"] if pairs is None else pairs
     rows = []
     if st.height:
         rows += _cross_step(st, window_id, cfg)

@@ -27,37 +27,37 @@ def pair_summary(seg_flows: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
     retransmission have one-off sizes that would otherwise make a PP pair look like DP."""
     # sizes within size_tol of each other are one size (headers or control messages coalesced into
     # a burst shift a message's size by a few bytes); flows under min_data_bytes are control traffic
-    f = seg_flows.sort("ip_a", "ip_b", "bytes").with_columns(
+    f = seg_flows.sort("pid", "bytes").with_columns(
         size_cl=(pl.col("bytes") > pl.col("bytes").shift(1) * (1 + cfg.size_tol)).fill_null(True)
-        .cum_sum().over("ip_a", "ip_b"))
+        .cum_sum().over("pid"))
     # a size recurs when it makes up a real share of the pair's flows (a bucket's chunks every step);
     # the pieces of retransmission splits are scattered one-offs even if two happen to be close
-    f = f.with_columns(rec=(pl.len().over("ip_a", "ip_b", "size_cl")
-                            >= pl.max_horizontal(pl.lit(2), cfg.min_size_share * pl.len().over("ip_a", "ip_b")))
+    f = f.with_columns(rec=(pl.len().over("pid", "size_cl")
+                            >= pl.max_horizontal(pl.lit(2), cfg.min_size_share * pl.len().over("pid")))
                        & (pl.col("bytes") >= cfg.min_data_bytes))
-    steps = f.group_by("ip_a", "ip_b", "seg").agg(
+    steps = f.group_by("pid", "seg").agg(
         n=pl.len(), sizes=pl.col("size_cl").filter("rec").n_unique(),
         first=pl.col("start_ns").min(), last=pl.col("end_ns").max(),
         busy=(pl.col("end_ns") - pl.col("start_ns")).sum(),
     )
-    steps = steps.sort("ip_a", "ip_b", "seg").with_columns(
-        period=pl.col("last").diff().over("ip_a", "ip_b"),
+    steps = steps.sort("pid", "seg").with_columns(
+        period=pl.col("last").diff().over("pid"),
         duty=pl.when(pl.col("n") >= 2).then(pl.col("busy") / (pl.col("last") - pl.col("first")).clip(lower_bound=1)),
     )
-    out = steps.filter(pl.col("sizes") > 0).group_by("ip_a", "ip_b").agg(
+    out = steps.filter(pl.col("sizes") > 0).group_by("pid").agg(
         # mode of distinct sizes per step; ties go to the larger count (DP), which refinement never undoes
         mode_distinct_sizes=pl.col("sizes").mode().max().cast(pl.Int64),
     )
-    base = steps.group_by("ip_a", "ip_b").agg(
+    base = steps.group_by("pid").agg(
         n_flows=pl.col("n").sum().cast(pl.Int64),
         n_steps=pl.len().cast(pl.Int64),
         period_ns=pl.col("period").median(),
         duty=pl.col("duty").median(),
         first_ns=pl.col("first").min(), last_ns=pl.col("last").max(),
     )
-    by = f.group_by("ip_a", "ip_b").agg(bytes=pl.col("bytes").sum().cast(pl.Int64),
+    by = f.group_by("pid").agg(ip_a=pl.col("ip_a").first(), ip_b=pl.col("ip_b").first(), bytes=pl.col("bytes").sum().cast(pl.Int64),
                                         n_recurring=pl.col("rec").sum().cast(pl.Int64))
-    out = base.join(out, on=["ip_a", "ip_b"], how="left").join(by, on=["ip_a", "ip_b"])
+    out = base.join(out, on="pid", how="left").join(by, on="pid")
     # job traffic repeats: enough flows of recurring sizes (one-off control or copy flows do not)
     return out.with_columns(periodic=pl.col("n_recurring") >= cfg.min_pair_flows).sort("ip_a", "ip_b")
 
@@ -126,7 +126,7 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
     if cand.height:
         involved = pl.concat([cand["a"], cand["b"]]).unique()
         cl_of = members.select(pl.col("ip").alias("ip_a"), "cluster_id")
-        fl = seg_flows.join(edges.select("ip_a", "ip_b"), on=["ip_a", "ip_b"], how="semi").join(cl_of, on="ip_a") \
+        fl = seg_flows.join(edges.select("pid"), on="pid", how="semi").join(cl_of, on="ip_a") \
             .filter(pl.col("cluster_id").is_in(involved.implode())).select("cluster_id", "start_ns", "bytes")
         by_cl = {cid: g for (cid,), g in fl.group_by(["cluster_id"])}
         empty = pl.DataFrame(schema={"cluster_id": pl.Int64, "start_ns": pl.Int64, "bytes": pl.Int64})

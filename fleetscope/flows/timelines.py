@@ -22,47 +22,52 @@ from fleetscope.flows.prepare import segment
 
 def ip_flows(flows: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
     """Each labeled flow twice: once for its sender (role send), once for its receiver."""
-    lab = flows.join(pairs.select("ip_a", "ip_b", "job_id", "comm_type"), on=["ip_a", "ip_b"])
+    lab = flows.join(pairs.select("pid", "job_id", "comm_type"), on="pid")
     cols = ["job_id", "comm_type", "start_ns", "end_ns", "bytes", "src_ip", "dst_ip"]
+    # ix: the ip's integer index (from the pair key), the key of the per-ip sorts and group-bys
+    a_ix, b_ix = pl.col("pid") // (1 << 32), pl.col("pid") % (1 << 32)
+    src_is_a = pl.col("src_ip") == pl.col("ip_a")
     return pl.concat([
-        lab.select(*cols, ip=pl.col("src_ip"), peer=pl.col("dst_ip"), role=pl.lit("send")),
-        lab.select(*cols, ip=pl.col("dst_ip"), peer=pl.col("src_ip"), role=pl.lit("recv")),
+        lab.select(*cols, ip=pl.col("src_ip"), peer=pl.col("dst_ip"), role=pl.lit("send"),
+                   ix=pl.when(src_is_a).then(a_ix).otherwise(b_ix)),
+        lab.select(*cols, ip=pl.col("dst_ip"), peer=pl.col("src_ip"), role=pl.lit("recv"),
+                   ix=pl.when(src_is_a).then(b_ix).otherwise(a_ix)),
     ])
 
 
 def reconstruct_steps(ipf: pl.DataFrame, window_start_ns: int, window_end_ns: int, window_id: str,
                       cfg: FlowConfig) -> pl.DataFrame:
     """ip_flows rows (window + margin) -> step_timelines rows claimed by this window."""
-    has_dp = ipf.filter(pl.col("comm_type") == "DP").select("ip").unique()
-    src = ipf.join(has_dp.with_columns(dp=pl.lit(True)), on="ip", how="left").with_columns(
+    has_dp = ipf.filter(pl.col("comm_type") == "DP").select("ix").unique()
+    src = ipf.join(has_dp.with_columns(dp=pl.lit(True)), on="ix", how="left").with_columns(
         source=pl.when(pl.col("dp")).then(pl.lit("DP")).otherwise(pl.lit("PP")))
     bnd = src.filter((pl.col("comm_type") == pl.col("source")) & (pl.col("bytes") >= cfg.min_data_bytes))
     # a flow seen by both ends is one event per ip; channels give several rows per ip, fine
-    seg = segment(bnd, ["ip"], cfg.split)
+    seg = segment(bnd, ["ix"], cfg.split)
     # a change point inside a DP phase (a scheduling hiccup between two buckets) leaves a step far
     # shorter than the ip's typical (upper-quartile) step: merge such a piece back into the step before it
-    ends = seg.group_by("ip", "seg").agg(e=pl.col("end_ns").max()).sort("ip", "seg").with_columns(
-        d=pl.col("e").diff().over("ip"))
-    ends = ends.with_columns(short=(pl.col("d") < cfg.min_step_frac * pl.col("d").quantile(0.75).over("ip")).fill_null(False))
-    ends = ends.with_columns(seg2=((~pl.col("short")).cum_sum().over("ip") - 1).cast(pl.Int64))
-    seg = seg.join(ends.select("ip", "seg", "seg2"), on=["ip", "seg"]).drop("seg").rename({"seg2": "seg"})
-    steps = seg.group_by("job_id", "ip", "seg").agg(
-        boundary_source=pl.col("source").first(),
+    ends = seg.group_by("ix", "seg").agg(e=pl.col("end_ns").max()).sort("ix", "seg").with_columns(
+        d=pl.col("e").diff().over("ix"))
+    ends = ends.with_columns(short=(pl.col("d") < cfg.min_step_frac * pl.col("d").quantile(0.75).over("ix")).fill_null(False))
+    ends = ends.with_columns(seg2=((~pl.col("short")).cum_sum().over("ix") - 1).cast(pl.Int64))
+    seg = seg.join(ends.select("ix", "seg", "seg2"), on=["ix", "seg"]).drop("seg").rename({"seg2": "seg"})
+    steps = seg.group_by("ix", "seg").agg(
+        job_id=pl.col("job_id").first(), ip=pl.col("ip").first(), boundary_source=pl.col("source").first(),
         dp_start_ns=pl.col("start_ns").min(), end_ns=pl.col("end_ns").max(),
         dp_send_start_ns=pl.col("start_ns").filter(pl.col("role") == "send").min(),
         dp_bytes=pl.col("bytes").sum().cast(pl.Int64), n_dp_flows=pl.len().cast(pl.Int64),
-    ).sort("ip", "seg")
-    first_seen = ipf.group_by("ip").agg(first=pl.col("start_ns").min())
-    steps = steps.join(first_seen, on="ip").with_columns(
-        prev=pl.col("end_ns").shift(1).over("ip")).with_columns(
+    ).sort("ix", "seg")
+    first_seen = ipf.group_by("ix").agg(first=pl.col("start_ns").min())
+    steps = steps.join(first_seen, on="ix").with_columns(
+        prev=pl.col("end_ns").shift(1).over("ix")).with_columns(
         start_observed=pl.col("prev").is_not_null(),
         start_ns=pl.coalesce("prev", pl.min_horizontal("first", "dp_start_ns")),
     )
     # PP events inside each step: PP flows attach to the first step ending at or after them
-    pp = ipf.filter(pl.col("comm_type") == "PP").select("ip", t=pl.col("end_ns")).sort("ip", "t")
-    cnt = pp.join_asof(steps.select("ip", "seg", t=pl.col("end_ns")).sort("ip", "t"), on="t", by="ip",
-                       strategy="forward", check_sortedness=False).group_by("ip", "seg").agg(n_pp_flows=pl.len().cast(pl.Int64))
-    steps = steps.join(cnt, on=["ip", "seg"], how="left").with_columns(pl.col("n_pp_flows").fill_null(0))
+    pp = ipf.filter(pl.col("comm_type") == "PP").select("ix", t=pl.col("end_ns")).sort("ix", "t")
+    cnt = pp.join_asof(steps.select("ix", "seg", t=pl.col("end_ns")).sort("ix", "t"), on="t", by="ix",
+                       strategy="forward", check_sortedness=False).group_by("ix", "seg").agg(n_pp_flows=pl.len().cast(pl.Int64))
+    steps = steps.join(cnt, on=["ix", "seg"], how="left").with_columns(pl.col("n_pp_flows").fill_null(0))
     steps = steps.with_columns(
         dp_start_ns=pl.when(pl.col("boundary_source") == "DP").then("dp_start_ns"),
         dp_end_ns=pl.when(pl.col("boundary_source") == "DP").then("end_ns"),

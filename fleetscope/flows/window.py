@@ -53,20 +53,23 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns:
     f = add_pairs(check_flows(flows))
     topo = check_topology(topology)
     f = f.filter(pl.col("start_ns") < window_end_ns)
-    known = topo.select("ip")
-    inside = f.join(known.rename({"ip": "src_ip"}), on="src_ip", how="semi").join(
-        known.rename({"ip": "dst_ip"}), on="dst_ip", how="semi")
-    outside = f.join(inside.select("src_ip", "dst_ip").unique(), on=["src_ip", "dst_ip"], how="anti")
+    known = topo["ip"].implode()
+    is_in = pl.col("src_ip").is_in(known) & pl.col("dst_ip").is_in(known)
+    inside, outside = f.filter(is_in), f.filter(~is_in)
+    # an integer key per pair: the heavy sorts and group-bys run on it, not on address strings
+    ips, ixs = topo["ip"].to_list(), list(range(topo.height))
+    inside = inside.with_columns(pid=pl.col("ip_a").replace_strict(ips, ixs, return_dtype=pl.Int64) * (1 << 32)
+                                 + pl.col("ip_b").replace_strict(ips, ixs, return_dtype=pl.Int64))
     win = inside.filter(pl.col("start_ns") >= window_start_ns)
     tm["prepare"] = time.perf_counter() - t
 
     t = time.perf_counter()
     # control messages (credits, notifications, store polls) carry no step timing: the split and
     # the size count run on data flows; pairs with control traffic only are aperiodic (`other`)
-    seg = segment(win.filter(pl.col("bytes") >= cfg.min_data_bytes), ["ip_a", "ip_b"], cfg.split)
+    seg = segment(win.filter(pl.col("bytes") >= cfg.min_data_bytes), ["pid"], cfg.split)
     pairs = pair_summary(seg, cfg)
-    ctrl = win.join(pairs.select("ip_a", "ip_b"), on=["ip_a", "ip_b"], how="anti").group_by("ip_a", "ip_b").agg(
-        n_flows=pl.len().cast(pl.Int64), bytes=pl.col("bytes").sum().cast(pl.Int64),
+    ctrl = win.join(pairs.select("pid"), on="pid", how="anti").group_by("pid").agg(
+        ip_a=pl.col("ip_a").first(), ip_b=pl.col("ip_b").first(), n_flows=pl.len().cast(pl.Int64), bytes=pl.col("bytes").sum().cast(pl.Int64),
         first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max())
     pairs = pl.concat([pairs, ctrl.with_columns(n_steps=pl.lit(0, dtype=pl.Int64), periodic=pl.lit(False))],
                       how="diagonal_relaxed").sort("ip_a", "ip_b")
@@ -85,7 +88,7 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns:
     # tables
     period = steps.with_columns(d=pl.col("end_ns") - pl.col("start_ns")).filter("start_observed") \
         .group_by("job_id").agg(step_period_ns=pl.col("d").median().cast(pl.Int64))
-    span = win.join(labeled.select("ip_a", "ip_b", "job_id"), on=["ip_a", "ip_b"]).group_by("job_id").agg(
+    span = win.join(labeled.select("pid", "job_id"), on="pid").group_by("job_id").agg(
         first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max(), n_flows=pl.len().cast(pl.Int64))
     jobs = members.group_by("job_id").agg(
         n_gpus=pl.col("ip").n_unique().cast(pl.Int64), n_hosts=pl.col("host").n_unique().cast(pl.Int64),
@@ -100,8 +103,8 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns:
     }
     bg_out = outside.filter(pl.col("start_ns") >= window_start_ns).group_by("src_ip", "dst_ip").agg(
         n_flows=pl.len().cast(pl.Int64), bytes=pl.col("bytes").sum().cast(pl.Int64)).with_columns(reason=pl.lit("outside_topology"))
-    aper = win.join(pairs.filter(~pl.col("periodic")).select("ip_a", "ip_b"), on=["ip_a", "ip_b"], how="semi") \
-        .join(labeled.select("ip_a", "ip_b"), on=["ip_a", "ip_b"], how="anti")
+    aper = win.join(pairs.filter(~pl.col("periodic")).select("pid"), on="pid", how="semi") \
+        .join(labeled.select("pid"), on="pid", how="anti")
     bg_ap = aper.group_by("src_ip", "dst_ip").agg(
         n_flows=pl.len().cast(pl.Int64), bytes=pl.col("bytes").sum().cast(pl.Int64)).with_columns(reason=pl.lit("aperiodic"))
     bg = pl.concat([bg_out, bg_ap], how="diagonal").with_columns(window_id=pl.lit(wid)).sort("reason", "src_ip", "dst_ip")
@@ -109,7 +112,8 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns:
 
     t = time.perf_counter()
     tables["anomaly_verdicts"] = flow_verdicts(tables, inside.filter(pl.col("start_ns") >= window_start_ns),
-                                               topo, wid, cfg, ipf=ipf.filter(pl.col("start_ns") >= window_start_ns))
+                                               topo, wid, cfg, ipf=ipf.filter(pl.col("start_ns") >= window_start_ns),
+                                               pairs=labeled)
     tm["verdicts"] = time.perf_counter() - t
     tables["_ip_flows"] = ipf  # for export_perfetto; not a warehouse table
     return tables
