@@ -47,7 +47,8 @@ def parallel_max(cdfs: list[np.ndarray], counts: list[int] | None = None) -> np.
     logc = np.zeros_like(np.asarray(cdfs[0], dtype=float))
     with np.errstate(divide="ignore"):
         for c, n in zip(cdfs, counts):
-            logc = logc + n * np.log(np.clip(c, 0, 1))
+            if n > 0:  # a class with no member does not constrain the max
+                logc = logc + n * np.log(np.clip(c, 0, 1))
     return np.exp(logc)
 
 

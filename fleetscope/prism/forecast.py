@@ -295,6 +295,23 @@ def sync_group_size(pm: PipelineModel, sizes=(1, 8, 16, 72), slow_rate: float = 
     return rows, curves
 
 
+def tp_node_placement(pm: PipelineModel, tp: int = 8, slow_factor: float | None = None, n: int = 5000,
+                      n_pipeline: int = 20_000, seed: int = 0, cap: str = "") -> list[dict]:
+    """PRISM Figure 9 on the capture's pipeline at TP `tp` (one DP replica): a node of `tp` slow
+    GPUs (every op slow_factor times slower, default the data's p95/p50) placed on each pipeline
+    stage, versus the same number of slow GPUs spread over the TP groups of all stages. Slowdown
+    of the mean step against no slow GPU; rank_order 1 = the placement that hurts most."""
+    k = slow_factor or max(pm.slow_factor.values())
+    m = pm.at_layout(tp=tp, dp=1)
+    ref = step_distribution(m, n, n_pipeline, seed).mean()
+    cases = [(f"node@stage={s}", {(s, t): k for t in range(tp)}) for s in range(m.pp)]
+    cases.append(("spread_over_tp_groups", {(i % m.pp, i // m.pp): k for i in range(tp)}))
+    res = [(name, step_distribution(m, n, n_pipeline, seed, slow_replica=sl)) for name, sl in cases]
+    order = {name: i + 1 for i, (name, _) in enumerate(sorted(res, key=lambda r: -r[1].mean()))}
+    return [_detail(cap, "slow_node_placement", name, f"tp={tp},factor={k:.3f}", T, T.mean() / ref, rank_order=order[name])
+            for name, T in res]
+
+
 def _replica_with_slow_rate(m: PipelineModel, n, rng, rate, k):
     """Like replica_step_samples, with per-sample Binomial(tp, rate) slow GPUs in every stage."""
     from fleetscope.prism.compose import max_of_iid_quantile, pipeline_end_times, schedule
@@ -542,6 +559,7 @@ def forecast_capture(timings: pl.DataFrame, hw: pl.DataFrame | None = None, capt
     notes = list(g.notes)
     try:
         pm = PipelineModel.from_graph(g, seed=seed)
+        details += tp_node_placement(pm, seed=seed, cap=cap)
         r1, curves_sync = sync_group_size(pm, sync_sizes, seed=seed, cap=cap)
         r2, curves_scale = scale_slowdown(pm, scale_ranks, n=n_samples, seed=seed, cap=cap)
         details += r1 + r2

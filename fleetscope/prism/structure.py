@@ -336,7 +336,7 @@ def build_graph(timings: pl.DataFrame, capture_id: str | None = None, layout: di
     meas = (kept.group_by("step").agg((pl.col("end_ns").max() - pl.col("t0").first()).alias("T")).sort("step"))
     measured = meas["T"].to_numpy().astype(np.float64)
 
-    lay = dict(layout or {})
+    lay = {k: v for k, v in (layout or {}).items() if v is not None}  # a capture's known layout; gaps filled from the data
     lay.setdefault("pp", int(stage.max()) + 1)
     lay.setdefault("dp", int(dp.max()) + 1)
     lay.setdefault("tp", int(tp.max()) + 1)

@@ -64,6 +64,9 @@ def test_real_scenarios(real):
     assert set(d["scenario"].unique()) == {"slow_node_placement", "kernel_sensitivity", "attribution", "sync_group_size", "scale_slowdown"}
     stage = d.filter((pl.col("scenario") == "slow_node_placement") & pl.col("subject").str.starts_with("stage="))
     assert stage.filter(pl.col("rank_order") == 1)["subject"][0] == "stage=3"  # a slow GPU hurts most on the longest stage
+    node = d.filter((pl.col("scenario") == "slow_node_placement") & pl.col("parameter").str.starts_with("tp=8"))
+    sd = dict(zip(node["subject"].to_list(), node["slowdown"].to_list()))
+    assert len(sd) == 5 and sd["node@stage=3"] > sd["node@stage=0"] >= 1.0 and sd["spread_over_tp_groups"] > sd["node@stage=0"]
     ks = d.filter((pl.col("scenario") == "kernel_sensitivity") & (pl.col("parameter") == "cv=0.2")).sort("rank_order")
     assert ks["subject"][0] in ("forward-compute", "backward-compute")  # compute is on the critical path
     assert ks["slowdown"][0] > ks.filter(pl.col("subject") == "optimizer-clip-main-grad")["slowdown"][0]
