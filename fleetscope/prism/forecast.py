@@ -35,6 +35,7 @@ from fleetscope.prism.structure import JobGraph, build_graph, replay
 from fleetscope.prism.variability import Dist, fit_families, hw_correlation, scaled_slots, select, temporal_ratios, variability_models
 from fleetscope.verdicts import make_verdicts
 
+MAX_PLACEMENTS = 256   # per-rank what-ifs evaluated at most (larger jobs: a representative / suspect subset)
 IRREGULAR_SPREAD = 3.0  # a slot whose residual IQR exceeds this many times its op's median IQR is erratic
 
 
@@ -193,19 +194,23 @@ def slow_node_placement(sm: StepModel, slow_factor: float | None = None) -> list
     for nm, d in sm.resid.items():
         sel = names == nm
         k[sel] = slow_factor if slow_factor else float(np.quantile(sm.factor[sel], 0.95) * d.ppf(0.95) / max(d.ppf(0.5), 1e-12))
-    cols = np.repeat(dur0, g.n_ranks, axis=1)
-    for r in range(g.n_ranks):
+    # every rank of a small job; for a large one each (stage, TP position) once (first DP replica)
+    cand = np.arange(g.n_ranks)
+    if g.n_ranks > MAX_PLACEMENTS:
+        _, first = np.unique(np.stack([g.stage, g.tp_rank]), axis=1, return_index=True)
+        cand = np.sort(first)[:MAX_PLACEMENTS]
+    cols = np.repeat(dur0, len(cand), axis=1)
+    for j, r in enumerate(cand):
         sel = (g.slot_rank == r) & compute
-        cols[sel, r] *= k[sel]
-    T = replay(g, np.repeat(gap0, g.n_ranks, axis=1), cols)
+        cols[sel, j] *= k[sel]
+    T = replay(g, np.repeat(gap0, len(cand), axis=1), cols)
     cap = g.capture_id
     rows = []
-    order = np.argsort(-T)
-    rk = {int(r): i + 1 for i, r in enumerate(order)}
-    for r in range(g.n_ranks):
+    rk = {int(j): i + 1 for i, j in enumerate(np.argsort(-T))}
+    for j, r in enumerate(cand):
         rows.append(_detail(cap, "slow_node_placement", f"rank={g.ranks[r]},stage={g.stage[r]},dp={g.dp_rank[r]},tp={g.tp_rank[r]}",
-                            "p95_vs_p50" if not slow_factor else f"factor={slow_factor}", T[r], T[r] / base, rank_order=rk[r]))
-    for key, arr in (("stage", g.stage), ("tp", g.tp_rank)):
+                            "p95_vs_p50" if not slow_factor else f"factor={slow_factor}", T[j], T[j] / base, rank_order=rk[j]))
+    for key, arr in (("stage", g.stage[cand]), ("tp", g.tp_rank[cand])):
         u = np.unique(arr)
         if len(u) < 2:
             continue
@@ -261,7 +266,12 @@ def attribution(sm: StepModel) -> tuple[float, float, list[dict]]:
     names = g.slot_names()
     groups = [("op", nm, names == nm) for nm in np.unique(names)]
     groups += [("stage", int(s), g.stage[g.slot_rank] == s) for s in np.unique(g.stage)]
-    groups += [("rank", int(g.ranks[r]), g.slot_rank == r) for r in range(g.n_ranks)]
+    ranks = np.arange(g.n_ranks)
+    if g.n_ranks > MAX_PLACEMENTS:  # large job: the ranks whose own ops exceed their stage's most
+        own = np.array([(g.dur[g.slot_rank == r] + g.gap[g.slot_rank == r]).sum(axis=0).mean() for r in ranks])
+        stage_med = np.array([np.median(own[g.stage == g.stage[r]]) for r in ranks])
+        ranks = np.sort(np.argsort(-(own / np.maximum(stage_med, 1)))[:MAX_PLACEMENTS])
+    groups += [("rank", int(g.ranks[r]), g.slot_rank == r) for r in ranks]
     rows = []
     for kind, subj, sel in groups:
         gap = np.repeat(gi, S, axis=1)
