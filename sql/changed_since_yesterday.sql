@@ -27,7 +27,7 @@ findings AS (
            max(sev) FILTER (WHERE day = 'today') AS sev_today,
            max(sev) FILTER (WHERE day = 'yesterday') AS sev_yesterday,
            max(t_ns) AS last_ns,
-           arg_max(explanation, t_ns) AS latest_explanation
+           arg_max(explanation, (t_ns, explanation)) AS latest_explanation
     FROM tagged
     GROUP BY detector, scope, subject, job_id, metric
 ),

@@ -10,7 +10,7 @@
 WITH pick AS (
     SELECT CASE
              WHEN getvariable('job_id') IS NULL THEN
-                 coalesce((SELECT arg_max(job_id, end_ns) FROM step_timelines),
+                 coalesce((SELECT arg_max(job_id, (end_ns, job_id)) FROM step_timelines),
                           error('job_timeline: step_timelines is empty (no job has been analysed yet)'))
              WHEN getvariable('job_id')::VARCHAR IN (SELECT job_id FROM step_timelines) THEN getvariable('job_id')::VARCHAR
              ELSE error('job_timeline: job_id ' || getvariable('job_id')::VARCHAR || ' is not in step_timelines; see SELECT DISTINCT job_id FROM step_timelines')
@@ -26,7 +26,7 @@ steps AS (
            min(start_ns) AS start_ns, max(end_ns) AS end_ns,
            median(end_ns - start_ns) AS step_ns,
            max(end_ns - start_ns) AS slowest_ns,
-           arg_max(ip, end_ns - start_ns) AS slowest_ip,
+           arg_max(ip, (end_ns - start_ns, ip)) AS slowest_ip,  -- ties: the highest ip, so reruns agree
            median(dp_end_ns - dp_start_ns) AS dp_ns
     FROM gpu_steps
     GROUP BY job_id, window_id, step

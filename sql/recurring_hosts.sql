@@ -30,7 +30,7 @@ SELECT host,
        count(DISTINCT job_id) AS jobs,
        make_timestamp_ns(min(coalesce(start_ns, t_ns))) AS first_seen,
        make_timestamp_ns(max(t_ns)) AS last_seen,
-       arg_max(explanation, t_ns) AS latest_explanation
+       arg_max(explanation, (t_ns, explanation)) AS latest_explanation
 FROM v
 GROUP BY host
 HAVING count(DISTINCT occurrence) >= coalesce(getvariable('min_occurrences')::BIGINT, 2)

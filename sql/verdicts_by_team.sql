@@ -13,7 +13,7 @@ SELECT team, severity,
        string_agg(DISTINCT scope, ', ' ORDER BY scope) AS scopes,
        string_agg(DISTINCT detector, ', ' ORDER BY detector) AS detectors,
        make_timestamp_ns(max(t_ns)) AS last_seen,
-       arg_max(explanation, coalesce(t_ns, 0)) AS latest_explanation
+       arg_max(explanation, (coalesce(t_ns, 0), explanation)) AS latest_explanation
 FROM v, params p
 GROUP BY team, severity
 ORDER BY team, CASE severity WHEN 'critical' THEN 0 WHEN 'warning' THEN 1 ELSE 2 END;

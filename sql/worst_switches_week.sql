@@ -32,7 +32,7 @@ SELECT w.subject AS switch,
        any_value(b.hosts_below) AS hosts_below,
        make_timestamp_ns(min(coalesce(start_ns, t_ns))) AS first_seen,
        make_timestamp_ns(max(t_ns)) AS last_seen,
-       arg_max(explanation, t_ns) AS latest_explanation
+       arg_max(explanation, (t_ns, explanation)) AS latest_explanation
 FROM week w LEFT JOIN below b ON b.sw = w.subject
 GROUP BY w.subject
 ORDER BY critical DESC, warning DESC, verdicts DESC, switch;
