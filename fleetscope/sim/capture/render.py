@@ -133,6 +133,12 @@ def trace_events(sim: M.JobSim, ranks: list[int]) -> dict[int, list[dict]]:
         ]
         meta += [{"name": "thread_name", "ph": "M", "ts": t0, "pid": dev, "tid": s, "args": {"name": f"stream {s} "}}
                  for s in sorted(streams[rank])]
+        if out:  # the profiler's own span and iteration marker, as Kineto writes them
+            t1 = max(e["ts"] + e.get("dur", 0) for e in out)
+            meta += [{"ph": "X", "cat": "Trace", "ts": t0, "dur": round(t1 - t0, 3), "pid": "Spans", "tid": "PyTorch Profiler",
+                      "name": "PyTorch Profiler (0)", "args": {"Op count": 0}},
+                     {"name": "Iteration Start: PyTorch Profiler", "ph": "i", "s": "g", "pid": "Traces",
+                      "tid": "Trace PyTorch Profiler", "ts": t0}]
         outs[rank] = meta + out
     return outs
 
