@@ -16,8 +16,8 @@ step, like the iteration factor: they are per-iteration events (a dataloader sta
 step) rather than per-op noise.
 
 Scenarios: `baseline` (as measured, with KS distance and mean error against the measured
-steps), `no_stragglers` (every op and gap at the typical value of its op type over all ranks
-and steps: no slow rank, no slow stage, no slow iteration), `slow_node_worst`, and
+steps), `no_stragglers` (every op at the typical value of its op type over all ranks and steps:
+no slow rank, no slow stage, no slow iteration; untraced gaps at their slot's median), `slow_node_worst`, and
 `scale_<N>ranks`; the sweeps behind them go to step_forecast_details."""
 from __future__ import annotations
 
@@ -126,18 +126,20 @@ def sample_durations(sm: StepModel, n: int, rng: np.random.Generator, only: np.n
 def ideal_columns(sm: StepModel, typical: str = "median") -> tuple[np.ndarray, np.ndarray]:
     """(gap, dur) columns with every op at the typical value of its op type over all ranks and
     steps: `median` (the default: a slow stage or rank does not move it) or `mean` (what
-    StragglerAnalysis averages, so part of a slow stage stays in its ideal)."""
+    StragglerAnalysis averages, so part of a slow stage stays in its ideal); every gap at its
+    slot's median over steps."""
     g = sm.graph
     names = g.slot_names()
     if typical == "median":
         dur = np.array([sm.name_typ[n] for n in names])[:, None]
-        gap = np.array([sm.name_gap[n] for n in names])[:, None]
     elif typical == "mean":
-        m = {n: (float(g.dur[names == n].mean()), float(g.gap[names == n].mean())) for n in np.unique(names)}
-        dur = np.array([m[n][0] for n in names])[:, None]
-        gap = np.array([m[n][1] for n in names])[:, None]
+        m = {n: float(g.dur[names == n].mean()) for n in np.unique(names)}
+        dur = np.array([m[n] for n in names])[:, None]
     else:
         raise ValueError(f"typical must be 'median' or 'mean', got {typical!r}")
+    # gaps are not operations: each keeps its own typical value (the first op's gap is how far
+    # into the step window a rank starts, e.g. while its previous step's optimizer still runs)
+    gap = np.median(g.gap, axis=1)[:, None]
     return gap, dur
 
 

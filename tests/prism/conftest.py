@@ -43,3 +43,16 @@ def sim_healthy(tmp_path_factory):
 @pytest.fixture(scope="session")
 def sim_slow_gpu(tmp_path_factory):
     return simulated_capture(tmp_path_factory.mktemp("slow_gpu"), "slow_gpu")
+
+
+@pytest.fixture(scope="session")
+def sim_healthy_pp4(tmp_path_factory):
+    """A healthy 4-stage pipeline (TP2 x PP4 x DP2): its ranks start their steps at different
+    times (stage 0 still runs the previous optimizer), which must not look like stragglers."""
+    from fleetscope.sim.capture import render_capture
+    from fleetscope.sim.capture.scenarios import T0, make_job
+
+    out = tmp_path_factory.mktemp("healthy_pp4")
+    job = make_job("job-healthy-pp4", 2, tp=2, pp=4, dp=2, start_ns=T0, n_steps=12, seed=2)
+    render_capture(out, "cap-healthy-pp4", job, [], 2, traces=False, timings=True)
+    return read_timings(out / "timings" / "cap-healthy-pp4")

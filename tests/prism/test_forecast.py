@@ -104,3 +104,11 @@ def test_step_forecasts_per_capture_and_bad_input(real_timings):
     assert set(fc["capture_id"]) == {"straggler_analysis", "copy"}
     with pytest.raises(ValueError, match="op' or 'kernel"):
         forecast_capture(real_timings.with_columns(kind=pl.lit("api")))
+
+
+def test_healthy_four_stage_pipeline_raises_nothing(sim_healthy_pp4):
+    res = forecast_capture(sim_healthy_pp4, plots=False, n_samples=3000, scale_ranks=(), sync_sizes=(1, 8))
+    v = res.verdicts
+    assert v.filter(pl.col("severity").is_in(["warning", "critical"])).height == 0
+    job = v.filter(pl.col("scope") == "job").row(0, named=True)
+    assert job["value"] < 1.05  # measured over no_stragglers: a healthy job is close to its ideal
