@@ -24,6 +24,7 @@ def main(argv=None):
     ap.add_argument("--healthy", type=int, default=4)
     ap.add_argument("--syncs", default="1,2,4")
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--thresholds", default="0.1,0.15,0.2", help="one-sided KS thresholds to report")
     a = ap.parse_args(argv)
     import polars as pl
 
@@ -52,13 +53,23 @@ def main(argv=None):
         healthy = [c for c in med if c.startswith("healthy")]
         base = statistics.median(med[c] for c in healthy)
         hist_all = pl.concat([T[c] for c in healthy])
+        ths = [float(x) for x in a.thresholds.split(",")]
+        flagged = {th: 0 for th in ths}
+        alarms = {th: 0 for th in ths}
+
+        def decide(summ, tally):
+            ks, p = summ["ks_vs_history"][0], summ["p_value"][0]
+            for th in ths:
+                tally[th] += bool(ks is not None and ks > th and p < 1e-3)
+            return ks
+
         print("\nsync runs vs pooled healthy history:")
         for kind, i, n in plan:
             if kind != "sync":
                 continue
             cap = f"sync{i}"
             rows, summ = issue_stall_rows(T[cap], hist_all, job_id="sens")
-            ks = summ["ks_vs_history"][0]
+            ks = decide(summ, flagged)
             print(f"  sync/forward={n}: slowdown {100 * (med[cap] / base - 1):+6.1f} %  one-sided KS {ks:.3f}  "
                   f"-> {'FLAGGED ' + rows[0]['team'] if rows else 'not flagged'}")
         fa = 0
@@ -66,10 +77,14 @@ def main(argv=None):
         for c in healthy:
             hist = pl.concat([T[o] for o in healthy if o != c])
             rows, summ = issue_stall_rows(T[c], hist, job_id="sens")
+            decide(summ, alarms)
             fa += bool(rows)
             print(f"  {c}: step {100 * (med[c] / base - 1):+6.1f} % vs median, KS {summ['ks_vs_history'][0]:.3f} -> "
                   f"{'FALSE ALARM' if rows else 'ok'}")
-        print(f"false alarms: {fa}/{len(healthy)}")
+        print(f"false alarms at the default threshold: {fa}/{len(healthy)}")
+        n_sync = sum(1 for k, _, _ in plan if k == "sync")
+        for th in ths:
+            print(f"threshold {th:.2f}: sync runs flagged {flagged[th]}/{n_sync}, healthy false alarms {alarms[th]}/{len(healthy)}")
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ def issue_latency_summary(lat: pl.DataFrame, history: pl.DataFrame | None = None
 
 
 def issue_stall_rows(t: pl.DataFrame, history_t: pl.DataFrame | None, job_id: str | None = None,
-                     d_threshold: float = 0.1, p_threshold: float = 1e-3, growth: float = 3.0,
+                     d_threshold: float = 0.15, p_threshold: float = 1e-3, growth: float = 3.0,
                      lat: pl.DataFrame | None = None, history_lat: pl.DataFrame | None = None) -> tuple[list[dict], pl.DataFrame]:
     """Compare each capture's issue-latency distribution with the job's healthy history (earlier
     captures of the same job, given as timings). A one-sided KS distance (latencies got shorter)
