@@ -5,9 +5,11 @@
     build_graph                -> graph_tasks, graph_edges (graph.py)
     replay                     -> replays, replay_sm_util, Chrome trace (replay.py)
     predict                    -> whatif                   (whatif.py)
+    trace_verdicts             -> anomaly_verdicts         (findings.py)
 """
 from fleetscope.traces.graph import Graph, build_graph  # noqa: F401
 from fleetscope.traces.parse import TraceError, TraceFile, read_capture, read_trace  # noqa: F401
 from fleetscope.traces.replay import ReplayResult, export_chrome_trace, replay, simulate  # noqa: F401
 from fleetscope.traces.tables import trace_collectives, trace_iterations, trace_syncs  # noqa: F401
 from fleetscope.traces.whatif import DEFAULT_SCENARIOS, fit_comm_model, predict  # noqa: F401
+from fleetscope.traces.findings import trace_verdicts  # noqa: F401,E402

@@ -280,10 +280,12 @@ class ReplayResult:
 
 
 def _windows(t: pl.DataFrame, start_col: str, end_col: str) -> pl.DataFrame:
-    """Per rank and iteration: [first task start of N, first task start of N+1) (last: latest end)."""
+    """Per rank and iteration: from the completion of iteration N-1 (its last CPU or GPU task) to the
+    completion of N; the first iteration starts at its first task. Completion to completion is the
+    throughput the GPU sustains even when the CPU runs ahead (no synchronization per step)."""
     it = t.filter(pl.col("iteration").is_not_null()).group_by(["rank", "iteration"]).agg(
-        w0=pl.col(start_col).min(), last_end=pl.col(end_col).max()).sort(["rank", "iteration"])
-    return it.with_columns(w1=pl.col("w0").shift(-1).over("rank").fill_null(pl.col("last_end"))).drop("last_end")
+        first=pl.col(start_col).min(), w1=pl.col(end_col).max()).sort(["rank", "iteration"])
+    return it.with_columns(w0=pl.col("w1").shift(1).over("rank").fill_null(pl.col("first"))).drop("first")
 
 
 def replay(graph: Graph, sim_dur: np.ndarray | None = None, sm_bucket_ns: int = SM_BUCKET_NS,

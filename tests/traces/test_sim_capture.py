@@ -32,3 +32,18 @@ def test_sim_capture_parses_links_ranks_and_replays(healthy):
     assert not r.order_fallback
     assert r.replays["rank"].n_unique() == n_files
     assert r.replays["error_pct"].mean() <= 2.0
+
+
+def test_healthy_capture_raises_no_warning_and_cpu_bound_does(healthy, tmp_path_factory):
+    from fleetscope.traces.findings import trace_verdicts
+    from fleetscope.traces.whatif import predict
+
+    _, ev = healthy
+    g = build_graph(ev)
+    v = trace_verdicts(replay(g).replays, predict(g, [("no_sync", "remove_sync", {})]), job_id="healthy")
+    assert v.filter(pl.col("severity").is_in(["warning", "critical"])).height == 0, v
+    landing, truth = capture.scenario_capture(tmp_path_factory.mktemp("cpubound"), "cpu_bound_forward")
+    g = build_graph(read_capture(next((landing / "traces").iterdir())))
+    v = trace_verdicts(replay(g).replays, job_id="cpu")
+    idle = v.filter(pl.col("detector") == "traces.gpu_idle")
+    assert idle.height == 1 and idle["severity"][0] == "warning" and idle["team"][0] == truth[0]["team"] == "algorithm"
