@@ -71,7 +71,8 @@ def run_scenario(scenario: str, seed: int, tmp: Path) -> dict:
                rank_recall=None if recall is None else round(recall, 2), rank_precision=round(precision, 2),
                other_functions=loud.height - hit.height,
                off_truth_ranks=sum(1 for r in all_ranks if not r <= t_ranks),
-               verdict=(hit_team.sort("severity")["explanation"][0][:160] if hit_team.height else
+               verdict=(hit_team.with_columns(n=pl.col("evidence").str.json_path_match("$.ranks").str.count_matches(",")).sort(
+                   "n", descending=True)["explanation"][0][:160] if hit_team.height else
                         (hit["explanation"][0][:160] if hit.height else "MISSED")))
     return row
 

@@ -21,6 +21,7 @@ pass per sampled peer): 1,000,000 workers x 20 functions in seconds, see benchma
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -169,11 +170,12 @@ def _group_median_mad(values: np.ndarray, gid: np.ndarray, n_groups: int, vmax: 
 
 def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), validate: bool = True) -> pl.DataFrame:
     """behavior_patterns -> the same rows with d_exp, d_diff, abnormal and the explanation columns
-    (peer_group, n_peers, d_diff_threshold, diff_dim, diff_delta, exp_dim, reason) filled.
+    (peer_stage, n_peers, d_diff_threshold, diff_dim, diff_delta, exp_dim, reason) filled.
 
-    Numpy over the rows in (capture, function, stage) order; the frame itself is never re-sorted
-    (results are scattered back). validate=False skips the pandera validation of the output (the
-    writer validates it anyway; at 20 million rows it costs as much as the localization)."""
+    Numpy (float32, one array per dimension) over the rows in (capture, function, stage) order;
+    the frame itself is never re-sorted (results are scattered back). validate=False skips the
+    pandera validation of the output (the writer validates anyway; at 20 million rows it costs
+    as much as the localization)."""
     need = ["capture_id", "rank", "function", "category", "beta", "mu", "sigma"]
     missing = [c for c in need if c not in patterns.columns]
     if missing:
@@ -183,103 +185,129 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
     bad = patterns.filter(pl.col("beta").is_null() | ~pl.col("beta").is_between(0.0, 1.0))
     if bad.height:
         raise LocalizeError(f"{bad.height} pattern rows have beta outside [0, 1] or null (e.g. rank {bad['rank'][0]}, {bad['function'][0]!r})")
-    unknown = set(patterns["category"].cast(pl.Utf8).unique().to_list()) - set(CATEGORY_CODES)
+    unknown = set(patterns["category"].unique().cast(pl.Utf8).to_list()) - set(CATEGORY_CODES)
     if unknown:
         raise LocalizeError(f"unknown function categories {sorted(unknown)}; expected {list(CATEGORY_CODES)}")
     df = patterns
     if "stage" not in df.columns:
         df = df.with_columns(stage=pl.lit(None, dtype=pl.Int32))
-    staged = pl.col("category").cast(pl.Utf8).is_in(list(config.stage_aware_categories)) & pl.lit(config.stage_aware)
-    stage_key = pl.when(staged).then(pl.col("stage").cast(pl.Int64).fill_null(-1)).otherwise(-1)
-    # integer group key (capture, function, stage) from categorical codes, then one argsort
+    cat_code = pl.col("category").cast(pl.Utf8).cast(pl.Enum(CATEGORIES)).to_physical().cast(pl.Int8)
+    staged_codes = [CATEGORY_CODES[c] for c in config.stage_aware_categories if c in CATEGORY_CODES]
+    # group = (capture, function, stage if the category is compared within its stage): a 64-bit
+    # hash of the strings (no per-row string copies), then one argsort by (group, rank)
     keys = df.select(
-        _cap=pl.col("capture_id").cast(pl.Utf8).cast(pl.Categorical).to_physical().cast(pl.Int64),
-        _fn=pl.col("function").cast(pl.Utf8).cast(pl.Categorical).to_physical().cast(pl.Int64),
-        _st=stage_key, rank=pl.col("rank"),
-        _cat=pl.col("category").cast(pl.Utf8).replace_strict(CATEGORY_CODES, return_dtype=pl.Int8),
-        _src=(pl.col("mu_source").cast(pl.Utf8).fill_null("none") == "hw_alg1") if "mu_source" in df.columns else pl.lit(False),
-        _staged=staged,
-    )
-    st_min = int(keys["_st"].min())
-    n_st = int(keys["_st"].max()) - st_min + 1
-    n_fn = int(keys["_fn"].max()) + 1
-    keys = keys.with_columns(_g=(pl.col("_cap") * n_fn + pl.col("_fn")) * n_st + (pl.col("_st") - st_min))
-    perm = keys.select(pl.arg_sort_by(["_g", "rank"])).to_series().to_numpy()
-    graw = keys["_g"].to_numpy()[perm]
+        _h=pl.struct(pl.col("capture_id"), pl.col("function")).hash(seed=7),
+        _cat=cat_code,
+        rank=pl.col("rank"),
+        _src=(pl.col("mu_source").cast(pl.Utf8) == "hw_alg1").fill_null(False) if "mu_source" in df.columns else pl.lit(False),
+        _stage=pl.col("stage").cast(pl.Int32),
+    ).with_columns(_staged=pl.col("_cat").is_in(staged_codes) & pl.lit(config.stage_aware))
+    keys = keys.with_columns(_st=pl.when("_staged").then(pl.col("_stage").cast(pl.Int64).fill_null(-1)).otherwise(-2))
+    # group code = (index of the hash among the few distinct ones, stage); a stable radix sort on
+    # it (16-bit codes) keeps each group's rows in frame order, so the sampling is deterministic
+    h = keys["_h"].to_numpy()
+    uh = np.sort(keys["_h"].unique().to_numpy())
+    st = keys["_st"].to_numpy()
+    st_min = int(st.min())
+    n_st = int(st.max()) - st_min + 1
+    graw = np.searchsorted(uh, h).astype(np.int64) * n_st + (st - st_min)
+    del h, st
+    perm = np.argsort(graw.astype(np.uint16) if graw.max() < 65536 else graw, kind="stable")
+    graw = graw[perm]
     n = graw.size
     change = np.empty(n, bool)
     change[0] = True
     change[1:] = graw[1:] != graw[:-1]
+    del graw
     gid = np.cumsum(change) - 1
     bounds = np.concatenate([np.nonzero(change)[0], [n]])
+    del change
     n_groups = bounds.size - 1
     cat = keys["_cat"].to_numpy()[perm]
+    waiting = (cat == CATEGORY_CODES["collective"]) & ~keys["_src"].to_numpy()[perm]
+    X = [df[c].cast(pl.Float32).fill_null(float("nan")).to_numpy()[perm] for c in DIMENSIONS]
 
-    x = np.stack([df[c].cast(pl.Float64).fill_null(np.nan).to_numpy()[perm] for c in DIMENSIONS], axis=1)
-    # expectation boxes per category (table lookup by category code)
-    lo_t = np.zeros((len(CATEGORY_CODES), 3))
-    hi_t = np.ones((len(CATEGORY_CODES), 3))
-    for c, code in CATEGORY_CODES.items():
-        for k, dim in enumerate(DIMENSIONS):
-            if dim in config.expected.get(c, {}):
-                lo_t[code, k], hi_t[code, k] = config.expected[c][dim]
-    dexp_parts = expectation_distance(x, lo_t[cat], hi_t[cat])
-    d_exp = dexp_parts.sum(1)
-    exp_code = np.where(d_exp > 0, dexp_parts.argmax(1), -1)
+    # distance from expectation: per dimension, the table of boxes looked up by category code
+    d_exp = np.zeros(n, np.float32)
+    exp_best = np.zeros(n, np.float32)
+    exp_code = np.full(n, -1, np.int8)
+    for k, dim in enumerate(DIMENSIONS):
+        lo_t = np.array([config.expected.get(c, {}).get(dim, (0.0, 1.0))[0] for c in CATEGORIES], np.float32)
+        hi_t = np.array([config.expected.get(c, {}).get(dim, (0.0, 1.0))[1] for c in CATEGORIES], np.float32)
+        dk = np.maximum(np.maximum(lo_t[cat] - X[k], X[k] - hi_t[cat]), np.float32(0))
+        dk[np.isnan(dk)] = 0
+        d_exp += dk
+        better = dk > exp_best
+        exp_code[better] = k
+        exp_best = np.maximum(exp_best, dk)
+    del exp_best
 
     # max-normalization within the peer group (with floors); unknown dimensions count as 0
-    x0 = np.where(np.isnan(x), 0.0, x)
-    gmax = np.maximum.reduceat(x0, bounds[:-1], axis=0)
-    scale = np.maximum(gmax, np.asarray(config.norm_floor, dtype=np.float64)[None, :])
-    xn = (x0 / scale[gid]).astype(np.float32)
-    d_diff, m_row = differential_counts(xn, bounds, config.theta, config.sample_size, config.seed, config.chunk)
-    del xn
+    scale, XN = [], []
+    for k in range(3):
+        x0 = np.where(np.isnan(X[k]), np.float32(0), X[k])
+        sk = np.maximum(np.maximum.reduceat(x0, bounds[:-1]), np.float32(config.norm_floor[k]))
+        scale.append(sk)
+        XN.append(x0 / sk[gid])
+    d_diff, m_row = differential_counts(np.stack(XN, axis=1), bounds, config.theta, config.sample_size, config.seed, config.chunk)
+    del XN
     med, mad = _group_median_mad(d_diff, gid, n_groups, int(config.sample_size))
     thr = med + config.k_mad * mad
     diff_flag = ((d_diff > thr[gid]) | (d_diff >= config.majority_share * m_row)) & (d_diff >= config.min_diff_share * m_row) & (m_row >= 3)
 
     # how it differs: the normalized dimension farthest from the group's median (raw delta kept)
-    gmed = (pl.DataFrame({"g": gid, "b": x[:, 0], "m": x[:, 1], "s": x[:, 2]}).fill_nan(None)
-            .group_by("g").agg(pl.col("b", "m", "s").median()).sort("g"))
-    medx = np.stack([gmed[c].fill_null(np.nan).to_numpy() for c in ("b", "m", "s")], axis=1)[gid]
-    delta = np.where(np.isnan(x - medx), 0.0, x - medx)
-    dn = np.abs(delta) / scale[gid]
-    kdim = dn.argmax(1)
+    DELTA, DN = [], []
+    for k in range(3):
+        # rows are contiguous per group: a median per slice (groups are functions x stages: few)
+        with warnings.catch_warnings():  # all-NaN groups (mu of Python functions) give NaN: fine
+            warnings.simplefilter("ignore", RuntimeWarning)
+            gm = np.array([np.nanmedian(X[k][bounds[g]:bounds[g + 1]]) for g in range(n_groups)], np.float32)
+        mk = gm[gid]
+        dk = X[k] - mk
+        dk[np.isnan(dk)] = 0
+        DELTA.append(dk)
+        DN.append(np.abs(dk) / scale[k][gid])
+    dn = np.stack(DN, axis=1)
+    del DN
+    kdim = dn.argmax(1).astype(np.int8)
     # a collective's beta includes waiting for slower peers unless Algorithm 1 refined it: when its
-    # utilization also differs materially, that is how it differs (the waiting is the symptom)
-    waiting = (cat == CATEGORY_CODES["collective"]) & ~keys["_src"].to_numpy()[perm]
+    # utilization also differs materially, that is how it differs (the waiting is the symptom).
     # (waiting also lowers the mean link utilization a little, so a collective's mu must differ by a
     # full theta; other functions report beta or mu once they differ by 0.75 theta)
     material = 0.75 * config.theta
     kdim = np.where(waiting & (dn[:, 1] >= config.theta), 1, np.where(waiting & (kdim == 0) & (dn[:, 2] >= config.theta), 2, kdim))
     # otherwise a material difference in beta or mu is the finding, rather than the spread (sigma)
     primary = np.where(dn[:, 1] > dn[:, 0], 1, 0)
-    kdim = np.where(~waiting & (dn[np.arange(n), primary] >= material), primary, kdim)
-    diff_delta = np.take_along_axis(delta, kdim[:, None], 1)[:, 0]
+    kdim = np.where(~waiting & (dn[np.arange(n), primary] >= material), primary, kdim).astype(np.int8)
+    del dn, primary
+    diff_delta = np.choose(kdim, DELTA)
+    del DELTA
 
     exp_flag = d_exp > 0
-    abnormal = (x[:, 0] > config.min_beta) & (exp_flag | diff_flag)
-    reason = np.where(exp_flag & diff_flag, 3, np.where(exp_flag, 1, np.where(diff_flag, 2, 0)))
+    abnormal = (X[0] > config.min_beta) & (exp_flag | diff_flag)
+    reason = np.where(exp_flag & diff_flag, 3, np.where(exp_flag, 1, np.where(diff_flag, 2, 0))).astype(np.int8)
 
     def back(a: np.ndarray) -> np.ndarray:  # sorted order -> the frame's row order
         out = np.empty_like(a)
         out[perm] = a
         return out
 
-    dims = {i: d for i, d in enumerate(DIMENSIONS)}
-    peer = pl.when(keys["_staged"]).then(pl.concat_str([pl.col("function").cast(pl.Utf8), pl.lit(" @stage "), pl.col("stage").cast(pl.Utf8)]))
+    def labels(codes: np.ndarray, names: list[str]) -> pl.Series:  # small int codes -> strings (-1/0 null as asked)
+        idx = pl.Series(np.clip(codes, 0, None).astype(np.uint32))
+        lab = pl.Series(names, dtype=pl.Utf8).gather(idx)
+        return pl.select(pl.when(pl.Series(codes >= 0)).then(lab)).to_series()
+
     out = df.with_columns(
-        d_exp=pl.Series(back(d_exp), dtype=pl.Float64),
+        d_exp=pl.Series(back(d_exp)).cast(pl.Float64),
         d_diff=pl.Series(back(d_diff), dtype=pl.Int64),
         n_peers=pl.Series(back(m_row), dtype=pl.Int64),
         d_diff_threshold=pl.Series(back(thr[gid]), dtype=pl.Float64),
         abnormal=pl.Series(back(abnormal), dtype=pl.Boolean),
-        diff_dim=pl.Series(back(kdim.astype(np.int8))).replace_strict(dims, return_dtype=pl.Utf8),
-        diff_delta=pl.Series(back(diff_delta), dtype=pl.Float64),
-        exp_dim=pl.Series(back(exp_code.astype(np.int8))).replace_strict(dims, default=None, return_dtype=pl.Utf8),
-        reason=pl.Series(back(reason.astype(np.int8))).replace_strict({1: "expectation", 2: "differential", 3: "both"}, default=None,
-                                                                      return_dtype=pl.Utf8),
-        peer_group=peer.otherwise(pl.col("function").cast(pl.Utf8)),
+        diff_dim=labels(back(kdim), DIMENSIONS),
+        diff_delta=pl.Series(back(diff_delta)).cast(pl.Float64),
+        exp_dim=labels(back(exp_code), DIMENSIONS),
+        reason=labels(back(reason) - 1, ["expectation", "differential", "both"]),
+        peer_stage=pl.when(keys["_staged"]).then(keys["_stage"]),
     )
     # workers of a stage that stands out as a whole are explained by the stage (one stage verdict)
     stages = stage_imbalance(out, config)

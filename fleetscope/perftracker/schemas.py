@@ -35,7 +35,7 @@ BEHAVIOR_PATTERNS = register(
             "n_exec": pa.Column(pl.Int64, pa.Check.ge(0), nullable=True),
             "crit_ns": pa.Column(pl.Int64, pa.Check.ge(0), nullable=True),  # critical time before Algorithm 1
             "window_ns": pa.Column(pl.Int64, pa.Check.ge(0), nullable=True),
-            "peer_group": pa.Column(pl.Utf8, nullable=True),  # the workers compared with (function + stage)
+            "peer_stage": pa.Column(pl.Int32, nullable=True),  # peers = workers of this stage (null: all workers)
             "n_peers": pa.Column(pl.Int64, nullable=True),  # |S|, the sampled peers
             "d_diff_threshold": pa.Column(pl.Float64, nullable=True),  # median + k MAD of the group
             "diff_dim": pa.Column(pl.Utf8, nullable=True),  # dimension farthest from the group median
