@@ -29,7 +29,9 @@ VARIABILITY_MODELS = register("variability_models", pa.DataFrameSchema({
 HW_CORRELATION = register("variability_hw_correlation", pa.DataFrameSchema({
     "capture_id": pa.Column(pl.Utf8),
     "op_name": pa.Column(pl.Utf8),
-    "metric": pa.Column(pl.Utf8, pa.Check.isin(["sm_clock_mhz", "power_w", "temp_c", "throttled"])),
+    "metric": pa.Column(pl.Utf8, pa.Check.isin(["sm_clock_mhz", "power_w", "temp_c", "throttled", "throttle:sw_power_cap",
+                                                "throttle:hw_slowdown", "throttle:sw_thermal", "throttle:hw_thermal",
+                                                "throttle:hw_power_brake"])),
     "n": pa.Column(pl.Int64, pa.Check.ge(1)),
     "spearman_r": pa.Column(pl.Float64, pa.Check.in_range(-1, 1), nullable=True),
     "p_value": pa.Column(pl.Float64, nullable=True),

@@ -27,6 +27,7 @@ FAMILIES = ("normal", "lognormal", "gamma", "mixture", "empirical")
 _MAX_FIT = 20_000  # fit on at most this many values (subsampled deterministically)
 # NVML clocks-event reasons that mean the GPU was slowed (not idle / app clocks)
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
+THROTTLE_REASONS = {0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake"}
 
 
 @dataclass
@@ -398,7 +399,15 @@ def hw_correlation(timings: pl.DataFrame, hw: pl.DataFrame, capture_id: str | No
         if "throttle_reasons" in grp.columns:
             x = grp.filter(pl.col("throttle_reasons").is_not_null())
             if x.height >= 8:
-                th = (x["throttle_reasons"].to_numpy() & THROTTLE_MASK) != 0
+                bits = x["throttle_reasons"].to_numpy()
+                r = x["ratio"].to_numpy()
+                for bit, reason in THROTTLE_REASONS.items():  # Figure 4b: which reason slows it
+                    on = (bits & bit) != 0
+                    if on.any():
+                        rows.append({"capture_id": cap, "op_name": nm, "metric": f"throttle:{reason}", "n": x.height,
+                                     "spearman_r": None, "p_value": None, "ratio_low": float(r[~on].mean()) if (~on).any() else None,
+                                     "ratio_high": float(r[on].mean()), "share_high": float(on.mean())})
+                th = (bits & THROTTLE_MASK) != 0
                 r = x["ratio"].to_numpy()
                 rho, pv = (stats.spearmanr(th, r) if 0 < th.sum() < len(th) else (np.nan, np.nan))
                 rows.append({"capture_id": cap, "op_name": nm, "metric": "throttled", "n": x.height,

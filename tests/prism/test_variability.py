@@ -50,6 +50,8 @@ def test_hw_samples_explain_a_slow_gpu(sim_slow_gpu):
     row = hc.filter((pl.col("op_name") == "forward-compute") & (pl.col("metric") == "throttled")).row(0, named=True)
     # the slow GPU's samples carry throttle bits; its forward steps are the slow ones
     assert row["ratio_high"] > 1.3 * row["ratio_low"] and 0 < row["share_high"] < 0.2
+    reasons = hc.filter((pl.col("op_name") == "forward-compute") & pl.col("metric").str.starts_with("throttle:"))
+    assert reasons.height >= 1 and (reasons["ratio_high"] > reasons["ratio_low"]).all()  # Figure 4b: which NVML reason
     clk = hc.filter((pl.col("op_name") == "forward-compute") & (pl.col("metric") == "sm_clock_mhz")).row(0, named=True)
     assert clk["spearman_r"] < -0.1 and clk["p_value"] < 1e-3
 
