@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import polars as pl
 
 from fleetscope.schemas.base import conform
