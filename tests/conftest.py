@@ -3,8 +3,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-REAL = REPO.parent / "shared" / "data" / "real"
+from tests.paths import REAL, REPO  # noqa: F401
 
 
 @pytest.fixture

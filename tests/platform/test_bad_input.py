@@ -9,7 +9,7 @@ import time
 import polars as pl
 import pytest
 
-from conftest import REAL
+from tests.paths import REAL
 from fleetscope.warehouse import Warehouse
 from jobs.runner import run_all
 

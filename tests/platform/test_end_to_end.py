@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 from dagster import DagsterInstance, build_schedule_context
 
-from conftest import REPO
+from tests.paths import REPO
 from fleetscope.warehouse import Warehouse
 
 FLEETSCOPE = [sys.executable, "-m", "fleetscope.cli"]

@@ -3,7 +3,7 @@ registered and ingested, none is rejected, ranks and layouts come out right."""
 import polars as pl
 import pytest
 
-from conftest import REAL
+from tests.paths import REAL
 from fleetscope.real_data import layout_real_landing
 from fleetscope.warehouse import Warehouse
 from jobs.runner import run_all

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter, build_sensor_context
 
-from conftest import REPO
+from tests.paths import REPO
 from definitions import defs
 from jobs.definitions import landing_sensor
 
