@@ -37,7 +37,8 @@ def trace_verdicts(replays: pl.DataFrame, whatif: pl.DataFrame | None = None, jo
             err=pl.col("error_pct").mean(),
             start=pl.col("actual_ns").sum())
         base = {"job_id": job_id, "capture_id": cid}
-        worst = per.sort("idle", descending=True).row(0, named=True)
+        gpu_ranks = per.filter(pl.col("idle") < 1.0)  # a rank with no GPU activity at all is CPU-only
+        worst = gpu_ranks.sort("idle", descending=True).row(0, named=True) if gpu_ranks.height else {"idle": 0.0}
         if worst["idle"] > IDLE_SHARE:
             rows.append({**base, "detector": "traces.gpu_idle", "scope": "rank", "subject": str(worst["rank"]),
                          "metric": "gpu_idle_share", "value": worst["idle"], "baseline": IDLE_SHARE,
