@@ -184,6 +184,7 @@ def build_graph(timings: pl.DataFrame, capture_id: str | None = None, layout: di
             a = parent[a]
         return a
 
+    n_stages = int(stage.max()) + 1
     keys: dict[tuple, list[int]] = defaultdict(list)
     occ: dict[tuple, int] = defaultdict(int)
     for i, (rk, names, grp) in enumerate(zip(ref["rank"].to_list(), ref["names"].to_list(), ref["group"].to_list())):
@@ -197,7 +198,7 @@ def build_graph(timings: pl.DataFrame, capture_id: str | None = None, layout: di
             s, d, p = int(stage[ri]), int(dp[ri]), int(tp[ri])
             if scope == "p2p":
                 direction, off = _P2P[nm.lower()]
-                key = ("p2p", direction, d, p, s + off, k)
+                key = ("p2p", direction, d, p, (s + off) % n_stages, k)  # modulo: interleaved chunks wrap from the last stage to the first
             elif scope == "dp":
                 key = ("dp", nm, s, p, k)
             elif scope == "tp":
