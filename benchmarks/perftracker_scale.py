@@ -71,7 +71,9 @@ def child(path: str) -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     out = localize(df, validate=False)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-    flagged = out.filter("abnormal").select("rank", pl.col("function").cast(pl.Utf8))
+    # "loud": what patterns_verdicts raises as warning/critical (a difference in sigma alone stays info)
+    flagged = out.filter("abnormal").select("rank", pl.col("function").cast(pl.Utf8),
+                                            loud=(pl.col("reason") != "differential") | (pl.col("diff_dim") != "sigma"))
     flagged.write_parquet(path + ".flagged.parquet")
     print(json.dumps({"rows": out.height, "localize_s": round(dt, 2), "localize_cpu_s": round(cpu, 2), "rss_before_mb": round(before), "peak_rss_mb": round(rss_mb()),
                       "flagged": flagged.height}))
@@ -102,15 +104,19 @@ def main() -> None:
         stats = json.loads(res.stdout.strip().splitlines()[-1])
         flagged = pl.read_parquet(path + ".flagged.parquet")
     tp = flagged.join(truth, on=["rank", "function"], how="semi").height
+    loud = flagged.filter("loud")
+    tpl = loud.join(truth, on=["rank", "function"], how="semi").height
     stats.update(planted=truth.height, true_positives=tp, recall=round(tp / truth.height, 4),
-                 precision=round(tp / flagged.height, 4) if flagged.height else None)
+                 precision=round(tp / flagged.height, 4) if flagged.height else None,
+                 loud_flagged=loud.height, loud_recall=round(tpl / truth.height, 4),
+                 loud_precision=round(tpl / loud.height, 4) if loud.height else None)
     print(json.dumps(stats))
     with open("/proc/loadavg") as fh:
         load = fh.read().split()[0]
     print(f"localization of {stats['rows']:,} patterns: {stats['localize_s']} s wall, {stats['localize_cpu_s']} s CPU "
           f"(load average {load} on this 2-core machine), peak RSS {stats['peak_rss_mb']} MB "
-          f"(RSS {stats['rss_before_mb']} MB with the patterns loaded); planted {truth.height}: recall {stats['recall']}, "
-          f"precision {stats['precision']}")
+          f"(RSS {stats['rss_before_mb']} MB with the patterns loaded); planted {truth.height}: abnormal rows recall {stats['recall']}, "
+          f"precision {stats['precision']}; warning/critical-level rows recall {stats['loud_recall']}, precision {stats['loud_precision']}")
 
 
 if __name__ == "__main__":
