@@ -44,6 +44,23 @@ def healthy(tmp_path_factory):
     return render(tmp_path_factory.mktemp("cap"), "healthy", [])
 
 
+def assert_truth_visible(land: Path, truth: list[dict], t: pl.DataFrame) -> None:
+    """The function / kernel a truth row names occurs in what landed for that rank (trace names,
+    timings names or gemm shapes), so analyses can be scored against it."""
+    seen_t = set(t["name"].unique()) | {f"gemm {x}".replace(",dtype=bf16", "") for x in t["shape"].drop_nulls().unique()}
+    checked = 0
+    for row in truth:
+        p = land / "traces" / "cap" / f"rank{row['rank']}.json.gz"
+        if p.exists():  # a traced rank shows both the function and the kernel / api name
+            names = seen_t | {e.get("name") for e in load_trace(land, row["rank"])["traceEvents"]}
+            assert row["function"] in names, row["function"]
+            assert not row["kernel"] or row["kernel"] in names, row["kernel"]
+            checked += 1
+        else:  # timings only: one of the two names
+            assert row["function"] in seen_t or row["kernel"] in seen_t, (row["function"], row["kernel"])
+    assert checked or not truth or all(not (land / "traces" / "cap" / f"rank{r['rank']}.json.gz").exists() for r in truth)
+
+
 def med(t: pl.DataFrame, name: str, ranks=None, kind=None) -> float:
     q = t.filter(pl.col("name") == name)
     if kind:
@@ -174,6 +191,7 @@ def test_deterministic_by_seed(tmp_path):
 def test_slow_gpu_slows_its_compute_and_hw(tmp_path, healthy):
     _, _, th, job = healthy
     land, truth, t, job = render(tmp_path, "slow", [fault("slow_gpu", job.ips[5], job, 1.6)])
+    assert_truth_visible(land, truth, t)
     assert [(r["rank"], r["team"], r["function"]) for r in truth] == [(5, "operations", "gemm")]
     others = [r for r in range(16) if r != 5]
     assert med(t, "gemm", [5]) / med(th, "gemm", [5]) == pytest.approx(1.6, rel=0.05)
@@ -189,8 +207,8 @@ def test_slow_gpu_slows_its_compute_and_hw(tmp_path, healthy):
 
 
 def test_nvlink_down_moves_collectives_to_pcie(tmp_path, healthy):
-    land, truth, t, job = render(tmp_path, "nvl", [fault("nvlink_down", job_ip, small_job(), None) for job_ip in
-                                                    (small_job().ips[1],)])
+    land, truth, t, job = render(tmp_path, "nvl", [fault("nvlink_down", small_job().ips[1], small_job(), None)])
+    assert_truth_visible(land, truth, t)
     _, _, th, _ = healthy
     assert [r["rank"] for r in truth] == [1]
     # rank 1's TP group (0,1) and DP group (1,3,5,7) all-reduces are slower; an unrelated group is not
@@ -210,6 +228,7 @@ def test_nvlink_down_moves_collectives_to_pcie(tmp_path, healthy):
 def test_slow_dataloader_on_every_worker(tmp_path, healthy):
     _, _, th, job = healthy
     land, truth, t, _ = render(tmp_path, "dl", [fault("slow_dataloader", job.job_id, job, 0.04, scope="job")])
+    assert_truth_visible(land, truth, t)
     assert {r["rank"] for r in truth} == set(range(16)) and {r["team"] for r in truth} == {"algorithm"}
     dl = t.filter(pl.col("name") == "dataloader.next").group_by("rank").agg(pl.col("d").median())
     assert dl["d"].min() > 35e6 and med(th, "dataloader.next") < 1e6
@@ -223,6 +242,7 @@ def test_slow_dataloader_on_every_worker(tmp_path, healthy):
 def test_cpu_bound_forward_leaves_gpu_idle(tmp_path, healthy):
     _, _, th, job = healthy
     land, truth, t, _ = render(tmp_path, "cpu", [fault("cpu_bound_forward", job.job_id, job, 0.02, scope="job")])
+    assert_truth_visible(land, truth, t)
     assert {r["function"] for r in truth} == {"megatron/core/models/gpt/gpt_model.py(245): forward"}
     for rank, least in ((9, 0.9), (0, 0.2)):
         ev = load_trace(land, rank)["traceEvents"]
@@ -242,6 +262,7 @@ def test_cpu_bound_forward_leaves_gpu_idle(tmp_path, healthy):
 def test_gc_stall_on_random_workers_only(tmp_path, healthy):
     _, _, th, job = healthy
     land, truth, t, _ = render(tmp_path, "gc", [fault("gc_stall", job.job_id, job, 0.25, scope="job")], trace_ranks=range(16))
+    assert_truth_visible(land, truth, t)
     ranks = {r["rank"] for r in truth}
     assert 1 <= len(ranks) < 16
     gc = t.filter(pl.col("name") == "gc")
@@ -259,6 +280,7 @@ def test_gc_stall_on_random_workers_only(tmp_path, healthy):
 def test_sync_in_forward_collapses_issue_latency(tmp_path, healthy):
     _, _, th, job = healthy
     land, truth, t, _ = render(tmp_path, "sync", [fault("sync_in_forward", job.job_id, job, scope="job")])
+    assert_truth_visible(land, truth, t)
     fwd_ops = t.filter(pl.col("name") == "forward-compute").select("rank", "step", "microbatch", s="start_ns", e="end_ns")
 
     def syncs_in_forward(tt):
@@ -277,6 +299,7 @@ def test_sync_in_forward_collapses_issue_latency(tmp_path, healthy):
 def test_misaligned_gemm_lower_flops(tmp_path, healthy):
     _, _, th, job = healthy
     land, truth, t, _ = render(tmp_path, "mis", [fault("misaligned_gemm", job.job_id, job, scope="job")])
+    assert_truth_visible(land, truth, t)
     assert {r["team"] for r in truth} == {"algorithm"} and "n=8484" in truth[0]["function"]
     g = t.filter(pl.col("name") == "gemm").with_columns(tf=pl.col("flops") / pl.col("d") * 1e-3)
     bad = g.filter(pl.col("shape").str.contains("n=8484"))
@@ -305,6 +328,7 @@ def test_slow_stage_worker_no_hw_signal(tmp_path):
 def test_throttled_rack_host_scope(tmp_path, healthy):
     _, _, th, job = healthy
     land, truth, t, _ = render(tmp_path, "rack", [fault("throttled_racks", "h001", job, 1.5, scope="host")])
+    assert_truth_visible(land, truth, t)
     assert sorted(r["rank"] for r in truth) == list(range(8, 16))
     assert med(t, "gemm", range(8, 16)) / med(th, "gemm", range(8, 16)) == pytest.approx(1.5, rel=0.05)
     assert med(t, "gemm", range(8)) == pytest.approx(med(th, "gemm", range(8)), rel=0.02)

@@ -262,7 +262,7 @@ _TRUTH_FUNCTION = {
     "slow_gpu": ("gemm", M.GEMM_KERNEL), "throttled_racks": ("gemm", M.GEMM_KERNEL), "slow_stage_worker": ("gemm", M.GEMM_KERNEL),
     "nvlink_down": ("nccl:AllReduce", M.NCCL_AR),
     "slow_dataloader": (M.PY_RECV_INTO, "dataloader.next"),
-    "cpu_bound_forward": (M.PY_MODEL_FWD, "forward"),
+    "cpu_bound_forward": (M.PY_MODEL_FWD, "forward-compute"),
     "gc_stall": (M.PY_GRAD_MODE, "gc"),
     "sync_in_forward": (M.PY_SYNC, "cuda.synchronize"),
     "misaligned_gemm": ("gemm", M.GEMM_KERNEL_ALIGN1),
