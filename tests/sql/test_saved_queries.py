@@ -6,6 +6,7 @@ switch / host / link verdicts spread over the week). Each query runs both throug
 answer is checked against what was planted or against the parquet files read independently."""
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import os
@@ -135,10 +136,33 @@ def fleet(tmp_path_factory):
                 faulted_switch=faults.filter(pl.col("kind") == "congested_switch")["subject"][0])
 
 
+def sql_cli(fleet, *args: str) -> tuple[int, str, str]:
+    """`fleetscope sql ...` through the CLI's own entry point, in this process (a subprocess per
+    query would spend most of its time importing): exit code, stdout, stderr."""
+    from fleetscope.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    old = os.environ.get("FLEETSCOPE_WAREHOUSE")
+    os.environ["FLEETSCOPE_WAREHOUSE"] = fleet["env"]["FLEETSCOPE_WAREHOUSE"]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(["sql", *args])
+            except SystemExit as exc:
+                code = exc.code
+    finally:
+        if old is None:
+            os.environ.pop("FLEETSCOPE_WAREHOUSE", None)
+        else:
+            os.environ["FLEETSCOPE_WAREHOUSE"] = old
+    return code, out.getvalue(), err.getvalue()
+
+
 def via_cli(fleet, name: str, sql_prefix: str = "") -> pl.DataFrame:
     query = name if not sql_prefix else sql_prefix + (SQL / f"{name}.sql").read_text()
-    res = run_cli("sql", query, "--format", "csv", env=fleet["env"])
-    return pl.read_csv(io.StringIO(res.stdout), infer_schema_length=None) if res.stdout.strip() else pl.DataFrame()
+    code, out, err = sql_cli(fleet, query, "--format", "csv")
+    assert code == 0, f"fleetscope sql {name}: {code}\n{err}"
+    return pl.read_csv(io.StringIO(out), infer_schema_length=None) if out.strip() else pl.DataFrame()
 
 
 def via_duckdb_file(fleet, name: str, sql_prefix: str = "") -> pl.DataFrame:
@@ -229,8 +253,8 @@ def test_job_timeline_defaults_to_the_newest_job_and_takes_a_job_id(fleet):
     assert b.height == per_step.height
     assert b["step_ms"].to_list() == pytest.approx(per_step["ms"].to_list(), abs=0.011)
     assert b["start_time"].is_sorted()
-    res = run_cli("sql", "SET VARIABLE job_id = 'no-such-job'; " + (SQL / "job_timeline.sql").read_text(), env=fleet["env"], check=False)
-    assert res.returncode == 2 and "job_id no-such-job is not in step_timelines" in res.stderr
+    code, _, err = sql_cli(fleet, "SET VARIABLE job_id = 'no-such-job'; " + (SQL / "job_timeline.sql").read_text())
+    assert code == 2 and "job_id no-such-job is not in step_timelines" in err
 
 
 def test_changed_since_yesterday_labels_new_worse_and_gone(fleet):
@@ -274,9 +298,11 @@ def test_cli_errors_unknown_query_and_missing_warehouse(fleet, tmp_path):
     res = run_cli("sql", "no_such_query", env=fleet["env"], check=False)
     assert res.returncode == 2
     assert "unknown saved query 'no_such_query'" in res.stderr and "slow_jobs_now" in res.stderr
-    env = {**fleet["env"], "FLEETSCOPE_WAREHOUSE": str(tmp_path / "nowhere" / "warehouse.duckdb")}
-    res = run_cli("sql", "slow_jobs_now", env=env, check=False)
-    assert res.returncode == 2 and "has no tables yet" in res.stderr
+    code, _, err = sql_cli(fleet, "slow_jobs_now", "--warehouse", str(tmp_path / "nowhere" / "warehouse.duckdb"))
+    assert code == 2 and "has no tables yet" in err
+    # and the installed command itself, end to end, on the real warehouse
+    res = run_cli("sql", "verdicts_by_team", "--format", "csv", env=fleet["env"])
+    assert res.stdout.startswith("team,severity,verdicts")
 
 
 def _duckdb_cli() -> str | None:

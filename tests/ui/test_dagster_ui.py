@@ -109,8 +109,8 @@ def ui(tmp_path_factory):
     proc = subprocess.Popen([sys.executable, "-m", "fleetscope.cli", "ui", "--port", str(port), "--landing", str(out / "landing"),
                              "--warehouse", str(warehouse)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
-    shots = tmp / "screenshots"
-    shots.mkdir()
+    shots = Path(os.environ.get("FLEETSCOPE_UI_SCREENSHOTS") or tmp / "screenshots")  # CI: keep them as artifacts
+    shots.mkdir(parents=True, exist_ok=True)
     state = {"port": port, "proc": proc, "warehouse": warehouse, "shots": shots, "tmp": tmp, "log": tmp / "ui.log"}
     try:
         deadline, last = time.time() + 300, None
@@ -146,19 +146,35 @@ def ui(tmp_path_factory):
         print("\nscreenshots:\n" + "\n".join(f"  {p}" for p in SHOTS))
 
 
+def _dismiss_community_dialog(b: Browser) -> bool:
+    """Dagster shows a "Join the Dagster community" dialog over the first pages of a new profile
+    (sometimes a few seconds after the page renders); it blocks clicks. Skip it."""
+    return bool(b.evaluate("(() => { if (!document.body.innerText.includes('Join the Dagster community')) return false;"
+                           " const x = [...document.querySelectorAll('button')].find(e => e.innerText.trim() === 'Skip');"
+                           " if (x) { x.click(); return true } return false })()"))
+
+
+def _click_until(b: Browser, label: str, expect: list[str], tries: int = 4) -> str:
+    """Click an element by its text until the page shows what the click should reveal (a dialog can
+    be dismissed by a re-render when the daemon records a new materialization meanwhile)."""
+    for _ in range(tries):
+        _dismiss_community_dialog(b)
+        assert b.click_text(label), f"nothing labelled {label!r} on the page"
+        try:
+            return b.wait_for_text(expect, timeout_s=10)
+        except AssertionError:
+            continue
+    return b.wait_for_text(expect, timeout_s=1)
+
+
 def _open(ui, path: str, needles: list[str], shot: str, height: int = 1000, absent: tuple[str, ...] = ("Loading...",)) -> str:
     b: Browser = ui["browser"]
     b.call("Emulation.setDeviceMetricsOverride", width=1600, height=height, deviceScaleFactor=1, mobile=False)
     b.goto(f"http://127.0.0.1:{ui['port']}{path}")
-    # the first visit shows a "Join the Dagster community" dialog: Skip it (remembered in the profile)
-    deadline = time.time() + 15
-    while time.time() < deadline:
-        clicked = b.evaluate("(() => { const x = [...document.querySelectorAll('button')].find(e => e.innerText.trim() === 'Skip');"
-                             " if (x) { x.click(); return true } return false })()")
-        if clicked or any(n in b.text() for n in needles[:1]):
-            break
-        time.sleep(0.5)
     text = b.wait_for_text(needles, timeout_s=120)
+    time.sleep(1.0)
+    if _dismiss_community_dialog(b):
+        time.sleep(0.5)
     deadline = time.time() + 60  # placeholders ("Loading...") still waiting for their GraphQL answers
     while any(a in text for a in absent) and time.time() < deadline:
         time.sleep(0.5)
@@ -236,16 +252,14 @@ def test_latest_materialization_shows_row_count_schema_and_preview(ui):
     # the schema attached to the materialization: open it as a person would
     schema_label = next((ln for ln in ("dagster/column_schema", f"{table}/schema") if ln in text.splitlines()), None)
     assert schema_label, "no schema metadata on the materialization"
-    assert b.click_text("[Show Table Schema]"), "no [Show Table Schema] link"
-    shown = b.wait_for_text(["Column name"], timeout_s=30)
+    shown = _click_until(b, "[Show Table Schema]", ["Column name"])
     dialog = shown[shown.rfind(schema_label):]
     missing = [c for c in columns if c not in dialog]
     assert not missing, f"columns of the parquet partition missing from the UI's schema: {missing}"
     SHOTS.append(b.screenshot(ui["shots"] / f"05_{table}_schema_dialog.png", full_page=False))
     # the preview: the first rows as written (compare with the parquet's first row)
     text = _open(ui, f"/assets/{table}?view=events&partition={key}", ["dagster/row_count"], f"06_{table}_events_again")
-    assert b.click_text("[Show Markdown]"), "no preview ([Show Markdown]) on the materialization"
-    b.wait_for_text([str(first[c]) for c in columns[:3]], timeout_s=30)
+    _click_until(b, "[Show Markdown]", [str(first[c]) for c in columns[:3]])
     SHOTS.append(b.screenshot(ui["shots"] / f"07_{table}_preview_dialog.png", full_page=False))
 
 
@@ -259,12 +273,11 @@ def test_asset_overview_shows_columns_row_count_and_metadata_plots(ui):
     missing = [c for c in columns if c not in text]
     assert not missing, f"columns missing from the flows overview: {missing}"
     b: Browser = ui["browser"]
-    assert b.click_text("Plots"), "no Plots toggle in the asset's metadata section"
-    b.wait_for_text(["When graphing values by partition"], timeout_s=60)
+    _click_until(b, "Plots", ["When graphing values by partition"])
     time.sleep(2)
     numeric = ["dagster/row_count", "files_in", "files_rejected", "rows_in", "rows_kept", "rows_rejected"]
     n_charts = b.evaluate("document.querySelectorAll('canvas').length") or 0
-    SHOTS.append(b.screenshot(ui["shots"] / "10_flows_metadata_plots.png", full_page=False))
+    SHOTS.append(b.screenshot(ui["shots"] / "08_flows_metadata_plots.png", full_page=False))
     assert n_charts >= len(numeric), f"{n_charts} charts for {len(numeric)} numeric metadata series"
 
 
@@ -277,10 +290,20 @@ def test_fleet_report_plots_when_materialized(ui):
         pytest.skip("fleet_report was not materialized by `fleetscope run` here")
     labels = [e["label"] for e in recs[0]["metadataEntries"]]
     plots = [lb for lb in labels if lb.startswith("plot")]
-    text = _open(ui, "/assets/fleet_report?view=events", ["materialized in run", *labels[:1]], "09_fleet_report")
+    text = _open(ui, "/assets/fleet_report?view=events", ["aterialized in run", *labels[:1]], "09_fleet_report")
     missing = [lb for lb in labels if lb not in text]
     assert not missing, f"fleet_report metadata not shown: {missing}"
     assert plots, f"fleet_report has no plot metadata: {labels}"
+    # the report itself, with its plots inlined: the browser must have decoded real images
+    b: Browser = ui["browser"]
+    if "report" in labels:
+        _click_until(b, "[Show Markdown]", ["report"])
+        deadline, n_img = time.time() + 30, 0
+        while time.time() < deadline and not n_img:
+            n_img = b.evaluate("[...document.querySelectorAll('img')].filter(i => i.complete && i.naturalWidth > 100).length") or 0
+            time.sleep(0.5)
+        SHOTS.append(b.screenshot(ui["shots"] / "10_fleet_report_markdown.png", full_page=False))
+        assert n_img >= 1, "the fleet report shows no decoded plot image"
 
 
 def _live_in_group(pgid: int) -> list[str]:
