@@ -356,7 +356,7 @@ def _collective_edges(t: pl.DataFrame) -> pl.DataFrame:
 CONTRADICTION_NS = 1_000  # a dependency whose dst started this much before src ended was not one
 
 
-def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
     """Edge lags and task simulation durations from the trace (see module doc).
 
     Synchronizing calls have two phases: they start when the thread issues them and end `post`

@@ -3,12 +3,13 @@
 Why not json.load: a Python dict per event is what makes HTA slow and memory hungry. Here the file is
 decompressed in blocks, a vectorized (numpy) scanner finds the top-level boundaries of the events in
 the `traceEvents` array (quotes, escapes, brace depth), rewrites each block as newline-delimited JSON
-(one event per line) and polars' native NDJSON reader parses only the fields we need into columns.
-Memory is one block of text plus the columnar result; the metadata around the array (distributedInfo,
-deviceProperties, baseTimeNanoseconds, ...) is small and parsed with json.
+(one event per line) and polars' native NDJSON reader parses only the fields we need into columns;
+a reader thread cuts the next block while this one is parsed, and each block is normalized at once.
+Memory is a block or two of text plus the columnar result; the metadata around the array
+(distributedInfo, deviceProperties, baseTimeNanoseconds, ...) is small and parsed with json.
 
-Timestamps are microseconds in the file, read as text and converted exactly to integer nanoseconds
-(newer Kineto writes them relative to `baseTimeNanoseconds`, which is added)."""
+Timestamps are microseconds in the file: the integer part converts exactly, the fraction rounds to
+the nearest ns (newer Kineto writes them relative to `baseTimeNanoseconds`, which is added)."""
 from __future__ import annotations
 
 import json
