@@ -277,7 +277,7 @@ def test_asset_overview_shows_columns_row_count_and_metadata_plots(ui):
     time.sleep(2)
     numeric = ["dagster/row_count", "files_in", "files_rejected", "rows_in", "rows_kept", "rows_rejected"]
     n_charts = b.evaluate("document.querySelectorAll('canvas').length") or 0
-    SHOTS.append(b.screenshot(ui["shots"] / "08_flows_metadata_plots.png", full_page=False))
+    SHOTS.append(b.screenshot(ui["shots"] / "10_flows_metadata_plots.png", full_page=False))
     assert n_charts >= len(numeric), f"{n_charts} charts for {len(numeric)} numeric metadata series"
 
 
@@ -290,7 +290,7 @@ def test_fleet_report_plots_when_materialized(ui):
         pytest.skip("fleet_report was not materialized by `fleetscope run` here")
     labels = [e["label"] for e in recs[0]["metadataEntries"]]
     plots = [lb for lb in labels if lb.startswith("plot")]
-    text = _open(ui, "/assets/fleet_report?view=events", ["aterialized in run", *labels[:1]], "09_fleet_report")
+    text = _open(ui, "/assets/fleet_report?view=events", ["aterialized in run", *labels[:1]], "11_fleet_report")
     missing = [lb for lb in labels if lb not in text]
     assert not missing, f"fleet_report metadata not shown: {missing}"
     assert plots, f"fleet_report has no plot metadata: {labels}"
@@ -302,7 +302,10 @@ def test_fleet_report_plots_when_materialized(ui):
         while time.time() < deadline and not n_img:
             n_img = b.evaluate("[...document.querySelectorAll('img')].filter(i => i.complete && i.naturalWidth > 100).length") or 0
             time.sleep(0.5)
-        SHOTS.append(b.screenshot(ui["shots"] / "10_fleet_report_markdown.png", full_page=False))
+        b.evaluate("(() => { const i = [...document.querySelectorAll('img')].find(i => i.naturalWidth > 100);"
+                   " if (i) i.scrollIntoView({block: 'center'}); })()")
+        time.sleep(0.5)
+        SHOTS.append(b.screenshot(ui["shots"] / "12_fleet_report_markdown.png", full_page=False))
         assert n_img >= 1, "the fleet report shows no decoded plot image"
 
 
