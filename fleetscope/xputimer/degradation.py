@@ -6,7 +6,9 @@ optimizer.step) of each rank, and close the loop with a profiling request for th
 - degraded: after each matched iteration, the mean of the last `recent` (50) iterations exceeds
   the shortest of them by more than `threshold` (5 %); reported when the state turns degraded;
 - blocked: no event for longer than `block_factor` mean iterations (the paper uses 1.0; the
-  default 1.5 keeps one slower iteration from reading as blocked), inside the stream or at `now_ns`;
+  default 3.0 keeps slow iterations on a noisy machine, up to ~2-3x the mean on a loaded shared
+  CPU box, from reading as blocked) and for at least `min_idle_ns` (1 s, like XPUTimer's hang
+  timeout), between any two events or until `now_ns`;
 - after `redetect_after` (200) consecutive unmatched events the sequence is detected again.
 The event loop runs per rank in Python: a handful of API events per step, not kernel rows.
 """
@@ -37,7 +39,7 @@ def _candidates(names: list[str]):
     return out, start
 
 
-def _rank_degradation(names, starts, ends, n_identical, recent, threshold, redetect_after, block_factor, now_ns):
+def _rank_degradation(names, starts, ends, n_identical, recent, threshold, redetect_after, block_factor, now_ns, min_idle_ns):
     iters, events = [], []
     cands, _tail = _candidates(names)
     pattern, run_seq, run_len, unmatched = None, None, 0, 0
@@ -47,12 +49,15 @@ def _rank_degradation(names, starts, ends, n_identical, recent, threshold, redet
     for a, b in cands:
         seq = tuple(names[a:b + 1])
         complete = seq[0] == LOADER and seq[-1] == OPT
-        # blocked: the gap before this candidate's first event, against the mean iteration
-        if durs and last_end is not None:
-            gap = starts[a] - last_end
+        # blocked: no event for longer than block_factor mean iterations, between any two events
+        # (a rank waiting in a collective inside the iteration blocks between its own API events)
+        if durs:
             mean = float(np.mean(durs[-recent:]))
-            if gap > block_factor * mean:
-                events.append(("blocked", int(last_end), len(iters) - 1, mean, float(min(durs[-recent:])), gap / mean, int(gap)))
+            prev = np.concatenate([[last_end if last_end is not None else starts[a]], ends[a:b]])
+            gaps = starts[a:b + 1] - prev
+            for j in np.nonzero(gaps > max(block_factor * mean, min_idle_ns))[0]:
+                events.append(("blocked", int(prev[j]), len(iters) - 1, mean, float(min(durs[-recent:])),
+                               float(gaps[j]) / mean, int(gaps[j])))
         last_end = int(max(ends[a:b + 1]))
         if pattern is None:
             if not complete:
@@ -81,14 +86,15 @@ def _rank_degradation(names, starts, ends, n_identical, recent, threshold, redet
             degraded = now_bad
     if now_ns is not None and durs and last_end is not None:
         mean = float(np.mean(durs[-recent:]))
-        if now_ns - last_end > block_factor * mean:
+        if now_ns - last_end > max(block_factor * mean, min_idle_ns):
             events.append(("blocked", int(last_end), len(iters) - 1, mean, float(min(durs[-recent:])),
                            (now_ns - last_end) / mean, int(now_ns - last_end)))
     return iters, events
 
 
 def detect_degradation(t: pl.DataFrame, n_identical: int = 10, recent: int = 50, threshold: float = 0.05,
-                       redetect_after: int = 200, block_factor: float = 1.5, now_ns: int | None = None
+                       redetect_after: int = 200, block_factor: float = 3.0, now_ns: int | None = None,
+                       min_idle_ns: int = 1_000_000_000
                        ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """timings (api rows are used) -> (xputimer_iterations, xputimer_degradations)."""
     if "capture_id" not in t.columns:
@@ -97,7 +103,7 @@ def detect_degradation(t: pl.DataFrame, n_identical: int = 10, recent: int = 50,
     it_rows, ev_rows = [], []
     for (cap, rank), g in api.group_by(["capture_id", "rank"], maintain_order=True):
         iters, events = _rank_degradation(g["name"].to_list(), g["start_ns"].to_numpy(), g["end_ns"].to_numpy(),
-                                          n_identical, recent, threshold, redetect_after, block_factor, now_ns)
+                                          n_identical, recent, threshold, redetect_after, block_factor, now_ns, min_idle_ns)
         it_rows += [{"capture_id": cap, "rank": rank, "iteration": i, "start_ns": s, "end_ns": e, "dur_ns": d} for i, s, e, d in iters]
         ev_rows += [{"capture_id": cap, "rank": rank, "kind": k, "at_ns": at, "iteration": i, "recent_mean_ns": m,
                      "recent_min_ns": mn, "ratio": r, "idle_ns": idle} for k, at, i, m, mn, r, idle in events]

@@ -24,6 +24,11 @@ def test_healthy_run_raises_nothing(real_runs):
     landing, _ = real_runs
     out = D.analyze(_t(landing, "healthy_b"), history=_t(landing, "healthy_a"), job_id="demo")
     assert _bad(out["verdicts"]).height == 0, out["verdicts"]["explanation"].to_list()
+    # PerfTracker 4.1 with its defaults: never 'blocked' on a healthy run (degraded is info only)
+    from fleetscope.xputimer.degradation import degradation_verdicts
+    _, deg = detect_degradation(_t(landing, "healthy_b"))
+    assert deg.filter(pl.col("kind") == "blocked").height == 0
+    assert _bad(degradation_verdicts(deg, "demo")).height == 0
     # and the tables are there with sensible contents
     assert out["xputimer_step_throughput"].height == 30
     assert out["xputimer_job_throughput"]["steps_per_s"][0] > 1
