@@ -26,7 +26,7 @@ import polars as pl
 from fleetscope.schemas.base import conform
 from fleetscope.traces.schemas import TRACE_EVENTS
 
-BLOCK_BYTES = 4 << 20  # decompressed text per parse block
+BLOCK_BYTES = 2 << 20  # decompressed text per parse block
 
 
 class TraceError(ValueError):
