@@ -88,17 +88,18 @@ def expectation_distance(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.nd
     return np.where(np.isnan(d), 0.0, d)
 
 
-def differential_counts(xn: np.ndarray, group_bounds: np.ndarray, theta: float, sample_size: int, seed: int,
+def differential_counts(xn, group_bounds: np.ndarray, theta: float, sample_size: int, seed: int,
                         chunk: int = 1 << 15) -> tuple[np.ndarray, np.ndarray]:
     """d_diff for rows sorted by group (group g = rows group_bounds[g]:group_bounds[g+1]) of
-    normalized patterns xn (n x 3 float32): per row, how many of the group's sampled peers lie
+    normalized patterns xn (n x 3 float32, or a list of 3 arrays): per row, how many of the group's sampled peers lie
     farther than theta (L1). Returns (d_diff int64, |S| per row)."""
-    n = xn.shape[0]
+    n = len(xn[0]) if isinstance(xn, (list, tuple)) else xn.shape[0]
     out = np.zeros(n, np.int64)
     m_row = np.zeros(n, np.int64)
     rng = np.random.default_rng(seed)
     th = np.float32(theta)
-    x0, x1, x2 = (np.ascontiguousarray(xn[:, k]) for k in range(3))
+    x0, x1, x2 = (np.ascontiguousarray(xn[k], dtype=np.float32) for k in range(3)) if isinstance(xn, (list, tuple)) else \
+        (np.ascontiguousarray(xn[:, k]) for k in range(3))
     sizes = np.diff(group_bounds)
     small_groups = np.nonzero((sizes > 0) & (sizes <= sample_size))[0]
     # small groups: S is the whole group; all pairs at once, in blocks of ~4M pairs
@@ -249,7 +250,7 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
         sk = np.maximum(np.maximum.reduceat(x0, bounds[:-1]), np.float32(config.norm_floor[k]))
         scale.append(sk)
         XN.append(x0 / sk[gid])
-    d_diff, m_row = differential_counts(np.stack(XN, axis=1), bounds, config.theta, config.sample_size, config.seed, config.chunk)
+    d_diff, m_row = differential_counts(XN, bounds, config.theta, config.sample_size, config.seed, config.chunk)
     del XN
     med, mad = _group_median_mad(d_diff, gid, n_groups, int(config.sample_size))
     thr = med + config.k_mad * mad
@@ -269,7 +270,8 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
         DN.append(np.abs(dk) / scale[k][gid])
     dn = np.stack(DN, axis=1)
     del DN
-    kdim = dn.argmax(1).astype(np.int8)
+    kdim = np.where(dn[:, 1] > dn[:, 0], 1, 0).astype(np.int8)
+    kdim = np.where(dn[:, 2] > np.maximum(dn[:, 0], dn[:, 1]), 2, kdim).astype(np.int8)
     # a collective's beta includes waiting for slower peers unless Algorithm 1 refined it: when its
     # utilization also differs materially, that is how it differs (the waiting is the symptom).
     # (waiting also lowers the mean link utilization a little, so a collective's mu must differ by a
@@ -333,7 +335,7 @@ def stage_imbalance(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeCon
         return pl.DataFrame(schema=schema)
     s = (patterns.filter((pl.col("category") == "compute") & pl.col("stage").is_not_null())
          .group_by("capture_id", "function", "stage")
-         .agg(*[pl.col(c).median() for c in DIMENSIONS], ranks=pl.col("rank").sort()))
+         .agg(*[pl.col(c).median() for c in DIMENSIONS]))
     s = s.with_columns(n_stages=pl.len().over("capture_id", "function")).filter(pl.col("n_stages") >= 3)
     if s.height == 0:
         return pl.DataFrame(schema=schema)
@@ -344,7 +346,7 @@ def stage_imbalance(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeCon
     pairs = pairs.with_columns(dist=pl.sum_horizontal(*[(pl.col(f"_n{c}") - pl.col(f"_o{c}")).abs() for c in DIMENSIONS]))
     per = pairs.group_by("capture_id", "function", "stage").agg(
         d_diff=(pl.col("dist") > config.theta).sum().cast(pl.Int64), beta_others=pl.col("o_beta").median(),
-        beta=pl.col("beta").first(), n_stages=pl.col("n_stages").first(), ranks=pl.col("ranks").first(),
+        beta=pl.col("beta").first(), n_stages=pl.col("n_stages").first(),
     )
     per = per.with_columns(
         _med=pl.col("d_diff").median().over("capture_id", "function"),
@@ -354,7 +356,13 @@ def stage_imbalance(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeCon
         & (pl.col("d_diff") >= config.min_diff_share * (pl.col("n_stages") - 1))
         & (pl.col("beta") > pl.col("beta_others")) & (pl.col("beta") > config.min_beta)
     )
-    return flagged.select(list(schema)).cast({"stage": pl.Int32}).sort("capture_id", "function", "stage")
+    if flagged.height == 0:
+        return pl.DataFrame(schema=schema)
+    # the ranks of the flagged stages only (a list per stage of a million-worker job is costly)
+    ranks = (patterns.join(flagged.select("capture_id", "function", "stage"), on=["capture_id", "function", "stage"], how="semi")
+             .group_by("capture_id", "function", "stage").agg(ranks=pl.col("rank").unique().sort()))
+    flagged = flagged.join(ranks, on=["capture_id", "function", "stage"], how="left")
+    return flagged.select(list(schema)).cast({"stage": pl.Int32, "ranks": pl.List(pl.Int32)}).sort("capture_id", "function", "stage")
 
 
 # ---------------------------------------------------------------------------------------------
