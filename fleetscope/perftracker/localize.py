@@ -94,8 +94,8 @@ def differential_counts(xn, group_bounds: np.ndarray, theta: float, sample_size:
     normalized patterns xn (n x 3 float32, or a list of 3 arrays): per row, how many of the group's sampled peers lie
     farther than theta (L1). Returns (d_diff int64, |S| per row)."""
     n = len(xn[0]) if isinstance(xn, (list, tuple)) else xn.shape[0]
-    out = np.zeros(n, np.int64)
-    m_row = np.zeros(n, np.int64)
+    out = np.zeros(n, np.int32)
+    m_row = np.zeros(n, np.int32)
     rng = np.random.default_rng(seed)
     th = np.float32(theta)
     x0, x1, x2 = (np.ascontiguousarray(xn[k], dtype=np.float32) for k in range(3)) if isinstance(xn, (list, tuple)) else \
@@ -135,7 +135,7 @@ def differential_counts(xn, group_bounds: np.ndarray, theta: float, sample_size:
             L = c1 - c0
             a0, a1, a2 = x0[c0:c1], x1[c0:c1], x2[c0:c1]
             bb, tt, mm = buf[:L], tmp[:L], msk[:L]
-            cnt = np.zeros(L, np.int64)
+            cnt = np.zeros(L, np.int32)
             for s0, s1, s2 in sp:
                 np.subtract(a0, s0, out=bb); np.abs(bb, out=bb)
                 np.subtract(a1, s1, out=tt); np.abs(tt, out=tt); bb += tt
@@ -157,6 +157,8 @@ def _group_median_mad(values: np.ndarray, gid: np.ndarray, n_groups: int, vmax: 
         return (v1 + v2) / 2.0
 
     w = vmax + 1
+    gid = gid.astype(np.int64)
+    values = values.astype(np.int64)
     h = np.bincount(gid * w + values, minlength=n_groups * w).reshape(n_groups, w)
     med = median_from_hist(h)
     dev2 = np.abs(2 * values - (2 * med[gid]).astype(np.int64))  # 2|x - med| is an integer
@@ -220,7 +222,7 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
     change[0] = True
     change[1:] = graw[1:] != graw[:-1]
     del graw
-    gid = np.cumsum(change) - 1
+    gid = (np.cumsum(change) - 1).astype(np.int32)
     bounds = np.concatenate([np.nonzero(change)[0], [n]])
     del change
     n_groups = bounds.size - 1
@@ -268,20 +270,20 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
         dk[np.isnan(dk)] = 0
         DELTA.append(dk)
         DN.append(np.abs(dk) / scale[k][gid])
-    dn = np.stack(DN, axis=1)
+    dn0, dn1, dn2 = DN
     del DN
-    kdim = np.where(dn[:, 1] > dn[:, 0], 1, 0).astype(np.int8)
-    kdim = np.where(dn[:, 2] > np.maximum(dn[:, 0], dn[:, 1]), 2, kdim).astype(np.int8)
+    kdim = np.where(dn1 > dn0, 1, 0).astype(np.int8)
+    kdim = np.where(dn2 > np.maximum(dn0, dn1), 2, kdim).astype(np.int8)
     # a collective's beta includes waiting for slower peers unless Algorithm 1 refined it: when its
     # utilization also differs materially, that is how it differs (the waiting is the symptom).
     # (waiting also lowers the mean link utilization a little, so a collective's mu must differ by a
     # full theta; other functions report beta or mu once they differ by 0.75 theta)
     material = 0.75 * config.theta
-    kdim = np.where(waiting & (dn[:, 1] >= config.theta), 1, np.where(waiting & (kdim == 0) & (dn[:, 2] >= config.theta), 2, kdim))
+    kdim = np.where(waiting & (dn1 >= config.theta), 1, np.where(waiting & (kdim == 0) & (dn2 >= config.theta), 2, kdim))
     # otherwise a material difference in beta or mu is the finding, rather than the spread (sigma)
-    primary = np.where(dn[:, 1] > dn[:, 0], 1, 0)
-    kdim = np.where(~waiting & (dn[np.arange(n), primary] >= material), primary, kdim).astype(np.int8)
-    del dn, primary
+    primary = np.where(dn1 > dn0, 1, 0)
+    kdim = np.where(~waiting & (np.maximum(dn0, dn1) >= material), primary, kdim).astype(np.int8)
+    del dn0, dn1, dn2, primary
     diff_delta = np.choose(kdim, DELTA)
     del DELTA
 
