@@ -445,6 +445,15 @@ def stop() -> dict | None:
             "dir": str(tr.out_dir), "steps": tr.step}
 
 
+def trace_ddp(ddp_model) -> None:
+    """DDP reduces gradient buckets from its C++ reducer, out of the tracer's sight; this registers
+    the stock all-reduce comm hook, which calls torch.distributed.all_reduce (traced) per bucket.
+    Call after ft.start() (the hook calls whatever dist.all_reduce is at that time)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    ddp_model.register_comm_hook(state=None, hook=default_hooks.allreduce_hook)
+
+
 def current() -> _Tracer | None:
     return _TRACER
 

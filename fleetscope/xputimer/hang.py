@@ -132,7 +132,7 @@ def diagnose_hang(incident_dir: str | Path, job_id: str | None = None, rank_host
     name = (lambda r: f"rank {r} ({rank_hosts[r]})" if rank_hosts and r in rank_hosts else f"rank {r}")
     if culprits.height:
         waiting = ranks.filter(pl.col("in_collective"))
-        colls = sorted(set(waiting["collective"].drop_nulls().to_list()))
+        colls = sorted({"wait() of an async collective" if c == "wait" else c for c in waiting["collective"].drop_nulls().to_list()})
         for r in culprits.iter_rows(named=True):
             rows.append(dict(detector="xputimer_hang", scope="rank", subject=str(r["rank"]), job_id=job_id,
                              metric="hang_not_in_collective", value=1.0, severity="critical", team="operations",

@@ -142,3 +142,49 @@ def test_nvml_sampler_without_gpu_exits_cleanly(tmp_path):
         assert files and {"ts_ns", "host", "gpu"} <= set(pl.read_parquet(files[0]).columns)
     else:
         assert "no NVIDIA GPU" in p.stdout or "found no GPU" in p.stdout
+
+
+def _ddp_worker(rank, port, landing, q):
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    import collectors.tracer as ft
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    ft.start(landing_dir=landing, capture="ddp", rank=rank, job_id="ddp", profiler=False, stacks=False)
+    m = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 1)))
+    ft.trace_ddp(m)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    for _ in range(5):
+        opt.zero_grad()
+        m(torch.randn(8, 64)).sum().backward()
+        opt.step()
+    q.put(ft.stop()["rows"])
+    dist.destroy_process_group()
+
+
+def test_ddp_buckets_traced_through_comm_hook(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    ps = [ctx.Process(target=_ddp_worker, args=(r, port, str(tmp_path), q)) for r in range(2)]
+    for p in ps:
+        p.start()
+    rows = [q.get(timeout=300) for _ in ps]
+    for p in ps:
+        p.join(timeout=60)
+    assert all(r > 0 for r in rows)
+    t = read_timings(tmp_path / "timings" / "ddp")
+    ar = t.filter(pl.col("name") == "gloo:AllReduce")
+    # one DDP bucket per step holding every parameter: (64*64 + 64) + (64 + 1) floats
+    assert ar.height == 2 * 5 and ar["bytes"].unique().to_list() == [(64 * 64 + 64 + 64 + 1) * 4]
