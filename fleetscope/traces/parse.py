@@ -304,7 +304,7 @@ def _scan_events(path: Path) -> tuple[list[pl.DataFrame], tuple[int, int], dict,
         start = None
         bare = False
         while start is None:
-            chunk = _read(stream, BLOCK_BYTES if head else 1 << 16, path)
+            chunk = _read(stream, BLOCK_BYTES if head else min(BLOCK_BYTES, 1 << 16), path)
             if not chunk and not head:
                 raise TraceError(f"{path}: empty file; not a trace")
             head += chunk

@@ -178,3 +178,22 @@ def test_derived_tables():
     assert s.filter(pl.col("source") == "cuda_sync")["kind"].value_counts().sort("kind").rows() == [
         ("context_sync", 5), ("stream_sync", 16), ("stream_wait_event", 20)]
     assert s.filter((pl.col("source") == "cuda_runtime") & (pl.col("kind") == "stream_sync")).height == 16
+
+
+@pytest.mark.parametrize("indent", [None, 1, 4])
+def test_scanner_handles_strings_with_json_syntax_and_layouts(tmp_path, indent, monkeypatch):
+    import fleetscope.traces.parse as P
+
+    names = ['void k<{lambda()#1}>(float [4], "q\\\\")', "a}b]c,{", 'esc \\"}{\\" x', "tab\there", "ünïcode ✓"]
+    events = [{"ph": "X", "cat": "kernel", "name": n, "pid": 0, "tid": 7, "ts": 1000 + i, "dur": 2,
+               "args": {"correlation": i, "stream": 7, "device": 0, "grid": [[1, 2], {"x": "}"}]}} for i, n in enumerate(names)]
+    doc = {"deviceProperties": [{"name": "[traceEvents]"}], "x": "\"traceEvents\": [", "traceEvents": events,
+           "distributedInfo": {"rank": 5}, "baseTimeNanoseconds": 1_000_000_000}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc, indent=indent, ensure_ascii=(indent == 4)))
+    monkeypatch.setattr(P, "BLOCK_BYTES", 97)  # blocks cut inside strings and escapes
+    tf = read_trace(path, "c")
+    assert tf.meta["rank"] == 5
+    assert tf.events["name"].to_list() == names
+    assert tf.events["ts_ns"].to_list() == [1_000_000_000 + (1000 + i) * 1000 for i in range(len(names))]
+    assert tf.events["correlation"].to_list() == list(range(len(names)))
