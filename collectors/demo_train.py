@@ -84,6 +84,8 @@ def worker(rank: int, a, port: int, q):
                     c10d.all_reduce(sync_t)  # unnecessary synchronization (not a traced API)
             return x
 
+    if a.pp > 1:
+        return _pipeline_worker(rank, a, q, torch, dist, DataLoader, Data, collate)
     net = Forward(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     # the GC-stall heap: many small cyclic objects make a full collection expensive
@@ -135,6 +137,68 @@ def worker(rank: int, a, port: int, q):
     dist.destroy_process_group()
 
 
+def _pipeline_worker(rank, a, q, torch, dist, DataLoader, Data, collate):
+    """Pipeline (pp stages) x data parallel (world / pp): stage = rank // dp. GPipe-like schedule
+    per step: all microbatch forwards (activations sent to the next stage), then all backwards
+    (gradients sent back), then the stage's DP all-reduce and optimizer step. `--stage-layers`
+    sets the layers per stage (an uneven split is a stage-partitioning imbalance)."""
+    dp = a.world // a.pp
+    stage, dp_rank = rank // dp, rank % dp
+    groups = [dist.new_group(list(range(s * dp, (s + 1) * dp))) for s in range(a.pp)]  # every rank makes every group
+    per_stage = [int(x) for x in a.stage_layers.split(",")] if a.stage_layers else [a.layers // a.pp] * a.pp
+    layers = []
+    for _ in range(per_stage[stage]):
+        layers += [torch.nn.Linear(a.hidden, a.hidden), torch.nn.GELU()]
+    if stage == a.pp - 1:
+        layers.append(torch.nn.Linear(a.hidden, 1))
+    model = torch.nn.Sequential(*layers)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    prev_rank, next_rank = rank - dp, rank + dp
+    mb = a.batch // a.microbatches
+    if a.trace:
+        import collectors.tracer as ft
+        ft.start(landing_dir=a.landing, capture=a.capture, rank=rank, job_id=a.job_id, flush_interval_s=a.flush_s,
+                 profiler=True, stacks=True, layout={"stage": stage, "dp_rank": dp_rank})
+    it = iter(DataLoader(Data(a.batch * (a.steps + 2), a.hidden), batch_size=mb, collate_fn=collate))
+    times = []
+    for step in range(a.steps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        saved = []
+        for _ in range(a.microbatches):
+            x, y = next(it)  # every stage reads its batch (the last one needs the targets)
+            if stage > 0:
+                x = torch.empty(mb, a.hidden)
+                dist.recv(x, src=prev_rank)
+                x.requires_grad_(True)
+            out = model(x)
+            if stage < a.pp - 1:
+                dist.send(out.detach(), dst=next_rank)
+            else:
+                out = torch.nn.functional.mse_loss(out, y) / a.microbatches
+            saved.append((x, out))
+        for x, out in reversed(saved):
+            if stage == a.pp - 1:
+                out.backward()
+            else:
+                g = torch.empty_like(out)
+                dist.recv(g, src=next_rank)
+                out.backward(g)
+            if stage > 0:
+                dist.send(x.grad, dst=prev_rank)
+        for p in model.parameters():
+            dist.all_reduce(p.grad, group=groups[stage])
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    summary = None
+    if a.trace:
+        import collectors.tracer as ft
+        summary = ft.stop()
+    q.put(json.dumps({"rank": rank, "step_times": times, "tracer": summary}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def parse(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--world", type=int, default=4)
@@ -158,6 +222,9 @@ def parse(argv=None):
     ap.add_argument("--hang-s", type=float, default=0.0)
     ap.add_argument("--hang-marker", default="")
     ap.add_argument("--log-loss", action="store_true")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline stages (world must be a multiple)")
+    ap.add_argument("--stage-layers", default="", help="layers per stage, e.g. 2,6 (default: even split)")
+    ap.add_argument("--microbatches", type=int, default=4)
     return ap.parse_args(argv)
 
 

@@ -66,6 +66,7 @@ class _Tracer:
         self._thread = threading.Thread(target=self._loop, name="fleetscope-tracer", daemon=True)
         self._last_flush = time.monotonic()
         self.on_step_end = []                # callbacks(step) run on the training thread (profiler capture)
+        self.layout: dict[str, int] = {}     # stage / dp_rank / tp_rank when the job says
         if use_cuda:
             # anchor GPU event times to the wall clock once; elapsed_time() is relative to it
             torch.cuda.synchronize()
@@ -126,6 +127,8 @@ class _Tracer:
                 "group": pa.array(cols[10], pa.string()), "group_size": pa.array(cols[11], pa.int32()),
                 "shape": pa.array(cols[12], pa.string()), "step": pa.array(cols[13], pa.int64()),
             })
+            for col, val in self.layout.items():  # the rank's constant place in the parallel layout
+                table = table.append_column(col, pa.array([int(val)] * len(rows), pa.int32()))
             path = self.out_dir / f"rank{self.rank}-{self.n_files:05d}.parquet"
             tmp = path.with_suffix(".parquet.tmp")
             # delta-encoded ns timestamps compress far better than plain int64
@@ -395,10 +398,11 @@ def _install(tr: _Tracer, trace_kernels: bool):
 def start(landing_dir: str | os.PathLike | None = None, capture: str | None = None, rank: int | None = None,
           *, job_id: str | None = None, max_rows: int = 20000, flush_interval_s: float = 30.0,
           poll_interval_s: float = 0.05, trace_kernels: bool = True, profiler: bool = True,
-          stacks: bool = True) -> _Tracer:
+          stacks: bool = True, layout: dict | None = None) -> _Tracer:
     """Start tracing this process. landing_dir defaults to $FLEETSCOPE_LANDING or data/landing;
     capture to $FLEETSCOPE_CAPTURE or '<job_id>-<UTC time>' (all ranks of a job must agree: pass it,
-    or set FLEETSCOPE_CAPTURE in the launcher). rank defaults to torch.distributed's rank or $RANK."""
+    or set FLEETSCOPE_CAPTURE in the launcher). rank defaults to torch.distributed's rank or $RANK.
+    layout: this rank's {"stage", "dp_rank", "tp_rank"} (any subset), written on every row."""
     global _TRACER
     if _TRACER is not None:
         return _TRACER
@@ -411,6 +415,10 @@ def start(landing_dir: str | os.PathLike | None = None, capture: str | None = No
     tr = _Tracer(landing_dir, capture, int(rank), socket.gethostname(), max_rows, flush_interval_s,
                  poll_interval_s, use_cuda)
     tr.job_id = job_id
+    bad = set(layout or {}) - {"stage", "dp_rank", "tp_rank"}
+    if bad:
+        raise ValueError(f"layout keys must be stage, dp_rank, tp_rank; got {sorted(bad)}")
+    tr.layout = dict(layout or {})
     cj = tr.out_dir / "capture.json"
     if not cj.exists():
         import json

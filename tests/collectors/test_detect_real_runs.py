@@ -80,3 +80,26 @@ def test_slow_dataloader_v_inter_and_degradation(real_runs):
     assert d.join(fault, on="rank").select((pl.col("at_ns") >= pl.col("f")).all()).item()
     _, deg_h = detect_degradation(_t(landing, "healthy_a"), threshold=2.5)
     assert deg_h.filter(pl.col("kind") == "degraded").height == 0
+
+
+def test_pipeline_run_send_recv_and_stage_imbalance(tmp_path):
+    """2 pipeline stages x 2 DP ranks, 4 microbatches; stage 1 holds 6 of 8 layers."""
+    from collectors import demo_train
+
+    demo_train.run(["--world", "4", "--pp", "2", "--stage-layers", "2,6", "--steps", "15", "--hidden", "256",
+                    "--batch", "32", "--landing", str(tmp_path), "--capture", "pp", "--job-id", "pp"])
+    t = read_timings(tmp_path / "timings" / "pp")
+    # the layout the job gave the tracer: stage = rank // 2, dp_rank = rank % 2
+    lay = t.select("rank", "stage", "dp_rank").unique().sort("rank")
+    assert lay.rows() == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    # activations / gradients between stages: one send and one recv per microbatch per rank, 8 x 256 fp32
+    p2p = t.filter(pl.col("name").is_in(["gloo:Send", "gloo:Recv"])).group_by("rank", "name").agg(pl.len(), pl.col("bytes").unique())
+    assert (p2p["len"] == 15 * 4).all() and p2p["bytes"].explode().unique().to_list() == [8 * 256 * 4]
+    # the DP all-reduces run in each stage's own group: 2 groups of 2 ranks
+    ar = t.filter(pl.col("name") == "gloo:AllReduce")
+    assert ar["group"].n_unique() == 2 and (ar["group_size"] == 2).all()
+    ci = M.comm_instances(t).filter(pl.col("collective") == "allreduce")
+    assert (ci["n_ranks"] == 2).all()
+    out = D.analyze(t, job_id="pp")
+    bad = _bad(out["verdicts"])
+    assert bad.select("scope", "subject", "team").rows() == [("stage", "1", "algorithm")]
