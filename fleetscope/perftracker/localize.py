@@ -31,7 +31,6 @@ from fleetscope.perftracker.schemas import BEHAVIOR_PATTERNS, CATEGORIES, DIMENS
 from fleetscope.schemas.base import conform
 from fleetscope.verdicts import make_verdicts
 
-INF = float("inf")
 CATEGORY_CODES = {c: i for i, c in enumerate(CATEGORIES)}
 # expected boxes per category (PerfTracker's production experience; configurable). A missing
 # dimension is unconstrained; GPU compute kernels are never unexpected.
