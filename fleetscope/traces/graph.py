@@ -130,6 +130,7 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None) -> Graph:
         _event_wait_edges(tasks, events),
     ]
     tasks = _collective_groups(tasks)
+    tasks = _mark_layers(tasks, events)
     edges.append(_collective_edges(tasks))
     e = pl.concat([x for x in edges if x.height], how="vertical_relaxed") if any(x.height for x in edges) else pl.DataFrame(
         schema={"src": pl.Int64, "dst": pl.Int64, "edge_type": pl.Utf8, "subtype": pl.Utf8})
@@ -316,6 +317,38 @@ def _infer_stream_waits(t: pl.DataFrame, e: pl.DataFrame) -> pl.DataFrame:
     cand = cand.filter(pl.col("o_proc").is_not_null() & (pl.col("o_proc") != pl.col("processor"))
                        & (pl.col("ts_ns") - pl.col("o_end") <= UNEXPLAINED_NS))
     return _edge(cand.select(src="o_id", dst="task_id"), "gpu_gpu", "inferred_wait")
+
+
+LAYER_RX = r"(?i)(transformer_?layer|decoder_?layer|encoder_?layer|gpt_?block|llama_?decoder|layers\.\d+)"
+
+
+def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX) -> pl.DataFrame:
+    """in_layer: the task belongs to a repeated model layer. Forward: CPU tasks inside a span (Python
+    function, operator or annotation) whose name looks like a layer, and what they launch. Backward:
+    the spans of autograd operators whose sequence number is that of a forward operator inside a
+    layer (PyTorch tags both with the same number)."""
+    cpu_ev = events.filter(pl.col("cat").is_in(["python_function", "cpu_op", "user_annotation"]) & (pl.col("ph") == "X"))
+    fwd = cpu_ev.filter(pl.col("name").str.contains(layer_rx)).select("rank", "pid", "tid", s0="ts_ns", s1="end_ns")
+    if fwd.height == 0:
+        return t.with_columns(in_layer=pl.lit(False))
+    ops = cpu_ev.filter(pl.col("sequence_number").is_not_null() & (pl.col("cat") == "cpu_op")).select(
+        "rank", "pid", "tid", "sequence_number", "name", o0="ts_ns", o1="end_ns")
+
+    def inside(x: pl.DataFrame, spans: pl.DataFrame, t0: str) -> pl.DataFrame:
+        # x rows that lie inside a span of the same thread (the latest span starting before them)
+        j = x.sort(t0).join_asof(spans.sort("s0"), left_on=t0, right_on="s0", by=["rank", "pid", "tid"], strategy="backward",
+                                 check_sortedness=False)
+        return j.filter(pl.col("s1").is_not_null() & (pl.col(t0) < pl.col("s1")))
+
+    fwd_ops = inside(ops, fwd, "o0")
+    bwd = ops.join(fwd_ops.select("rank", "sequence_number").unique(), on=["rank", "sequence_number"]).filter(
+        pl.col("name").str.contains(r"(?i)backward")).select("rank", "pid", "tid", s0="o0", s1="o1")
+    spans = pl.concat([fwd, bwd])
+    cpu_in = inside(t.filter(pl.col("kind") == "cpu").select("task_id", "rank", "pid", "tid", "correlation", "ts_ns"), spans, "ts_ns")
+    launched = t.filter(pl.col("kind") == "gpu").join(
+        cpu_in.filter(pl.col("correlation").is_not_null()).select("rank", "correlation"), on=["rank", "correlation"]).select("task_id")
+    ids = pl.concat([cpu_in.select("task_id"), launched])["task_id"].implode()
+    return t.with_columns(in_layer=pl.col("task_id").is_in(ids))
 
 
 # ---------------------------------------------------------------- collectives across ranks

@@ -160,6 +160,7 @@ GRAPH_TASKS = register(
             "pg_name": _c(pl.Utf8, True),
             "coll_seq": _c(pl.Int64, True),
             "coll_group": _c(pl.Utf8, True),  # same value on every rank taking part in one collective
+            "in_layer": _c(pl.Boolean, True),  # part of a repeated model layer (forward or backward), see graph.py
         },
         strict=False,
         unique=["task_id"],

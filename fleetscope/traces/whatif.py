@@ -7,8 +7,9 @@ Edits (each returns a new Graph; `predict` simulates and compares with the unedi
                    model fitted on the trace's own collectives predicts for the new group size
   pp_repartition   pipeline stages re-partitioned: each rank's compute scales with its stage's
                    new share of layers (cross-rank send/recv collectives keep the pipeline coupled)
-  layers           layers added or removed: compute kernels, the CPU work of the iterations and
-                   the DP gradient volume scale with the number of layers (identical layers)
+  layers           layers added or removed: the layers' kernels and CPU work (where the trace marks
+                   its layers, else all compute and CPU work) and the DP gradient volume scale
+                   with the number of layers (identical layers)
 
 The prediction is the simulated mean iteration time of the slowest rank (model lags, see graph.py),
 for both the edited and the unedited graph, so the ratio isolates the edit."""
@@ -132,17 +133,26 @@ def dp_degree(graph: Graph, dp_new: int, dp_old: int | None = None, model: CommM
 
 
 def layers(graph: Graph, layers_old: int, layers_new: int, model: CommModel | None = None) -> Graph:
-    """Layers added or removed: every compute kernel, the CPU work of their launches, and the DP
-    gradient volume scale by layers_new / layers_old (a homogeneous stack of identical layers)."""
+    """Layers added or removed (identical layers): the work of the layers scales by
+    layers_new / layers_old, and so does the DP gradient volume. When the trace marks its layers
+    (graph_tasks.in_layer: Python/operator spans named like a layer and their backward operators) only
+    that work scales (kernels, CPU tasks and the CPU gaps inside layers); otherwise every compute kernel
+    and the CPU work of the iterations do."""
     if layers_old < 1 or layers_new < 0:
         raise ValueError("layers: layers_old must be >= 1 and layers_new >= 0")
     r = layers_new / layers_old
-    g = _scale(graph, (pl.col("kind") == "gpu") & (pl.col("role") == "compute"), r)
-    # the CPU side of the layers: operator and launch time, and the CPU work between them
-    g = _scale(g, (pl.col("kind") == "cpu") & pl.col("wait_ref").is_null() & pl.col("iteration").is_not_null(), r)
-    in_it = g.tasks.filter(pl.col("iteration").is_not_null() & (pl.col("kind") == "cpu"))["task_id"].implode()
+    marked = "in_layer" in graph.tasks.columns and bool(graph.tasks["in_layer"].fill_null(False).any())
+    if marked:
+        inl = pl.col("in_layer").fill_null(False)
+        g = _scale(graph, inl & ((pl.col("kind") == "cpu") & pl.col("wait_ref").is_null() | (pl.col("role") == "compute")), r)
+        scaled = g.tasks.filter(pl.col("in_layer").fill_null(False) & (pl.col("kind") == "cpu"))["task_id"].implode()
+    else:
+        g = _scale(graph, (pl.col("kind") == "gpu") & (pl.col("role") == "compute"), r)
+        # the CPU side of the layers: operator and launch time, and the CPU work between them
+        g = _scale(g, (pl.col("kind") == "cpu") & pl.col("wait_ref").is_null() & pl.col("iteration").is_not_null(), r)
+        scaled = g.tasks.filter(pl.col("iteration").is_not_null() & (pl.col("kind") == "cpu"))["task_id"].implode()
     g.edges = g.edges.with_columns(
-        lag_ns=pl.when((pl.col("subtype") == "thread_order") & pl.col("dst").is_in(in_it) & (pl.col("lag_ns") > 0))
+        lag_ns=pl.when((pl.col("subtype") == "thread_order") & pl.col("dst").is_in(scaled) & (pl.col("lag_ns") > 0))
         .then((pl.col("lag_ns") * r).round(0).cast(pl.Int64)).otherwise(pl.col("lag_ns")))
     try:
         model = model or fit_comm_model(graph)

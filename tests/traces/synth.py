@@ -17,7 +17,7 @@ def comm_us(coll: str, nbytes: int, n: int, lat_us: float = 20.0, gbps: float = 
 
 def make_trace(steps: list[list[dict]], rank: int = 0, launch_us: int = 5, gap_us: int = 2, queue_us: int = 3,
                sync: str | None = "device", t0_us: int = 1_700_000_000_000_000, step0: int = 10) -> dict:
-    """steps: per iteration, kernels {name, stream, dur (us), [coll, nelems, group]} launched in order
+    """steps: per iteration, kernels {name, stream, dur (us), [coll, nelems, group], [layer]} launched in order
     by one thread; `sync` ends each iteration with cudaDeviceSynchronize ("device"),
     cudaStreamSynchronize on stream 7 ("stream") or nothing (None)."""
     ev, corr, t = [], 1000, t0_us
@@ -27,6 +27,9 @@ def make_trace(steps: list[list[dict]], rank: int = 0, launch_us: int = 5, gap_u
         s0 = t
         for k in kernels:
             corr += 1
+            if k.get("layer"):  # the launch happens inside a transformer layer's forward (Python span)
+                ev.append({"ph": "X", "cat": "python_function", "name": "megatron/core/transformer/transformer_layer.py(1): forward",
+                           "pid": pid, "tid": tid, "ts": t, "dur": launch_us + 1, "args": {}})
             ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": tid, "ts": t, "dur": launch_us,
                        "args": {"External id": corr, "correlation": corr}})
             st = max(t + queue_us, free.get(k["stream"], 0))

@@ -1,5 +1,6 @@
 import json
 
+import polars as pl
 import pytest
 
 from fleetscope.schemas import TABLES
@@ -99,7 +100,6 @@ def test_pp_repartition_moves_time_between_stages(tmp_path):
     # two ranks standing for two stages; stage 1 (rank 1) is twice as long
     a = synth.make_trace(_steps(400, 50), rank=0)
     b = synth.make_trace(_steps(800, 50), rank=1)
-    import polars as pl
     ev = pl.concat([read_trace(synth.write(a, tmp_path / "rank0.json.gz"), "pp").events,
                     read_trace(synth.write(b, tmp_path / "rank1.json.gz"), "pp").events])
     g = build_graph(ev)
@@ -109,3 +109,24 @@ def test_pp_repartition_moves_time_between_stages(tmp_path):
         predict(g, [("bad", "pp_repartition", {"stage_of_rank": {0: 0}, "layers_old": [8, 16], "layers_new": [8, 8]})])
     with pytest.raises(ValueError, match="unknown edit"):
         predict(g, [("x", "nope", {})])
+
+
+def test_layers_scale_only_the_marked_layers(tmp_path):
+    """Embedding (300 us, outside any layer) + L transformer layers (200 us GEMM each, launched inside a
+    transformer_layer forward span). 2 -> 4 layers must match a rerun with 4 layers, not scale the embedding."""
+    def steps(n_layers):
+        return [[{"name": "embedding_kernel", "stream": 7, "dur": 300}]
+                + [{"name": "ampere_sgemm_128x64_nn", "stream": 7, "dur": 200, "layer": True} for _ in range(n_layers)]
+                for _ in range(4)]
+    base = synth.make_trace(steps(2))
+    truth = synth.make_trace(steps(4))
+    g = _graph(base, tmp_path)
+    t = g.tasks
+    assert t.filter(pl.col("in_layer") & (pl.col("kind") == "gpu"))["name"].unique().to_list() == ["ampere_sgemm_128x64_nn"]
+    w = predict(g, [("layers_x2", "layers", {"layers_old": 2, "layers_new": 4})])
+    assert w["predicted_ns"][0] == pytest.approx(_mean_step(truth), rel=0.03)
+    # scaling every compute kernel instead (no layer marks) would also double the embedding
+    unmarked = g.copy()
+    unmarked.tasks = unmarked.tasks.with_columns(in_layer=pl.lit(False))
+    w2 = predict(unmarked, [("layers_x2", "layers", {"layers_old": 2, "layers_new": 4})])
+    assert w2["predicted_ns"][0] > _mean_step(truth) * 1.15
