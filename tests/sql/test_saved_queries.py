@@ -264,7 +264,7 @@ def test_recurring_hosts_maps_gpus_and_links_to_hosts(fleet):
 
 def test_job_timeline_defaults_to_the_newest_job_and_takes_a_job_id(fleet):
     steps = fleet["wh"].read("step_timelines").unique(["job_id", "ip", "start_ns", "end_ns"])
-    newest = steps.sort("end_ns")["job_id"][-1]
+    newest = steps.sort("end_ns", "job_id")["job_id"][-1]  # ties: the highest job id, as the query does
     df = via_cli(fleet, "job_timeline")
     assert set(df["job_id"]) == {newest}
     job = fleet["jobs"]["real"]
