@@ -17,7 +17,6 @@ import polars as pl
 
 from fleetscope.ingest.timings import read_timings
 from fleetscope.xputimer import detectors as D
-from fleetscope.xputimer import metrics as M
 from fleetscope.xputimer.hang import diagnose_all
 
 REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "real"

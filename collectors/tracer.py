@@ -21,7 +21,6 @@ import atexit
 import functools
 import gc
 import importlib
-import math
 import os
 import socket
 import threading

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 
-import numpy as np
 import polars as pl
 from scipy import stats
 

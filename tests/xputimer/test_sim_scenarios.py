@@ -3,7 +3,6 @@ fault scenario must raise a verdict naming the faulty rank / kernel with the rig
 healthy one nothing. The truth rows are read here only, never by the code under test."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import polars as pl
 import pytest
