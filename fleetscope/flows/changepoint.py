@@ -11,7 +11,7 @@ on log gaps, a sequential 2-means with robust (clipped) updates:
 * only the level the gap was assigned to moves, by alpha * clip(x - level, +-clip), so a single
   huge gap (job pause, missing flows) cannot drag a level away.
 
-The levels start from the first `warmup` gaps (median, and upper quartile of those well above it; a bounded lag, like BOCD's lagged P(r_{t+L})).
+The levels start from the first `warmup` gaps (median, and second largest; a bounded lag, like BOCD's lagged P(r_{t+L})).
 It is causal after the warm-up and runs vectorized across all sequences at once: the Python
 loop is over the position inside a sequence (hundreds to a few thousands), never over rows."""
 from __future__ import annotations
@@ -26,7 +26,7 @@ class SplitParams:
     min_ratio: float = 4.0  # a step gap is at least this many times the within-step gap
     alpha: float = 0.2  # learning rate of the two levels
     clip: float = 1.0  # max move of a level per update, in log units (robust to outliers)
-    warmup: int = 64  # gaps used to initialise the two levels (a bounded lag)
+    warmup: int = 128  # gaps used to initialise the two levels (a bounded lag)
     min_gap_ns: int = 1_000  # gaps below 1 us (overlapping channels) count as 1 us
     one_flow_gap_ratio: float = 10.0  # flat sequences whose gaps are 10x their flows: a flow per step
 
@@ -82,12 +82,13 @@ def split_steps(group: np.ndarray, gaps: np.ndarray, params: SplitParams = Split
 
     w = valid & (vpos <= params.warmup)
     gid_all = np.cumsum(first) - 1
-    # hi = upper quartile of the warm-up gaps that clear lo by min_ratio (not their max: one long
-    # pause, such as the job's start-up, must not set the between-step level; not their median:
-    # a distributed optimizer's pause between reduce-scatter and all-gather is not a step gap)
+    # hi = the second largest warm-up gap that clears lo by min_ratio: the warm-up spans several
+    # steps, so this is a step gap, not a bucket or reduce-scatter/all-gather gap (several levels
+    # lie below it), and not a one-off pause such as the job's start-up (the largest)
     lv = (pl.DataFrame({"g": gid_all[w], "x": x[w]}).with_columns(lo=pl.col("x").median().over("g"))
           .group_by("g").agg(lo=pl.col("lo").first(),
-                             hi=pl.col("x").filter(pl.col("x") > pl.col("lo") + lmin).quantile(0.75, "higher")))
+                             hi=pl.col("x").filter(pl.col("x") > pl.col("lo") + lmin).sort(descending=True)
+                             .get(1, null_on_oob=True)))
     lv = lv.with_columns(pl.col("hi").fill_null(pl.col("lo")))
     lo = np.zeros(len(starts))
     hi = np.zeros(len(starts))

@@ -3,9 +3,9 @@
 1. size count: per pair and step, the number of distinct flow sizes; mode 1 means PP, else DP.
 2. timing fallback for pairs the size count calls PP (equal padded buckets, a single bucket):
    DP when most of their flows fall inside the endpoints' DP phases found from unambiguous DP
-   pairs; in a job with no unambiguous DP pair, DP when the flows of a step run back to back
-   (duty cycle >= fallback_duty: collectives saturate the link, PP sends are short and spread
-   between compute).
+   pairs; in a job with no unambiguous DP pair, DP when the pair's traffic is one short burst per
+   job step (spans <= fallback_span of a step, and not split into many more steps than the job
+   has): a collective is a burst, PP sends follow the microbatches through forward and backward.
 3. DP transitivity (connected components of the DP graph): a PP label between two ips of one DP
    component becomes DP (refined).
 Aperiodic pairs inside a job (rendezvous, barriers, control) are `other`.
@@ -66,10 +66,16 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
         frac = _in_phase_fraction(seg_flows, cand, phases) if phases is not None and phases.height else \
             cand.select("pid", in_dp=pl.lit(None, dtype=pl.Float64))
         jobs_with_dp = sure["job_id"].unique()
+        # the job's step count: the most common number of steps among its periodic pairs (every DP
+        # pair has it; PP pairs split anywhere from one to many segments per step)
+        p = p.with_columns(job_steps=pl.col("n_steps").filter(pl.col("periodic")).mode().max().over("job_id"))
+        # a DP pair is split into about the job's steps (a PP pair often into many more), and the
+        # fallback needs a few steps of evidence (a pair whose split found 2-3 steps is undecided)
+        once_per_step = (pl.col("n_steps") <= 1.5 * pl.col("job_steps")) & (pl.col("n_steps") >= 4)
         p = p.join(frac, on="pid", how="left").with_columns(
-            fb=(pl.col("raw_type") == "PP") & pl.when(pl.col("job_id").is_in(jobs_with_dp.implode()))
+            fb=(pl.col("raw_type") == "PP") & once_per_step & pl.when(pl.col("job_id").is_in(jobs_with_dp.implode()))
             .then(pl.col("in_dp").fill_null(0.0) >= cfg.fallback_in_dp_phase)
-            .otherwise(pl.col("duty").fill_null(0.0) >= cfg.fallback_duty)
+            .otherwise(pl.col("span_frac").fill_null(1.0) <= cfg.fallback_span)
         ).with_columns(
             comm_type=pl.when("fb").then(pl.lit("DP")).otherwise("comm_type"),
             method=pl.when("fb").then(pl.lit("timing_fallback")).otherwise("method"),
@@ -80,16 +86,19 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     idx = pl.DataFrame({"ip": ips, "i": np.arange(ips.len())})
     p = p.join(idx.rename({"ip": "ip_a", "i": "a"}), on="ip_a").join(idx.rename({"ip": "ip_b", "i": "b"}), on="ip_b")
     dp = p.filter(pl.col("comm_type") == "DP")
+    # propagate only from DP labels resting on several steps: a pair whose split found one or two
+    # steps can carry a wrong label, and transitivity would spread it over a whole stage
+    dp_edges = dp.filter((pl.col("n_steps") >= 3) | (pl.col("method") != "size_count"))
     n = ips.len()
     if n:
-        g = coo_matrix((np.ones(dp.height), (dp["a"].to_numpy(), dp["b"].to_numpy())), shape=(n, n))
+        g = coo_matrix((np.ones(dp_edges.height), (dp_edges["a"].to_numpy(), dp_edges["b"].to_numpy())), shape=(n, n))
         _, comp = connected_components(g, directed=False)
     else:
         comp = np.zeros(0, dtype=np.int64)
     comp_s = pl.Series(comp, dtype=pl.Int64)
     p = p.with_columns(ca=pl.col("a").map_batches(lambda s: comp_s.gather(s), return_dtype=pl.Int64),
                        cb=pl.col("b").map_batches(lambda s: comp_s.gather(s), return_dtype=pl.Int64))
-    in_dp_comp = pl.col("ip_a").is_in(pl.concat([dp["ip_a"], dp["ip_b"]]).implode())
+    in_dp_comp = pl.col("ip_a").is_in(pl.concat([dp_edges["ip_a"], dp_edges["ip_b"]]).implode())
     p = p.with_columns(refined=(pl.col("comm_type") == "PP") & (pl.col("ca") == pl.col("cb")) & in_dp_comp)
     p = p.with_columns(
         comm_type=pl.when("refined").then(pl.lit("DP")).otherwise("comm_type"),

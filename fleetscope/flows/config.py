@@ -21,9 +21,9 @@ class FlowConfig:
     sync_min_share: float = 0.5
     # timing fallback for pairs whose size count says PP: DP if most of their flows fall inside
     # the endpoints' DP phases (found from unambiguous DP pairs), or, with no such pair in the job,
-    # if their flows run back to back within a step (duty cycle)
+    # if their traffic is a burst (<= fallback_span of a step) once per job step
     fallback_in_dp_phase: float = 0.5
-    fallback_duty: float = 0.5
+    fallback_span: float = 0.25
     # a step belongs to the window [ws, we) when end + edge_guard_ns falls in it; the guard must
     # exceed any gap inside one step's DP phase (so a step cut by the window end is not claimed)
     edge_guard_ns: int = 2_000_000_000

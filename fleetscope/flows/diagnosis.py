@@ -149,7 +149,11 @@ def _network(flows: pl.DataFrame, pairs: pl.DataFrame, topo: pl.DataFrame, wid: 
     m = cells["med"].to_numpy()
     sig = MAD_SIGMA * float(np.median(np.abs(m - np.median(m))))
     thr = float(np.median(m)) - max(cfg.k_sigma * sig, cfg.min_bw_drop)
-    flagged = cells.filter(pl.col("med") < thr).sort(["bin", "n_slow", "med"], descending=[False, True, False])
+    # most specific first: the candidate whose flows are nearly all slow (the cause) before the
+    # ones carrying some of those flows among healthy ones (its leaf, ring peers), then more slow flows
+    flagged = cells.filter(pl.col("med") < thr).with_columns(
+        sh=(pl.col("n_slow") / pl.col("n") * 20).round()).sort(
+        ["bin", "sh", "n_slow", "med"], descending=[False, True, True, False])
     if flagged.height == 0:
         return []
     slow = x.filter(pl.col("r") < 1 - cfg.min_bw_drop).select("fid", "bin", "kind", "cand")
@@ -167,6 +171,23 @@ def _network(flows: pl.DataFrame, pairs: pl.DataFrame, topo: pl.DataFrame, wid: 
         keep.append(r)
     if not keep:
         return []
+    # the same explain-away across the window: a candidate kept in some bins whose slow flows are
+    # mostly carried by a stronger accepted candidate (fault edges, bins where the cause fell short)
+    kept = pl.DataFrame(keep).select("kind", "cand", "bin")
+    mine = slow.join(kept, on=["kind", "cand", "bin"])
+    order = pl.DataFrame(keep).group_by("kind", "cand").agg(
+        sh=(pl.col("n_slow").sum() / pl.col("n").sum() * 20).round(), n=pl.col("n_slow").sum()).sort(
+        ["sh", "n"], descending=True).select("kind", "cand")
+    final: list[tuple[str, str]] = []
+    for kind, cand in order.iter_rows():
+        fids = mine.filter((pl.col("kind") == kind) & (pl.col("cand") == cand))["fid"].unique()
+        if final:
+            acc_f = mine.filter(pl.struct("kind", "cand").is_in(
+                pl.DataFrame(final, schema=["kind", "cand"], orient="row").to_struct().implode()))["fid"]
+            if fids.is_in(acc_f.implode()).sum() >= 0.5 * fids.len():
+                continue
+        final.append((kind, cand))
+    keep = [r for r in keep if (r["kind"], r["cand"]) in set(final)]
     k = pl.DataFrame(keep).group_by("kind", "cand").agg(
         med=pl.col("med").median(), s=pl.col("s").min(), e=pl.col("e").max(), n=pl.col("n").sum(),
         bins=pl.len(), jobs=pl.col("jobs").str.join(","))

@@ -22,7 +22,7 @@ def pair_summary(seg_flows: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
     duty cycle inside steps, and `periodic` (job traffic). `seg_flows` has ip_a, ip_b, seg.
 
     Sizes are counted only for data flows (>= min_data_bytes) and when they recur (>= 2 flows of
-    the pair have that size, within size_tol): collective
+    the pair have that size, within size_tol, and >= 3 flows): collective
     chunks and activations repeat every step, while the pieces of a flow split by a
     retransmission have one-off sizes that would otherwise make a PP pair look like DP."""
     # sizes within size_tol of each other are one size (headers or control messages coalesced into
@@ -33,7 +33,7 @@ def pair_summary(seg_flows: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
     # a size recurs when it makes up a real share of the pair's flows (a bucket's chunks every step);
     # the pieces of retransmission splits are scattered one-offs even if two happen to be close
     f = f.with_columns(rec=(pl.len().over("pid", "size_cl")
-                            >= pl.max_horizontal(pl.lit(2), cfg.min_size_share * pl.len().over("pid")))
+                            >= pl.max_horizontal(pl.lit(3), cfg.min_size_share * pl.len().over("pid")))
                        & (pl.col("bytes") >= cfg.min_data_bytes))
     steps = f.group_by("pid", "seg").agg(
         n=pl.len(), sizes=pl.col("size_cl").filter("rec").n_unique(),
@@ -53,6 +53,9 @@ def pair_summary(seg_flows: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
         n_steps=pl.len().cast(pl.Int64),
         period_ns=pl.col("period").median(),
         duty=pl.col("duty").median(),
+        # how much of a step the pair's traffic spans: a collective is a burst, PP sends follow the
+        # microbatches through forward and backward
+        span_frac=((pl.col("last") - pl.col("first")).median() / pl.col("period").median()),
         first_ns=pl.col("first").min(), last_ns=pl.col("last").max(),
     )
     by = f.group_by("pid").agg(ip_a=pl.col("ip_a").first(), ip_b=pl.col("ip_b").first(), bytes=pl.col("bytes").sum().cast(pl.Int64),
