@@ -282,7 +282,12 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
     # otherwise a material difference in beta or mu is the finding, rather than the spread (sigma)
     primary = np.where(dn1 > dn0, 1, 0)
     kdim = np.where(~waiting & (np.maximum(dn0, dn1) >= material), primary, kdim).astype(np.int8)
-    del dn0, dn1, dn2, primary
+    # a finding is material when its reported dimension is beta or mu and differs by at least
+    # 0.75 theta (a full theta for a waiting collective's mu); else the verdict stays info
+    chosen = np.where(kdim == 0, dn0, np.where(kdim == 1, dn1, dn2))
+    need = np.where(waiting & (kdim == 1), np.float32(config.theta), np.float32(material))
+    diff_material = (kdim != 2) & (chosen >= need)
+    del dn0, dn1, dn2, primary, chosen, need
     diff_delta = np.choose(kdim, DELTA)
     del DELTA
 
@@ -308,6 +313,7 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
         abnormal=pl.Series(back(abnormal), dtype=pl.Boolean),
         diff_dim=labels(back(kdim), DIMENSIONS),
         diff_delta=pl.Series(back(diff_delta)).cast(pl.Float64),
+        diff_material=pl.Series(back(diff_material), dtype=pl.Boolean),
         exp_dim=labels(back(exp_code), DIMENSIONS),
         reason=labels(back(reason) - 1, ["expectation", "differential", "both"]),
         peer_stage=pl.when(keys["_staged"]).then(keys["_stage"]),
@@ -401,14 +407,15 @@ def _short(function: str, n: int = 120) -> str:
     return leaf if len(leaf) <= n else leaf[: n - 3] + "..."
 
 
-def _loud(kind: pl.Expr, dim: pl.Expr, category: pl.Expr, mu_source: pl.Expr) -> pl.Expr:
+def _loud(kind: pl.Expr, dim: pl.Expr, category: pl.Expr, mu_source: pl.Expr, material: pl.Expr) -> pl.Expr:
     """Which findings become warning/critical verdicts and which stay info:
     - a collective's critical time includes waiting for slower peers unless Algorithm 1 refined
       it with fine-grained link samples, so a collective that differs (or is out of its box) only
       in beta is a symptom of someone else's slowness: info;
-    - a difference in sigma alone (the spread of coarse samples) is too weak on its own: info."""
+    - a difference in sigma alone (the spread of coarse samples), or one where no dimension
+      differs materially (diff_material false), is too weak on its own: info."""
     waiting = (category == "collective") & (dim == "beta") & (mu_source != "hw_alg1")
-    return ~(waiting | ((kind == "differential") & (dim == "sigma")))
+    return ~(waiting | ((kind == "differential") & ((dim == "sigma") | ~material)))
 
 
 def patterns_verdicts(localized: pl.DataFrame, stages: pl.DataFrame | None = None, job_id: str | None = None,
@@ -425,7 +432,8 @@ def patterns_verdicts(localized: pl.DataFrame, stages: pl.DataFrame | None = Non
         ab = ab.with_columns(kind=pl.when(pl.col("reason") == "expectation").then(pl.lit("expectation")).otherwise(pl.lit("differential")),
                              dim=pl.when(pl.col("reason") == "expectation").then(pl.col("exp_dim")).otherwise(pl.col("diff_dim")),
                              leaf=pl.col("function_name").fill_null(pl.col("function")))
-        ab = ab.with_columns(loud=_loud(pl.col("kind"), pl.col("dim"), pl.col("category"), pl.col("mu_source").fill_null("none")))
+        ab = ab.with_columns(loud=_loud(pl.col("kind"), pl.col("dim"), pl.col("category"), pl.col("mu_source").fill_null("none"),
+                                        pl.col("diff_material").fill_null(True)))
         peers = localized.with_columns(leaf=pl.col("function_name").fill_null(pl.col("function"))).group_by("capture_id", "leaf").agg(
             *[pl.col(c).filter(~pl.col("abnormal").fill_null(False)).median().alias(f"peer_{c}") for c in DIMENSIONS],
             n_workers=pl.col("rank").n_unique())
@@ -450,14 +458,16 @@ def patterns_verdicts(localized: pl.DataFrame, stages: pl.DataFrame | None = Non
                 box = config.expected.get(r["category"], {}).get(dim, (0.0, 1.0))
                 how = f"{dim} {val:.3g} outside the expected [{box[0]:g}, {box[1]:g}] (d_exp {r['d_exp']:.3g})"
             res = ("critical-path share" if dim == "beta" else f"{r['resource'] or ''} utilization from {r['mu_source'] or ''}")
-            note = "" if r["loud"] else (" Symptom only: a collective's time includes waiting for slower peers." if dim == "beta"
-                                         else " Weak alone: only the spread of coarse samples differs.")
+            symptom = r["category"] == "collective" and dim == "beta"
+            note = "" if r["loud"] else (" Symptom only: a collective's time includes waiting for slower peers." if symptom
+                                         else " Weak alone: only the spread of coarse samples differs." if dim == "sigma"
+                                         else " Weak alone: no dimension differs by 0.75 theta or more.")
             expl = (f"{_short(r['leaf'])} ({r['category']}) abnormal on {len(r['ranks'])} of {r['n_workers']} workers "
                     f"(ranks {workers}): {how} [{res}]. {why}.{note}")
             sev = ("critical" if (r["beta"] or 0) >= 0.05 else "warning") if r["loud"] else "info"
             rows.append(dict(
                 detector="perftracker", scope="function", subject=r["leaf"], job_id=job_id, capture_id=r["capture_id"],
-                metric=f"{r['kind']}_{dim}" + ("" if r["loud"] else ("_symptom" if dim == "beta" else "_weak")), value=float(val) if val is not None else None,
+                metric=f"{r['kind']}_{dim}" + ("" if r["loud"] else ("_symptom" if symptom else "_weak")), value=float(val) if val is not None else None,
                 baseline=float(base) if base is not None else None, severity=sev, team=team, explanation=expl,
                 evidence=json.dumps({"ranks": [int(x) for x in r["ranks"]], "stages": [int(x) for x in r["stages"]], "kind": r["kind"],
                                      "dimension": dim, "dimensions": [d for d in r["dims"] if d], "beta": r["beta"], "mu": r["mu"],

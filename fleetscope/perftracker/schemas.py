@@ -40,6 +40,7 @@ BEHAVIOR_PATTERNS = register(
             "d_diff_threshold": pa.Column(pl.Float64, nullable=True),  # median + k MAD of the group
             "diff_dim": pa.Column(pl.Utf8, nullable=True),  # dimension farthest from the group median
             "diff_delta": pa.Column(pl.Float64, nullable=True),  # that dimension minus the group median (raw)
+            "diff_material": pa.Column(pl.Boolean, nullable=True),  # beta or mu differs by >= 0.75 theta (normalized)
             "exp_dim": pa.Column(pl.Utf8, nullable=True),  # dimension farthest outside the expected box
             "reason": pa.Column(pl.Utf8, nullable=True),  # expectation / differential / both
         },
