@@ -33,7 +33,7 @@ steps AS (
 ),
 overlapping AS (
     SELECT s.window_id, s.step, count(v.verdict_id) AS verdicts,
-           string_agg(DISTINCT v.scope || ':' || v.subject, ', ') AS verdict_subjects
+           string_agg(DISTINCT v.scope || ':' || v.subject, ', ' ORDER BY v.scope || ':' || v.subject) AS verdict_subjects
     FROM steps s JOIN anomaly_verdicts v
       ON v.job_id = s.job_id AND v.severity IN ('warning', 'critical')
      AND coalesce(v.start_ns, v.end_ns) <= s.end_ns AND coalesce(v.end_ns, v.start_ns) >= s.start_ns

@@ -10,7 +10,7 @@ SELECT source_kind,
        count(*) FILTER (WHERE row_number IS NOT NULL) AS rows_rejected,
        min(row_number) AS first_bad_row,
        count(DISTINCT reason) AS distinct_reasons,
-       string_agg(DISTINCT left(reason, 160), ' | ') AS reasons,
+       string_agg(DISTINCT left(reason, 160), ' | ' ORDER BY left(reason, 160)) AS reasons,
        any_value(partition_key) AS partition_key,
        make_timestamp_ns(max(detected_ns)) AS last_detected
 FROM rejected_records
