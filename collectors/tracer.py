@@ -288,15 +288,40 @@ def _payload_bytes(fn, a, kw):
 
 
 class _TracedWork:
-    """Proxy of an async collective's Work: wait() is a Python frame in this file, so a stack dump of
-    a rank blocked on it shows that it waits for a collective (the C++ wait leaves no Python frame)."""
-    __slots__ = ("_work",)
+    """Proxy of an async collective's Work. wait() records the row on the training thread: the end
+    is when wait() returned if the work was still running, else when wait() was called (an upper
+    bound). No completion callback: a Python callback on the communication thread must take the
+    GIL from the training thread, which cost up to 35 % of a 12 ms CPU step in the benchmark.
+    Only get_future() (DDP comm hooks, which never call wait()) falls back to a future callback.
+    wait() is also a Python frame in this file, so a stack dump of a rank blocked on it shows that
+    it waits for a collective (the C++ wait leaves no Python frame)."""
+    __slots__ = ("_work", "_row", "_done")
 
-    def __init__(self, work):
-        self._work = work
+    def __init__(self, work, row):
+        self._work, self._row, self._done = work, row, False
+
+    def _record(self, end_ns):
+        if not self._done:
+            self._done = True
+            tr, kname, issue, nbytes, gid, gsize, step = self._row
+            tr.rows.append((tr.rank, tr.host, "kernel", kname, issue, issue, end_ns, None, None, nbytes, gid, gsize,
+                            None, step))
 
     def wait(self, *a, **kw):
-        return self._work.wait(*a, **kw)
+        t0 = _now()
+        finished = self._done or self._work.is_completed()
+        out = self._work.wait(*a, **kw)
+        self._record(t0 if finished else _now())
+        return out
+
+    def get_future(self):
+        fut = self._work.get_future()
+        if not self._done:
+            fut.then(lambda _f: self._record(_now()))
+        return fut
+
+    def is_completed(self):
+        return self._work.is_completed()
 
     def __getattr__(self, name):
         return getattr(self._work, name)
@@ -325,14 +350,7 @@ def _timed_collective(tr: _Tracer, fn: str):
                 return out
             out = orig(*a, **kw)
             if out is not None and hasattr(out, "get_future") and fn not in ("isend", "irecv", "send", "recv"):
-                # async collective: the end is when the work completes (callback on gloo's thread)
-                step = tr.step
-                def done(_f, issue=issue, step=step):
-                    tr.rows.append((tr.rank, tr.host, "kernel", kname, issue, issue, _now(), None, None, nbytes,
-                                    gid, gsize, None, step))
-                    return None
-                out.get_future().then(done)
-                return _TracedWork(out)
+                return _TracedWork(out, (tr, kname, issue, nbytes, gid, gsize, tr.step))
             tr.add("kernel", kname, issue, issue, _now(), nbytes=nbytes, group=gid, group_size=gsize)
             return out
         return wrapper
