@@ -124,7 +124,7 @@ def incident_report_asset(context: AssetExecutionContext, warehouse: WarehouseRe
 
 def _all_verdict_deps():
     return [AssetDep(k, partition_mapping=_ALL) for k in ("flow_verdicts", "hang_verdicts", "xputimer_verdicts",
-                                                         "perftracker_verdicts", "prism_verdicts")]
+                                                         "perftracker_verdicts", "prism_verdicts", "trace_verdicts")]
 
 
 @asset(group_name="operations", deps=_all_verdict_deps(), kinds={"duckdb"},

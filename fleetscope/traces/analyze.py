@@ -11,13 +11,15 @@ from fleetscope.traces.whatif import DEFAULT_SCENARIOS, predict
 
 
 def analyze_capture(events: pl.DataFrame, capture_id: str | None = None, scenarios=DEFAULT_SCENARIOS,
-                    job_id: str | None = None) -> dict[str, pl.DataFrame]:
+                    job_id: str | None = None, chrome_trace_path=None) -> dict[str, pl.DataFrame]:
     """-> {trace_collectives, trace_iterations, trace_syncs, graph_tasks, graph_edges, replays,
     replay_sm_util, whatif, anomaly_verdicts}, each validated against its registered schema."""
     if events.height == 0:
         raise ValueError("analyze_capture: no trace events")
     g = build_graph(events, capture_id)
     r = replay(g)
+    if chrome_trace_path is not None:  # the simulated timeline, for Perfetto / chrome://tracing
+        r.chrome_trace(chrome_trace_path)
     w = predict(g, list(scenarios)) if scenarios else None
     out = {
         "trace_collectives": trace_collectives(events),
