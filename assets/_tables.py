@@ -45,4 +45,5 @@ def write_table(wh: Warehouse, table: str, key: str, df: pl.DataFrame, schema: p
         f"{table}/path": MetadataValue.path(str(path)),
         f"{table}/write_seconds": MetadataValue.float(round(time.perf_counter() - t0, 3)),
         "dagster/row_count": MetadataValue.int(df.height),
+        "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(schema)),
     }

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -113,13 +114,15 @@ def cmd_demo(args) -> int:
     return rc
 
 
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
 def _resolve_sql(query: str) -> str:
     name = query.strip()
     if name.lower().endswith(".sql"):
         name = name[:-4]
-    path = SQL_DIR / f"{name}.sql"
-    if path.exists():
-        return path.read_text()
+    if _NAME.match(name) and (SQL_DIR / f"{name}.sql").exists():  # only a bare name can be a saved query
+        return (SQL_DIR / f"{name}.sql").read_text()
     if " " in query.strip() or query.strip().lower().startswith(("select", "with", "from", "describe", "show", "summarize", "pivot")):
         return query
     saved = sorted(p.stem for p in SQL_DIR.glob("*.sql"))
@@ -138,6 +141,11 @@ def cmd_sql(args) -> int:
     if not wh.tables_dir.exists():
         _die(f"warehouse {warehouse} has no tables yet ({wh.tables_dir} is missing): run `fleetscope run` or `fleetscope demo` first")
     sql = _resolve_sql(args.query)
+    for var in args.var or []:  # --var k=v -> SET VARIABLE k = 'v' (saved queries read getvariable('k'))
+        k, sep, v = var.partition("=")
+        if not sep or not _NAME.match(k):
+            _die(f"--var expects NAME=VALUE, got {var!r}")
+        sql = f"SET VARIABLE {k} = '{v.replace(chr(39), chr(39) * 2)}';\n" + sql
     try:
         df = wh.sql(sql)
     except duckdb.Error as exc:
@@ -199,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--warehouse")
     q.add_argument("--format", choices=["table", "csv", "json"], default="table")
     q.add_argument("--limit", type=int, default=50)
+    q.add_argument("--var", action="append", metavar="NAME=VALUE", help="set a variable a saved query reads (repeatable)")
     q.set_defaults(fn=cmd_sql)
     u = sub.add_parser("ui", help="the Dagster UI (and daemon: sensors, schedules, automation) over the same warehouse")
     u.add_argument("--host", default="127.0.0.1")

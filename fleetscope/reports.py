@@ -42,6 +42,8 @@ def _md_table(df: pl.DataFrame, cols: list[str], n: int = 20) -> str:
 
 def step_trend_plot(steps: pl.DataFrame, max_jobs: int = 8) -> bytes | None:
     """Step duration over time per job (median over the job's GPUs per step)."""
+    if "start_observed" in steps.columns:
+        steps = steps.filter(pl.col("start_observed"))
     if steps.height == 0:
         return None
     per = (steps.with_columns(d=(pl.col("end_ns") - pl.col("start_ns")) / 1e9)
@@ -124,6 +126,8 @@ def incident_report(request: dict, verdicts: pl.DataFrame, incidents: pl.DataFra
     md += ["## Timeline", ""]
     tl = v.with_columns(when=pl.col("start_ns").map_elements(_ts, return_dtype=pl.Utf8))
     md.append(_md_table(tl, ["when", "severity", "team", "detector", "scope", "subject", "explanation"], n=40))
+    if "start_observed" in steps.columns:
+        steps = steps.filter(pl.col("start_observed"))
     if steps.height:
         per = steps.with_columns(d=(pl.col("end_ns") - pl.col("start_ns")) / 1e6).group_by("job_id").agg(
             steps=pl.col("step").n_unique(), median_ms=pl.col("d").median().round(1), p95_ms=pl.col("d").quantile(0.95).round(1))
@@ -146,7 +150,9 @@ def fleet_report(day: str, jobs: pl.DataFrame, steps: pl.DataFrame, verdicts: pl
            f"verdicts: {verdicts.height} ({verdicts.filter(pl.col('severity') != 'info').height} warning/critical), "
            f"grouped problems: {incidents.height}", ""]
     if steps.height:
-        trend = (steps.with_columns(d=(pl.col("end_ns") - pl.col("start_ns")) / 1e6).sort("end_ns")
+        # a window's first step per GPU has no observed start (it began before the flows did)
+        full = steps.filter(pl.col("start_observed")) if "start_observed" in steps.columns else steps
+        trend = (full.with_columns(d=(pl.col("end_ns") - pl.col("start_ns")) / 1e6).sort("end_ns")
                  .group_by("job_id").agg(steps=pl.col("step").n_unique(), median_ms=pl.col("d").median().round(1),
                                          first_ms=pl.col("d").head(20).median().round(1), last_ms=pl.col("d").tail(20).median().round(1))
                  .with_columns(trend_pct=((pl.col("last_ms") / pl.col("first_ms") - 1) * 100).round(1)).sort("trend_pct", descending=True))

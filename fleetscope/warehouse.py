@@ -32,6 +32,7 @@ from fleetscope.schemas.base import TABLES, empty_frame
 
 log = logging.getLogger(__name__)
 EMPTY = "_empty"
+STORAGE_VERSION = "v1.4.0"
 _SAFE = re.compile(r"^[A-Za-z0-9._=-]+$")
 
 
@@ -192,9 +193,14 @@ class Warehouse:
                             have = {r[0] for r in ro.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
                         if wanted <= have:
                             return True
-                    with duckdb.connect(str(self.path)) as con:
+                    with duckdb.connect() as con:
+                        # an older storage format, so the duckdb CLI people install (duckdb-cli 1.5.x
+                        # on PyPI) can open the file too; an existing file keeps its own format
+                        opt = "" if self.path.exists() else f" (STORAGE_VERSION '{STORAGE_VERSION}')"
+                        con.execute(f"ATTACH '{self.path}' AS w{opt}")
                         for name in sorted(wanted):
-                            con.execute(f'CREATE OR REPLACE VIEW "{name}" AS SELECT * FROM read_parquet(\'{self.glob(name)}\', union_by_name=true)')
+                            con.execute(f'CREATE OR REPLACE VIEW w."{name}" AS SELECT * FROM read_parquet(\'{self.glob(name)}\', union_by_name=true)')
+                        con.execute("DETACH w")
                     return True
                 except (duckdb.IOException, duckdb.ConnectionException) as exc:  # held by another process (e.g. a duckdb CLI)
                     if attempt == retries - 1:
