@@ -140,10 +140,14 @@ def slow_comm_rows(bw: pl.DataFrame, job_id: str | None = None, expected_busbw_b
 
 
 # -- issue latency (kernel-issue stalls) -----------------------------------------------------------
-def _api_share(t: pl.DataFrame, name: str) -> float:
+def _api_share(t: pl.DataFrame, name: str, typical: bool = False) -> float:
+    """Share of the ranks' step time spent in an API. typical=True counts every call at the median
+    call duration: a systematically slow API (a data loader) moves it, one call stretched by the
+    OS descheduling the process does not. GC stalls are rare, long calls, so they use the sum."""
     p = M.prepare(t)
     steps = M.rank_steps(t)["span_ns"].sum()
-    tot = p.filter((pl.col("kind") == "api") & (pl.col("name") == name))["dur_ns"].sum()
+    d = p.filter((pl.col("kind") == "api") & (pl.col("name") == name))["dur_ns"]
+    tot = (d.median() or 0) * d.len() if typical else d.sum()
     return float(tot) / float(steps) if steps else 0.0
 
 
@@ -194,12 +198,13 @@ def issue_stall_rows(t: pl.DataFrame, history_t: pl.DataFrame | None, job_id: st
     rows = []
     if history_lat is None or history_lat.height == 0:
         return rows, summ
-    h = {n: _api_share(history_t, n) for n in ("gc", "dataloader.next")}
+    typical = {"gc": False, "dataloader.next": True}
+    h = {n: _api_share(history_t, n, typ) for n, typ in typical.items()}
     h_sync = _api_per_step(history_t, "cuda.synchronize")
     hmed = float(history_lat["latency_frac"].median())
     for r in summ.filter((pl.col("ks_vs_history") > d_threshold) & (pl.col("p_value") < p_threshold)).iter_rows(named=True):
         cur = t.filter(pl.col("capture_id") == r["capture_id"]) if "capture_id" in t.columns else t
-        c = {n: _api_share(cur, n) for n in h}
+        c = {n: _api_share(cur, n, typ) for n, typ in typical.items()}
         n_sync = _api_per_step(cur, "cuda.synchronize")
         cmed = float(lat.filter(pl.col("capture_id") == r["capture_id"])["latency_frac"].median())
         ev = {"ks": r["ks_vs_history"], "p_value": r["p_value"], "median_latency_frac": cmed, "history_median_latency_frac": hmed,
