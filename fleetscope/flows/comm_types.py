@@ -40,9 +40,12 @@ def _in_phase_fraction(seg_flows: pl.DataFrame, cand: pl.DataFrame, phases: pl.D
         x = f.with_columns(ip=pl.col(end_col)).sort("ip", "start_ns")
         # merged phases can overlap; the latest phase starting before the flow is the candidate
         j = x.join_asof(phases, left_on="start_ns", right_on="ps", by="ip", strategy="backward", check_sortedness=False)
-        hit.append(j.select("fid", inside=(pl.col("pe").is_not_null() & (pl.col("end_ns") <= pl.col("pe") + 1_000_000))))
-    h = pl.concat(hit).group_by("fid").agg(pl.col("inside").any())
-    return f.join(h, on="fid").group_by("pid").agg(in_dp=pl.col("inside").mean())
+        hit.append(j.select("fid", has=pl.col("pe").is_not_null(),
+                            inside=(pl.col("pe").is_not_null() & (pl.col("end_ns") <= pl.col("pe") + 1_000_000))))
+    h = pl.concat(hit).group_by("fid").agg(pl.col("inside").any(), pl.col("has").any())
+    # null when neither endpoint has a known DP phase: the caller then uses the standalone rule
+    return f.join(h, on="fid").group_by("pid").agg(
+        in_dp=pl.when(pl.col("has").any()).then(pl.col("inside").sum() / pl.col("has").sum().clip(lower_bound=1)))
 
 
 def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.DataFrame,
@@ -73,8 +76,9 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
         # fallback needs a few steps of evidence (a pair whose split found 2-3 steps is undecided)
         once_per_step = (pl.col("n_steps") <= 1.5 * pl.col("job_steps")) & (pl.col("n_steps") >= 4)
         p = p.join(frac, on="pid", how="left").with_columns(
-            fb=(pl.col("raw_type") == "PP") & once_per_step & pl.when(pl.col("job_id").is_in(jobs_with_dp.implode()))
-            .then(pl.col("in_dp").fill_null(0.0) >= cfg.fallback_in_dp_phase)
+            fb=(pl.col("raw_type") == "PP") & once_per_step
+            & pl.when(pl.col("job_id").is_in(jobs_with_dp.implode()) & pl.col("in_dp").is_not_null())
+            .then(pl.col("in_dp") >= cfg.fallback_in_dp_phase)
             .otherwise(pl.col("span_frac").fill_null(1.0) <= cfg.fallback_span)
         ).with_columns(
             comm_type=pl.when("fb").then(pl.lit("DP")).otherwise("comm_type"),
@@ -86,9 +90,9 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     idx = pl.DataFrame({"ip": ips, "i": np.arange(ips.len())})
     p = p.join(idx.rename({"ip": "ip_a", "i": "a"}), on="ip_a").join(idx.rename({"ip": "ip_b", "i": "b"}), on="ip_b")
     dp = p.filter(pl.col("comm_type") == "DP")
-    # propagate only from DP labels resting on several steps: a pair whose split found one or two
+    # propagate only from DP labels resting on several steps: a pair whose split found a few
     # steps can carry a wrong label, and transitivity would spread it over a whole stage
-    dp_edges = dp.filter((pl.col("n_steps") >= 3) | (pl.col("method") != "size_count"))
+    dp_edges = dp.filter((pl.col("n_steps") >= cfg.min_edge_steps) | (pl.col("method") != "size_count"))
     n = ips.len()
     if n:
         g = coo_matrix((np.ones(dp_edges.height), (dp_edges["a"].to_numpy(), dp_edges["b"].to_numpy())), shape=(n, n))

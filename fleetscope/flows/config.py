@@ -24,6 +24,8 @@ class FlowConfig:
     # if their traffic is a burst (<= fallback_span of a step) once per job step
     fallback_in_dp_phase: float = 0.5
     fallback_span: float = 0.25
+    # DP transitivity propagates from size-count DP labels resting on at least this many steps
+    min_edge_steps: int = 5
     # a step belongs to the window [ws, we) when end + edge_guard_ns falls in it; the guard must
     # exceed any gap inside one step's DP phase (so a step cut by the window end is not claimed)
     edge_guard_ns: int = 2_000_000_000
