@@ -71,9 +71,10 @@ def child(path: str) -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     out = localize(df, validate=False)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-    # "loud": what patterns_verdicts raises as warning/critical (a difference in sigma alone stays info)
+    # "loud": what patterns_verdicts raises as warning/critical (a differential finding without a
+    # material beta/mu difference stays info; these planted functions are not waiting collectives)
     flagged = out.filter("abnormal").select("rank", pl.col("function").cast(pl.Utf8),
-                                            loud=(pl.col("reason") != "differential") | (pl.col("diff_dim") != "sigma"))
+                                            loud=(pl.col("reason") != "differential") | pl.col("diff_material"))
     flagged.write_parquet(path + ".flagged.parquet")
     print(json.dumps({"rows": out.height, "localize_s": round(dt, 2), "localize_cpu_s": round(cpu, 2), "rss_before_mb": round(before), "peak_rss_mb": round(rss_mb()),
                       "flagged": flagged.height}))
