@@ -184,8 +184,9 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
         raise LocalizeError(f"behavior patterns lack column(s) {missing}")
     if patterns.height == 0:
         return finish_patterns(patterns)
-    bad = patterns.filter(pl.col("beta").is_null() | ~pl.col("beta").is_between(0.0, 1.0))
-    if bad.height:
+    bad_beta = pl.col("beta").is_null() | ~pl.col("beta").is_between(0.0, 1.0)
+    if patterns.select(bad_beta.any()).item():
+        bad = patterns.select("rank", "function", "beta").filter(bad_beta)
         raise LocalizeError(f"{bad.height} pattern rows have beta outside [0, 1] or null (e.g. rank {bad['rank'][0]}, {bad['function'][0]!r})")
     unknown = set(patterns["category"].unique().cast(pl.Utf8).to_list()) - set(CATEGORY_CODES)
     if unknown:
@@ -338,9 +339,10 @@ def stage_imbalance(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeCon
     Returns (capture_id, function, stage, beta, beta_others, d_diff, n_stages, ranks)."""
     schema = {"capture_id": pl.Utf8, "function": pl.Utf8, "stage": pl.Int32, "beta": pl.Float64, "beta_others": pl.Float64,
               "d_diff": pl.Int64, "n_stages": pl.Int64, "ranks": pl.List(pl.Int32)}
-    if "stage" not in patterns.columns or patterns.filter(pl.col("stage").is_not_null()).height == 0:
+    if "stage" not in patterns.columns or patterns["stage"].null_count() == patterns.height:
         return pl.DataFrame(schema=schema)
-    s = (patterns.filter((pl.col("category") == "compute") & pl.col("stage").is_not_null())
+    s = (patterns.select("capture_id", "function", "stage", "category", *DIMENSIONS)
+         .filter((pl.col("category") == "compute") & pl.col("stage").is_not_null())
          .group_by("capture_id", "function", "stage")
          .agg(*[pl.col(c).median() for c in DIMENSIONS]))
     s = s.with_columns(n_stages=pl.len().over("capture_id", "function")).filter(pl.col("n_stages") >= 3)
@@ -366,7 +368,7 @@ def stage_imbalance(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeCon
     if flagged.height == 0:
         return pl.DataFrame(schema=schema)
     # the ranks of the flagged stages only (a list per stage of a million-worker job is costly)
-    ranks = (patterns.join(flagged.select("capture_id", "function", "stage"), on=["capture_id", "function", "stage"], how="semi")
+    ranks = (patterns.select("capture_id", "function", "stage", "rank").join(flagged.select("capture_id", "function", "stage"), on=["capture_id", "function", "stage"], how="semi")
              .group_by("capture_id", "function", "stage").agg(ranks=pl.col("rank").unique().sort()))
     flagged = flagged.join(ranks, on=["capture_id", "function", "stage"], how="left")
     return flagged.select(list(schema)).cast({"stage": pl.Int32, "ranks": pl.List(pl.Int32)}).sort("capture_id", "function", "stage")
