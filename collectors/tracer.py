@@ -52,7 +52,10 @@ class _Tracer:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.rows: list[tuple] = []          # finished rows, appended by the training thread
         self.pending: list[tuple] = []       # (row-prefix, start_event, end_event) awaiting the GPU
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()         # one flush at a time
+        # short: guards the swaps of `rows` / `pending`; reentrant because a GC callback (which adds a
+        # row) can run on a thread that holds it when an allocation inside triggers a collection
+        self.buf_lock = threading.RLock()
         self.step = 0
         self.n_files = 0
         self.dropped = 0
@@ -79,31 +82,37 @@ class _Tracer:
             group=None, group_size=None, shape=None):
         row = (self.rank, self.host, kind, name, issue_ns, start_ns, end_ns, stream, flops, nbytes,
                group, group_size, shape, self.step)
-        self.rows.append(row)
-        if len(self.rows) > self.max_rows * 4:
-            # the writer thread is far behind: drop the oldest quarter rather than grow without bound
-            cut = self.max_rows
-            del self.rows[:cut]
-            self.dropped += cut
+        with self.buf_lock:
+            self.rows.append(row)
+            if len(self.rows) > self.max_rows * 4:
+                # the writer thread is far behind: drop the oldest rows rather than grow without bound
+                cut = self.max_rows
+                del self.rows[:cut]
+                self.dropped += cut
 
     def add_gpu(self, kind, name, issue_ns, ev_start, ev_end, stream, flops=None, nbytes=None, group=None,
                 group_size=None, shape=None):
-        self.pending.append(((kind, name, issue_ns, stream, flops, nbytes, group, group_size, shape, self.step),
-                             ev_start, ev_end))
+        with self.buf_lock:
+            self.pending.append(((kind, name, issue_ns, stream, flops, nbytes, group, group_size, shape, self.step),
+                                 ev_start, ev_end))
 
     def _poll_gpu(self):
         if not self.pending:
             return
         done, keep = [], []
-        pend, self.pending = self.pending, []
+        with self.buf_lock:
+            pend, self.pending = self.pending, []
         for item in pend:
             (done if item[2].query() else keep).append(item)
-        self.pending = keep + self.pending
+        out = []
         for (kind, name, issue_ns, stream, flops, nbytes, group, gsize, shape, step), es, ee in done:
             s = self._anchor_ns + int(self._anchor_event.elapsed_time(es) * 1e6)
             e = self._anchor_ns + int(self._anchor_event.elapsed_time(ee) * 1e6)
-            self.rows.append((self.rank, self.host, kind, name, issue_ns, s, e, stream, flops, nbytes, group,
-                              gsize, shape, step))
+            out.append((self.rank, self.host, kind, name, issue_ns, s, e, stream, flops, nbytes, group,
+                        gsize, shape, step))
+        with self.buf_lock:
+            self.pending[:0] = keep
+            self.rows.extend(out)
 
     # -- writing ---------------------------------------------------------------------------
     def flush(self):
@@ -113,7 +122,8 @@ class _Tracer:
         with self.lock:
             if self.use_cuda:
                 self._poll_gpu()
-            rows, self.rows = self.rows, []
+            with self.buf_lock:
+                rows, self.rows = self.rows, []
             if not rows:
                 return None
             cols = list(zip(*rows))
@@ -304,8 +314,9 @@ class _TracedWork:
         if not self._done:
             self._done = True
             tr, kname, issue, nbytes, gid, gsize, step = self._row
-            tr.rows.append((tr.rank, tr.host, "kernel", kname, issue, issue, end_ns, None, None, nbytes, gid, gsize,
-                            None, step))
+            with tr.buf_lock:
+                tr.rows.append((tr.rank, tr.host, "kernel", kname, issue, issue, end_ns, None, None, nbytes, gid, gsize,
+                                None, step))
 
     def wait(self, *a, **kw):
         t0 = _now()
