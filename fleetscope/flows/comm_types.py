@@ -92,7 +92,7 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     dp = p.filter(pl.col("comm_type") == "DP")
     # propagate only from DP labels resting on several steps: a pair whose split found a few
     # steps can carry a wrong label, and transitivity would spread it over a whole stage
-    dp_edges = dp.filter((pl.col("n_steps") >= cfg.min_edge_steps) | (pl.col("method") != "size_count"))
+    dp_edges = dp.filter((pl.col("n_steps") >= cfg.min_edge_steps) & (pl.col("method") == "size_count"))
     n = ips.len()
     if n:
         g = coo_matrix((np.ones(dp_edges.height), (dp_edges["a"].to_numpy(), dp_edges["b"].to_numpy())), shape=(n, n))
@@ -108,6 +108,12 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
         comm_type=pl.when("refined").then(pl.lit("DP")).otherwise("comm_type"),
         method=pl.when("refined").then(pl.lit("transitivity")).otherwise("method"),
     )
-    p = p.with_columns(dp_group=pl.when(pl.col("comm_type") == "DP").then(pl.col("ca")))
+    # DP groups: connected components of all final DP pairs
+    dp = p.filter(pl.col("comm_type") == "DP")
+    if n:
+        g = coo_matrix((np.ones(dp.height), (dp["a"].to_numpy(), dp["b"].to_numpy())), shape=(n, n))
+        comp_s = pl.Series(connected_components(g, directed=False)[1], dtype=pl.Int64)
+    p = p.with_columns(dp_group=pl.when(pl.col("comm_type") == "DP").then(
+        pl.col("a").map_batches(lambda s: comp_s.gather(s), return_dtype=pl.Int64)))
     return p.select("pid", "ip_a", "ip_b", "job_id", "comm_type", "n_flows", "bytes", "n_steps", "mode_distinct_sizes",
                     "raw_type", "method", "refined", "dp_group").sort("job_id", "ip_a", "ip_b")

@@ -87,7 +87,7 @@ def _cross_group(st: pl.DataFrame, pairs: pl.DataFrame, wid: str, cfg: FlowConfi
 def _slow_pp_compute(ipf: pl.DataFrame, pairs: pl.DataFrame, st: pl.DataFrame, wid: str, cfg: FlowConfig) -> list[dict]:
     """A slow GPU stretches the time between receiving a PP message and sending the next one (its
     compute per microbatch). Per ip and time bin: median of (send start - latest receive end);
-    compared with the fastest member of its DP group (same stage and TP rank, other replicas).
+    compared with the (lower) median of its DP group (same stage and TP rank, other replicas).
     A TP group moves in lockstep, so all its GPUs show the delay: each gets a verdict that says so."""
     pp = ipf.filter(pl.col("comm_type") == "PP")
     dp = pairs.filter(pl.col("comm_type") == "DP")
@@ -101,7 +101,7 @@ def _slow_pp_compute(ipf: pl.DataFrame, pairs: pl.DataFrame, st: pl.DataFrame, w
     per = lag.group_by("job_id", "ip", "bin").agg(lag=pl.col("lag").median(), s=pl.col("t").min(), e=pl.col("t").max(),
                                                   n=pl.len()).filter(pl.col("n") >= 3)
     per = per.join(grp, on=["job_id", "ip"]).with_columns(
-        ref=pl.col("lag").min().over("job_id", "g", "bin"), members=pl.len().over("job_id", "g", "bin"))
+        ref=pl.col("lag").quantile(0.5, "lower").over("job_id", "g", "bin"), members=pl.len().over("job_id", "g", "bin"))
     step = st.filter("start_observed").group_by("job_id").agg(dur=(pl.col("end_ns") - pl.col("start_ns")).median())
     per = per.join(step, on="job_id", how="left").with_columns(
         bad=(pl.col("members") >= 2) & (pl.col("lag") >= cfg.pp_lag_ratio * pl.col("ref"))
