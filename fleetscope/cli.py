@@ -56,7 +56,13 @@ def _summary(warehouse: Path, report, seconds: float) -> int:
                       WHERE severity <> 'info' ORDER BY CASE severity WHEN 'critical' THEN 0 ELSE 1 END, team, scope LIMIT 15""")
         print(f"\nverdicts ({counts['anomaly_verdicts']} in all; warning/critical first):")
         for sev, team, scope, subject, metric, expl in v.iter_rows():
-            print(f"  {sev:<8} {team:<14} {scope}:{subject}  {metric}  {expl[:110]}")
+            subj = subject if len(subject) <= 48 else subject[:45] + "..."
+            print(f"  {sev:<8} {team:<14} {scope}:{subj}  {metric}\n           {expl[:150]}")
+        inc = counts.get("verdict_incidents") and wh.sql("SELECT severity, title, teams, n_verdicts FROM verdict_incidents LIMIT 8")
+        if inc is not None and inc is not False and inc.height:
+            print("\ngrouped into problems (verdict_incidents):")
+            for sev, title, teams, n in inc.iter_rows():
+                print(f"  {sev:<8} {title[:90]}  [{teams}; {n} verdicts]")
     print(f"\nwhere to look:\n  warehouse  {warehouse}   (duckdb -readonly {warehouse}; or `fleetscope sql \"SELECT ...\"`)"
           f"\n  UI         fleetscope ui --warehouse {warehouse}   (assets, runs, metadata at http://127.0.0.1:3000)")
     for j, k in report.failed:
