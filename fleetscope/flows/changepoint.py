@@ -6,8 +6,8 @@ between steps are isolated outliers, not regimes. What works here is an online t
 on log gaps, a sequential 2-means with robust (clipped) updates:
 
 * lo tracks the level of within-step gaps, hi the level of between-step gaps;
-* gap t is a change point (a new step starts) when log(gap) lies above the midpoint of lo and hi
-  and at least `min_ratio` times above lo;
+* gap t is a change point (a new step starts) when log(gap) lies above lo + 0.75 (hi - lo) and at
+  least `min_ratio` times above lo;
 * only the level the gap was assigned to moves, by alpha * clip(x - level, +-clip), so a single
   huge gap (job pause, missing flows) cannot drag a level away.
 
@@ -28,6 +28,9 @@ class SplitParams:
     clip: float = 1.0  # max move of a level per update, in log units (robust to outliers)
     warmup: int = 128  # gaps used to initialise the two levels (a bounded lag)
     min_gap_ns: int = 1_000  # gaps below 1 us (overlapping channels) count as 1 us
+    # a change point lies above lo + hi_weight * (hi - lo) in log space: closer to hi than the
+    # midpoint, because gaps between buckets or collective phases form levels of their own below it
+    hi_weight: float = 0.75
     one_flow_gap_ratio: float = 10.0  # flat sequences whose gaps are 10x their flows: a flow per step
 
 
@@ -106,7 +109,7 @@ def split_steps(group: np.ndarray, gaps: np.ndarray, params: SplitParams = Split
         xt = x[idx]
         l, h = lo[act], hi[act]
         established = h - l >= lmin
-        thr = l + np.maximum(lmin, np.where(established, (h - l) / 2.0, 0.0))
+        thr = l + np.maximum(lmin, np.where(established, params.hi_weight * (h - l), 0.0))
         v = valid[idx]
         b = v & (xt > thr)
         boundary[idx] = b
