@@ -115,3 +115,30 @@ def test_daemon_runs_the_sensor_and_its_cursor_survives_a_restart(fleet_env):
         _stop(proc)
     from fleetscope.warehouse import Warehouse
     assert Warehouse(warehouse).read("flows").height == 8
+
+
+def test_degradation_sensor_files_a_profiling_request_once(fleet_env):
+    """The closed loop of PerfTracker 4.1: a degraded job gets a request file its collectors serve."""
+    import json as _json
+    from fleetscope.schemas.base import TABLES
+    from fleetscope.warehouse import Warehouse
+    from jobs.definitions import degradation_sensor
+    landing, warehouse, _ = fleet_env
+    wh = Warehouse(warehouse)
+    wh.init()
+    deg = pl.DataFrame([dict(capture_id="cap-7", rank=0, kind="degraded", at_ns=1_700_000_000_000_000_000, iteration=61,
+                             recent_mean_ns=1_100_000_000, recent_min_ns=1_000_000_000, ratio=1.1, idle_ns=None)])
+    from fleetscope.schemas.base import conform
+    wh.write_partition("xputimer_degradations", "cap-7", conform(deg, TABLES["xputimer_degradations"]))
+    wh.write_partition("captures", "cap-7", conform(pl.DataFrame([dict(capture_id="cap-7", job_id="job-42",
+                                                                       n_trace_files=0, n_timing_files=4)]), TABLES["captures"]))
+    with DagsterInstance.get() as instance:
+        ctx = build_sensor_context(instance=instance, cursor=None, definitions=defs)
+        res = degradation_sensor(ctx)
+        req = landing / "requests" / "job-42.json"
+        assert req.exists()
+        body = _json.loads(req.read_text())
+        assert body["kind"] == "profile" and body["steps"] >= 1 and "degraded" in body["note"]
+        req.unlink()
+        res2 = degradation_sensor(build_sensor_context(instance=instance, cursor=res.cursor, definitions=defs))
+        assert not req.exists() and not res2.run_requests  # the same degradation is not requested twice
