@@ -157,9 +157,28 @@ def _network(flows: pl.DataFrame, pairs: pl.DataFrame, topo: pl.DataFrame, wid: 
     if flagged.height == 0:
         return []
     slow = x.filter(pl.col("r") < 1 - cfg.min_bw_drop).select("fid", "bin", "kind", "cand")
+    # parsimony: a flagged switch through which two or more flagged NICs send (nearly) all their
+    # slow flows is one cause for all of them (a congested leaf with few active NICs looks like
+    # several bad NICs); it goes first and those NICs are its victims
+    fs = slow.join(flagged.select("kind", "cand", "bin"), on=["kind", "cand", "bin"])
+    nic_f = {c: g["fid"].unique() for (c,), g in fs.filter(pl.col("kind") == "nic").group_by(["cand"])}
+    victims: set[tuple[str, str]] = set()
+    first: set[str] = set()
+    for (c,), g in fs.filter(pl.col("kind") == "switch").group_by(["cand"]):
+        sw = g["fid"].unique().implode()
+        inside = [n for n, f in nic_f.items() if f.len() and f.is_in(sw).mean() >= 0.8]
+        union = pl.concat([nic_f[n] for n in inside]).unique() if inside else None
+        # ...unless one of those NICs carries nearly all of them (a degraded NIC and its peers)
+        if len(inside) >= 2 and max(nic_f[n].is_in(union.implode()).sum() for n in inside) < 0.8 * union.len():
+            first.add(c)
+            victims |= {("nic", n) for n in inside}
+    flagged = flagged.with_columns(pri=((pl.col("kind") == "switch") & pl.col("cand").is_in(list(first))).cast(pl.Int8)) \
+        .sort(["bin", "pri", "sh", "n_slow", "med"], descending=[False, True, True, True, False])
     accepted: dict[int, list[tuple[str, str]]] = {}
     keep = []
     for r in flagged.iter_rows(named=True):
+        if (r["kind"], r["cand"]) in victims:
+            continue
         acc = accepted.setdefault(r["bin"], [])
         mine = slow.filter((pl.col("bin") == r["bin"]) & (pl.col("kind") == r["kind"]) & (pl.col("cand") == r["cand"]))["fid"]
         if acc and mine.len():
@@ -176,8 +195,8 @@ def _network(flows: pl.DataFrame, pairs: pl.DataFrame, topo: pl.DataFrame, wid: 
     kept = pl.DataFrame(keep).select("kind", "cand", "bin")
     mine = slow.join(kept, on=["kind", "cand", "bin"])
     order = pl.DataFrame(keep).group_by("kind", "cand").agg(
-        sh=(pl.col("n_slow").sum() / pl.col("n").sum() * 20).round(), n=pl.col("n_slow").sum()).sort(
-        ["sh", "n"], descending=True).select("kind", "cand")
+        pri=pl.col("pri").max(), sh=(pl.col("n_slow").sum() / pl.col("n").sum() * 20).round(),
+        n=pl.col("n_slow").sum()).sort(["pri", "sh", "n"], descending=True).select("kind", "cand")
     final: list[tuple[str, str]] = []
     for kind, cand in order.iter_rows():
         fids = mine.filter((pl.col("kind") == kind) & (pl.col("cand") == cand))["fid"].unique()
