@@ -40,7 +40,7 @@ def real_runs(tmp_path_factory):
         "healthy_a": demo(landing, "healthy_a"),
         "healthy_b": demo(landing, "healthy_b"),
         "gc": demo(landing, "gc", "--gc-stall-rank", "1", "--gc-stall-every", "4", "--gc-heap", "200000"),
-        "sync": demo(landing, "sync", "--sync-in-forward", "2"),
+        "sync": demo(landing, "sync", "--sync-in-forward", "4"),  # 4: a clear signal above this shared box's noise
         "slowdl": demo(landing, "slowdl", "--slow-dataloader-ms", "500", "--slow-dataloader-from", "15", steps=40),
     }
     return landing, res

@@ -21,6 +21,9 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--micro", type=int, default=4)
+    # emulated compute per step (sleep: costs no CPU on the shared test box) so that a few ms of
+    # scheduling jitter is a small share of a step, as on a real cluster
+    ap.add_argument("--compute-ms", type=float, default=150.0)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -42,6 +45,7 @@ def main() -> None:
     for step in range(a.steps):
         t0 = time.time_ns()
         opt.zero_grad()
+        time.sleep(a.compute_ms / 1e3)
         for m in range(a.micro):
             x = torch.randn(mb, width) if prv is None else torch.empty(mb, width)
             if prv is not None:
