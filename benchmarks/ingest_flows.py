@@ -58,8 +58,10 @@ def main() -> None:
     for key in reg.to_run.get("topology_files", []):
         ingest_file(wh, work / "landing", "topology", key)
     keys = reg.to_run.get("flow_files", [])
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
-    with ProcessPoolExecutor(max_workers=a.workers) as pool:
+    # spawn, not fork: polars' thread pool is already running in this process and is not fork-safe
+    with ProcessPoolExecutor(max_workers=a.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         for s in pool.map(_ingest_one, [(str(wh_path), str(work / "landing"), k) for k in keys]):
             rows += s[0]
             kept += s[1]
