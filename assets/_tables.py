@@ -47,3 +47,20 @@ def write_table(wh: Warehouse, table: str, key: str, df: pl.DataFrame, schema: p
         "dagster/row_count": MetadataValue.int(df.height),
         "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(schema)),
     }
+
+
+def write_verdicts(wh: Warehouse, detector: str, key: str, verdicts: pl.DataFrame | None, capture_id: str | None = None) -> dict:
+    """One detector's verdicts for one partition: replace them (or clear them when there are none
+    now, so a fixed problem disappears) and describe them."""
+    from fleetscope.verdicts import VERDICTS
+
+    part = f"{detector}__{key}"
+    if verdicts is None or verdicts.height == 0:
+        wh.delete_partition("anomaly_verdicts", part)
+        return {"dagster/row_count": MetadataValue.int(0), "by_severity": MetadataValue.json({})}
+    if capture_id is not None:
+        verdicts = verdicts.with_columns(capture_id=pl.lit(capture_id))
+    df, md = write_table(wh, "anomaly_verdicts", part, verdicts, VERDICTS)
+    md["by_severity"] = MetadataValue.json(dict(df.group_by("severity").len().sort("severity").iter_rows()))
+    md["by_team"] = MetadataValue.json(dict(df.group_by("team").len().sort("team").iter_rows()))
+    return md

@@ -1,18 +1,15 @@
 """LLMPrism over one time window of flows (flow_windows partitions): jobs, job_clusters,
 comm_pairs, step_timelines, flow_background and flow verdicts, plus a Perfetto trace per job."""
-import json
-from pathlib import Path
 
 from dagster import (AllPartitionMapping, AssetDep, AssetExecutionContext, AssetSpec, MaterializeResult,
                      MetadataValue, multi_asset)
 
-from assets._tables import write_table
+from assets._tables import write_table, write_verdicts
 from assets.partitions import flow_windows
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.timelines import export_perfetto
 from fleetscope.flows.window import FLOW_BACKGROUND, analyze_window
 from fleetscope.flows.schemas import COMM_PAIRS, JOB_CLUSTERS, JOBS, STEP_TIMELINES
-from fleetscope.verdicts import VERDICTS
 from fleetscope.windows import parse_window_id
 from resources import AnalysisSettings, WarehouseResource
 
@@ -71,16 +68,7 @@ def llmprism_window(context: AssetExecutionContext, warehouse: WarehouseResource
             md["perfetto_traces"] = MetadataValue.json(exports)
             md.update(stage_md)
         yield MaterializeResult(asset_key=name, metadata=md)
-    verdicts = tables.get("anomaly_verdicts")
-    if verdicts is None or verdicts.height == 0:
-        wh.delete_partition("anomaly_verdicts", f"flows__{key}")
-        from fleetscope.verdicts import make_verdicts
-        verdicts = make_verdicts([])
-        md = {"dagster/row_count": MetadataValue.int(0)}
-    else:
-        _, md = write_table(wh, "anomaly_verdicts", f"flows__{key}", verdicts, VERDICTS)
-    md["by_severity"] = MetadataValue.json(dict(verdicts.group_by("severity").len().iter_rows()) if verdicts.height else {})
-    yield MaterializeResult(asset_key="flow_verdicts", metadata=md)
+    yield MaterializeResult(asset_key="flow_verdicts", metadata=write_verdicts(wh, "flows", key, tables.get("anomaly_verdicts")))
 
 
 def _export_timelines(wh, key: str, tables: dict, topo) -> dict:

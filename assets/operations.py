@@ -2,19 +2,17 @@
 of all verdicts into problems people act on, and the nightly fleet report (unpartitioned)."""
 import base64
 import datetime as dt
-import json
 from pathlib import Path
 
 import polars as pl
 from dagster import (AllPartitionMapping, AssetDep, AssetExecutionContext, AutomationCondition, MaterializeResult,
                      MetadataValue, asset)
 
-from assets._tables import preview, write_table
+from assets._tables import preview, write_table, write_verdicts
 from assets.ingest import incident_inputs
 from assets.partitions import incidents
 from fleetscope.incidents import INCIDENTS_TABLE, group_incidents
 from fleetscope.reports import fleet_report, incident_report
-from fleetscope.verdicts import VERDICTS, make_verdicts
 from resources import LandingResource, WarehouseResource
 
 _ALL = AllPartitionMapping()
@@ -56,12 +54,12 @@ def hang_verdicts(context: AssetExecutionContext, warehouse: WarehouseResource, 
     key = context.partition_key
     folder = landing.root / "stacks" / key
     if not folder.is_dir() or not any(folder.glob("rank*.txt")):
-        wh.delete_partition("anomaly_verdicts", f"hang__{key}")
-        return MaterializeResult(metadata={"note": MetadataValue.text("no stack dumps for this incident"), "dagster/row_count": MetadataValue.int(0)})
+        md = write_verdicts(wh, "hang", key, None)
+        return MaterializeResult(metadata={**md, "note": MetadataValue.text("no stack dumps for this incident")})
     req = wh.read("incidents", where=f"incident_id = '{key}'")
     job_id = req["job_id"][0] if req.height else None
     ranks, verdicts = diagnose_hang(folder, job_id=job_id)
-    _, md = write_table(wh, "anomaly_verdicts", f"hang__{key}", verdicts, VERDICTS)
+    md = write_verdicts(wh, "hang", key, verdicts)
     md["ranks"] = preview(ranks, 32)
     return MaterializeResult(metadata=md)
 

@@ -4,11 +4,10 @@ import polars as pl
 from dagster import AssetExecutionContext, AssetSpec, AutomationCondition, MaterializeResult, MetadataValue, multi_asset
 
 from assets._capture import capture_hw, capture_info
-from assets._tables import write_table
+from assets._tables import write_table, write_verdicts
 from assets.partitions import captures
 from fleetscope.perftracker.analyze import diagnose_op_capture, diagnose_trace_capture
 from fleetscope.perftracker.schemas import BEHAVIOR_PATTERNS
-from fleetscope.verdicts import VERDICTS
 from resources import WarehouseResource
 
 
@@ -44,12 +43,7 @@ def perftracker_capture(context: AssetExecutionContext, warehouse: WarehouseReso
     if pats.height:
         md["abnormal"] = MetadataValue.int(int(pats["abnormal"].sum()))
     yield MaterializeResult(asset_key="behavior_patterns", metadata=md)
-    if verdicts.height:
-        _, vmd = write_table(wh, "anomaly_verdicts", f"perftracker__{key}", verdicts.with_columns(capture_id=pl.lit(key)), VERDICTS)
-    else:
-        wh.delete_partition("anomaly_verdicts", f"perftracker__{key}")
-        vmd = {"dagster/row_count": MetadataValue.int(0)}
-    yield MaterializeResult(asset_key="perftracker_verdicts", metadata=vmd)
+    yield MaterializeResult(asset_key="perftracker_verdicts", metadata=write_verdicts(wh, "perftracker", key, verdicts, capture_id=key))
 
 
 ASSETS = [perftracker_capture]

@@ -6,13 +6,12 @@ import polars as pl
 from dagster import AssetExecutionContext, AssetSpec, AutomationCondition, MaterializeResult, MetadataValue, multi_asset
 
 from assets._capture import capture_hw, capture_info
-from assets._tables import write_table
+from assets._tables import write_table, write_verdicts
 from assets.partitions import captures
 from fleetscope.prism.forecast import forecast_capture
 from fleetscope.prism.schemas import HW_CORRELATION, SCENARIO_DETAILS, STEP_FORECASTS, VARIABILITY_MODELS
 from fleetscope.prism.structure import StructureError
 from fleetscope.schemas.base import empty_frame
-from fleetscope.verdicts import VERDICTS
 from resources import WarehouseResource
 
 _DEPS = ["timings", "hw", "capture_index"]
@@ -62,12 +61,7 @@ def prism_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
             fm[f"plot/{name}"] = MetadataValue.md(f"![{name}](data:image/png;base64,{base64.b64encode(png).decode()})")
     yield MaterializeResult(asset_key="step_forecasts", metadata=fm)
     verdicts = res.verdicts if res is not None else None
-    if verdicts is not None and verdicts.height:
-        _, vmd = write_table(wh, "anomaly_verdicts", f"prism__{key}", verdicts.with_columns(capture_id=pl.lit(key)), VERDICTS)
-    else:
-        wh.delete_partition("anomaly_verdicts", f"prism__{key}")
-        vmd = {"dagster/row_count": MetadataValue.int(0)}
-    yield MaterializeResult(asset_key="prism_verdicts", metadata=vmd)
+    yield MaterializeResult(asset_key="prism_verdicts", metadata=write_verdicts(wh, "prism", key, verdicts, capture_id=key))
 
 
 ASSETS = [prism_capture]

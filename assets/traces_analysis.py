@@ -1,14 +1,12 @@
 """Lumos over a capture's profiler traces: per-rank execution graphs, replay by simulation
 (iteration times, breakdown, SM utilization), what-if predictions and their verdicts."""
-import polars as pl
 from dagster import AssetExecutionContext, AssetSpec, AutomationCondition, MaterializeResult, MetadataValue, multi_asset
 
 from assets._capture import capture_info
-from assets._tables import write_table
+from assets._tables import write_table, write_verdicts
 from assets.partitions import captures
 from fleetscope.schemas.base import TABLES, empty_frame
 from fleetscope.traces.analyze import analyze_capture
-from fleetscope.verdicts import VERDICTS
 from resources import WarehouseResource
 
 GROUPS = {
@@ -62,13 +60,8 @@ def lumos_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
             md["mean_abs_error_pct"] = MetadataValue.float(round(float(r["error_pct"].abs().mean()), 3))
             md["simulated_chrome_trace"] = MetadataValue.path(str(chrome))
         yield MaterializeResult(asset_key=asset_name, metadata=md)
-    v = out.get("anomaly_verdicts")
-    if v is not None and v.height:
-        _, vmd = write_table(wh, "anomaly_verdicts", f"lumos__{key}", v.with_columns(capture_id=pl.lit(key)), VERDICTS)
-    else:
-        wh.delete_partition("anomaly_verdicts", f"lumos__{key}")
-        vmd = {"dagster/row_count": MetadataValue.int(0)}
-    yield MaterializeResult(asset_key="trace_verdicts", metadata=vmd)
+    yield MaterializeResult(asset_key="trace_verdicts",
+                            metadata=write_verdicts(wh, "lumos", key, out.get("anomaly_verdicts"), capture_id=key))
 
 
 ASSETS = [lumos_capture]

@@ -4,10 +4,10 @@ import polars as pl
 from dagster import AssetExecutionContext, AssetSpec, AutomationCondition, MaterializeResult, MetadataValue, multi_asset
 
 from assets._capture import capture_info
-from assets._tables import write_table
+from assets._tables import write_table, write_verdicts
 from assets.partitions import captures
 from fleetscope.schemas.base import TABLES, empty_frame
-from fleetscope.verdicts import VERDICTS, make_verdicts
+from fleetscope.verdicts import make_verdicts
 from fleetscope.xputimer.degradation import degradation_verdicts, detect_degradation
 from fleetscope.xputimer.detectors import analyze
 from resources import WarehouseResource
@@ -62,13 +62,7 @@ def xputimer_capture(context: AssetExecutionContext, warehouse: WarehouseResourc
             md_all[f"{name}/preview"] = md[f"{name}/preview"]
     md_all["dagster/row_count"] = MetadataValue.int(sum(df.height for df in tables.values()))
     yield MaterializeResult(asset_key="xputimer_metrics", metadata=md_all)
-    if verdicts.height:
-        _, vmd = write_table(wh, "anomaly_verdicts", f"xputimer__{key}", verdicts.with_columns(capture_id=pl.lit(key)), VERDICTS)
-    else:
-        wh.delete_partition("anomaly_verdicts", f"xputimer__{key}")
-        vmd = {"dagster/row_count": MetadataValue.int(0)}
-    vmd["by_team"] = MetadataValue.json(dict(verdicts.group_by("team").len().iter_rows()) if verdicts.height else {})
-    yield MaterializeResult(asset_key="xputimer_verdicts", metadata=vmd)
+    yield MaterializeResult(asset_key="xputimer_verdicts", metadata=write_verdicts(wh, "xputimer", key, verdicts, capture_id=key))
 
 
 ASSETS = [xputimer_capture]

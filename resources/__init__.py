@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dagster import ConfigurableResource, EnvVar  # noqa: F401
+from dagster import ConfigurableResource
 
 from fleetscope.warehouse import Warehouse
 

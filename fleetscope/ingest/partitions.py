@@ -14,7 +14,7 @@ import polars as pl
 from fleetscope.ingest.flows import read_flows
 from fleetscope.ingest.hw import read_hw
 from fleetscope.ingest.tabular import IngestError, IngestResult
-from fleetscope.ingest.timings import read_capture_layout, read_timings_file, timing_files
+from fleetscope.ingest.timings import read_capture_layout, read_timings_file
 from fleetscope.ingest.topology import read_topology
 from fleetscope.landing import LandedFile, dedupe_folder_files, folder_files
 from fleetscope.schemas.base import conform

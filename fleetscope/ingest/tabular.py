@@ -15,7 +15,6 @@ from typing import Callable
 
 import pandera.polars as pa
 import polars as pl
-import pyarrow.parquet as pq
 
 from fleetscope.schemas.base import polars_schema, validate_rows
 
