@@ -102,6 +102,7 @@ def _planted_verdicts(real: pl.DataFrame, t_now: int, topo: pl.DataFrame, crit_s
     # a GPU of the first host, flagged 30 h and 3 days ago: recurring with the host's other findings, "gone" today
     v("gpu", other_ip, "warning", t_now - 30 * HOUR, "w-gpu-30h")
     v("gpu", other_ip, "warning", t_now - 3 * DAY, "w-gpu-3d")
+    v("host", h0, "warning", t_now - int(2.5 * DAY), "w-host-2.5d")  # and the host itself: >= 3 findings whatever the detectors say
     # the real link verdicts, one day earlier and milder: "worse" today
     links = real.filter(pl.col("scope") == "link")
     for r in links.iter_rows(named=True):
