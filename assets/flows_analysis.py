@@ -8,6 +8,7 @@ from assets._tables import write_table, write_verdicts
 from assets.partitions import flow_windows
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.timelines import export_perfetto
+from fleetscope.ingest.topology import latest_topology
 from fleetscope.flows.window import FLOW_BACKGROUND, analyze_window
 from fleetscope.flows.schemas import COMM_PAIRS, JOB_CLUSTERS, JOBS, STEP_TIMELINES
 from fleetscope.windows import parse_window_id
@@ -32,9 +33,7 @@ _DESC = {
 def read_window_inputs(wh, window_key: str, margin_s: int):
     start, end = parse_window_id(window_key)
     flows = wh.read("flows", where=f"start_ns >= {start - margin_s * 1_000_000_000} AND start_ns < {end}")
-    topo = wh.read("topology")
-    if topo.height:
-        topo = topo.unique("ip", keep="last", maintain_order=True)
+    topo = latest_topology(wh.read("topology"))
     return flows, topo, start, end
 
 
@@ -73,8 +72,7 @@ def llmprism_window(context: AssetExecutionContext, warehouse: WarehouseResource
 
 def _export_timelines(wh, key: str, tables: dict, topo) -> dict:
     """One Perfetto/Chrome trace per job, next to the warehouse (open in ui.perfetto.dev)."""
-    out_dir = wh.tables_dir.parent / (wh.path.stem + ".exports") / "perfetto" / key
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = wh.exports_dir("perfetto", key)
     paths = {}
     for job in tables["step_timelines"]["job_id"].unique().sort().to_list():
         try:

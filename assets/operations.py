@@ -11,19 +11,12 @@ from dagster import (AllPartitionMapping, AssetDep, AssetExecutionContext, Autom
 from assets._tables import preview, write_table, write_verdicts
 from assets.ingest import incident_inputs
 from assets.partitions import incidents
+from fleetscope.ingest.topology import latest_topology
 from fleetscope.incidents import INCIDENTS_TABLE, group_incidents
 from fleetscope.reports import fleet_report, incident_report
 from resources import LandingResource, WarehouseResource
 
 _ALL = AllPartitionMapping()
-
-
-def _exports(wh, *parts) -> Path:
-    d = wh.tables_dir.parent / (wh.path.stem + ".exports")
-    for p in parts:
-        d = d / p
-    d.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 def _md_with_images(md: str, plots: dict[str, bytes]) -> str:
@@ -100,7 +93,7 @@ def incident_report_asset(context: AssetExecutionContext, warehouse: WarehouseRe
     req_df = wh.read("incidents", where=f"incident_id = '{key}'")
     req = req_df.drop("source_file").to_dicts()[0] if req_df.height else {"incident_id": key, "kind": "hang"}
     req["incident_id"] = key
-    jc, topo = wh.read("job_clusters"), wh.read("topology").unique("ip", keep="last")
+    jc, topo = wh.read("job_clusters"), latest_topology(wh.read("topology"))
     v = scoped_verdicts(wh.read("anomaly_verdicts"), req, jc, topo)
     inc, _ = group_incidents(v, topo, jc)
     lo, hi = req.get("from_ns"), req.get("to_ns")
@@ -112,7 +105,7 @@ def incident_report_asset(context: AssetExecutionContext, warehouse: WarehouseRe
     caps = wh.read("captures", where=f"job_id = '{req['job_id']}'")["capture_id"].to_list() if req.get("job_id") else ([req["capture"]] if req.get("capture") else [])
     timings = wh.read("timings", partitions=caps) if caps else wh.read("timings", where="false")
     md, plots = incident_report(req, v, inc, steps, flows, timings)
-    path = _write_report(_exports(wh, "reports"), f"incident-{key}", md, plots)
+    path = _write_report(wh.exports_dir("reports"), f"incident-{key}", md, plots)
     context.log.info(f"incident report: {path}")
     return MaterializeResult(metadata={
         "report": MetadataValue.md(_md_with_images(md, plots)), "report_path": MetadataValue.path(str(path)),
@@ -131,7 +124,7 @@ def _all_verdict_deps():
 def verdict_incidents(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
     wh = warehouse.get()
     v = wh.read("anomaly_verdicts")
-    inc, members = group_incidents(v, wh.read("topology").unique("ip", keep="last"), wh.read("job_clusters"))
+    inc, members = group_incidents(v, latest_topology(wh.read("topology")), wh.read("job_clusters"))
     _, md = write_table(wh, "verdict_incidents", "all", inc, INCIDENTS_TABLE)
     wh.write_partition("verdict_incident_members", "all", members)
     md["verdicts"] = MetadataValue.int(v.height)
@@ -149,7 +142,7 @@ def fleet_report_asset(context: AssetExecutionContext, warehouse: WarehouseResou
     flows = wh.read("flows", columns=["start_ns", "duration_ns", "bytes", "path"])
     md, plots = fleet_report(day, wh.read("jobs"), steps, wh.read("anomaly_verdicts"), wh.read("verdict_incidents"),
                              flows, wh.read("timings", where="kind = 'kernel'"), wh.read("topology"))
-    path = _write_report(_exports(wh, "reports"), f"fleet-{day}", md, plots)
+    path = _write_report(wh.exports_dir("reports"), f"fleet-{day}", md, plots)
     plot_md = {f"plot/{n}": MetadataValue.path(str(path.parent / f"fleet-{day}-{n}")) for n in plots}
     return MaterializeResult(metadata={"report": MetadataValue.md(_md_with_images(md, plots)),
                                        "report_path": MetadataValue.path(str(path)), **plot_md,

@@ -36,9 +36,7 @@ def lumos_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     info = capture_info(wh, key)
     ev = wh.read("trace_events", partitions=[key])
     out, note = {}, None
-    exports = wh.tables_dir.parent / (wh.path.stem + ".exports") / "replays"
-    exports.mkdir(parents=True, exist_ok=True)
-    chrome = exports / f"{key}-simulated.json"
+    chrome = wh.exports_dir("replays") / f"{key}-simulated.json"
     if ev.height == 0:
         note = "no profiler traces in this capture"
     else:

@@ -97,6 +97,12 @@ class Warehouse:
         finally:
             tmp.unlink(missing_ok=True)
 
+    def exports_dir(self, *parts: str) -> Path:
+        """Files for people beside the warehouse (reports, Perfetto/Chrome traces): <name>.exports/..."""
+        d = self.path.with_name(self.path.stem + ".exports").joinpath(*parts)
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
     # ---------- reading ----------
     def files(self, table: str) -> list[Path]:
         d = self.tables_dir / table

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import polars as pl
@@ -91,5 +90,3 @@ def read_timings(path: Path | str, capture_id: str | None = None) -> pl.DataFram
         raise IngestError(f"no timing files ({', '.join(TIMING_SUFFIXES)}) in {path}")
     return pl.concat(frames)
 
-
-_RANK_RE = re.compile(r"rank[-_]?(\d+)", re.I)

@@ -20,8 +20,6 @@ def read_topology(path: Path | str) -> IngestResult:
     return ingest_table(path, TOPOLOGY, required=["ip", "host"], normalize=_normalize, constants={"source_file": path.name})
 
 
-def latest_topology(frames: list[pl.DataFrame]) -> pl.DataFrame:
-    """Several snapshots -> one row per ip (a later snapshot wins)."""
-    if not frames:
-        return pl.DataFrame(schema=TOPOLOGY.columns and {k: v.dtype.type for k, v in TOPOLOGY.columns.items()})
-    return pl.concat(frames).unique("ip", keep="last", maintain_order=True)
+def latest_topology(topology: pl.DataFrame) -> pl.DataFrame:
+    """The topology table (every snapshot ingested) -> one row per ip, a later row winning."""
+    return topology.unique("ip", keep="last", maintain_order=True)
