@@ -3,14 +3,14 @@
 PARTITIONED maps each dynamic partition set to the assets partitioned by it (one job each)."""
 from __future__ import annotations
 
-from assets import ingest
-from assets.partitions import captures, flow_files, flow_windows, hw_files, incidents, topology_files
+from fleetscope.assets import ingest
+from fleetscope.assets.partitions import captures, flow_files, flow_windows, hw_files, incidents, topology_files
 
 ASSET_MODULES = [ingest]
 for _name in ("flows_analysis", "traces_analysis", "perftracker_analysis", "xputimer_analysis",
               "prism_analysis", "operations"):
     try:  # analysis modules are added as their libraries land; each is optional wiring
-        ASSET_MODULES.append(__import__(f"assets.{_name}", fromlist=["_"]))
+        ASSET_MODULES.append(__import__(f"fleetscope.assets.{_name}", fromlist=["_"]))
     except ModuleNotFoundError as exc:
         if exc.name != f"assets.{_name}":
             raise

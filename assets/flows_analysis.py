@@ -4,15 +4,15 @@ comm_pairs, step_timelines, flow_background and flow verdicts, plus a Perfetto t
 from dagster import (AllPartitionMapping, AssetDep, AssetExecutionContext, AssetSpec, MaterializeResult,
                      MetadataValue, multi_asset)
 
-from assets._tables import write_table, write_verdicts
-from assets.partitions import flow_windows
+from fleetscope.assets._tables import write_table, write_verdicts
+from fleetscope.assets.partitions import flow_windows
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.timelines import export_perfetto
 from fleetscope.ingest.topology import latest_topology
 from fleetscope.flows.window import FLOW_BACKGROUND, analyze_window
 from fleetscope.flows.schemas import COMM_PAIRS, JOB_CLUSTERS, JOBS, STEP_TIMELINES
 from fleetscope.windows import parse_window_id
-from resources import AnalysisSettings, WarehouseResource
+from fleetscope.resources import AnalysisSettings, WarehouseResource
 
 _ALL = AllPartitionMapping()
 _DEPS = [AssetDep("flows", partition_mapping=_ALL), AssetDep("topology", partition_mapping=_ALL)]

@@ -5,13 +5,13 @@ import json
 
 from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
 
-from assets._tables import preview, table_schema_metadata
-from assets.partitions import captures, flow_files, flow_windows, hw_files, incidents, topology_files
+from fleetscope.assets._tables import preview, table_schema_metadata
+from fleetscope.assets.partitions import captures, flow_files, flow_windows, hw_files, incidents, topology_files
 from fleetscope.ingest import partitions as ing
 from fleetscope.schemas.landing import CAPTURES, FLOWS, HW, INCIDENTS, TIMINGS, TOPOLOGY
 from fleetscope.traces.schemas import TRACE_EVENTS
 from fleetscope.windows import windows_touched
-from resources import AnalysisSettings, LandingResource, WarehouseResource
+from fleetscope.resources import AnalysisSettings, LandingResource, WarehouseResource
 
 
 def _metadata(s: ing.IngestSummary, schema=None) -> dict:

@@ -8,13 +8,13 @@ import polars as pl
 from dagster import (AllPartitionMapping, AssetDep, AssetExecutionContext, AutomationCondition, MaterializeResult,
                      MetadataValue, asset)
 
-from assets._tables import preview, write_table, write_verdicts
-from assets.ingest import incident_inputs
-from assets.partitions import incidents
+from fleetscope.assets._tables import preview, write_table, write_verdicts
+from fleetscope.assets.ingest import incident_inputs
+from fleetscope.assets.partitions import incidents
 from fleetscope.ingest.topology import latest_topology
 from fleetscope.incidents import INCIDENTS_TABLE, group_incidents
 from fleetscope.reports import fleet_report, incident_report
-from resources import LandingResource, WarehouseResource
+from fleetscope.resources import LandingResource, WarehouseResource
 
 _ALL = AllPartitionMapping()
 

@@ -3,12 +3,12 @@
 import polars as pl
 from dagster import AssetExecutionContext, AssetSpec, AutomationCondition, MaterializeResult, MetadataValue, multi_asset
 
-from assets._capture import capture_hw, capture_info
-from assets._tables import write_table, write_verdicts
-from assets.partitions import captures
+from fleetscope.assets._capture import capture_hw, capture_info
+from fleetscope.assets._tables import write_table, write_verdicts
+from fleetscope.assets.partitions import captures
 from fleetscope.perftracker.analyze import diagnose_op_capture, diagnose_trace_capture
 from fleetscope.perftracker.schemas import BEHAVIOR_PATTERNS
-from resources import WarehouseResource
+from fleetscope.resources import WarehouseResource
 
 
 @multi_asset(

@@ -5,14 +5,14 @@ import base64
 import polars as pl
 from dagster import AssetExecutionContext, AssetSpec, AutomationCondition, MaterializeResult, MetadataValue, multi_asset
 
-from assets._capture import capture_hw, capture_info
-from assets._tables import write_table, write_verdicts
-from assets.partitions import captures
+from fleetscope.assets._capture import capture_hw, capture_info
+from fleetscope.assets._tables import write_table, write_verdicts
+from fleetscope.assets.partitions import captures
 from fleetscope.prism.forecast import forecast_capture
 from fleetscope.prism.schemas import HW_CORRELATION, SCENARIO_DETAILS, STEP_FORECASTS, VARIABILITY_MODELS
 from fleetscope.prism.structure import StructureError
 from fleetscope.schemas.base import empty_frame
-from resources import WarehouseResource
+from fleetscope.resources import WarehouseResource
 
 _DEPS = ["timings", "hw", "capture_index"]
 

@@ -2,12 +2,12 @@
 (iteration times, breakdown, SM utilization), what-if predictions and their verdicts."""
 from dagster import AssetExecutionContext, AssetSpec, AutomationCondition, MaterializeResult, MetadataValue, multi_asset
 
-from assets._capture import capture_info
-from assets._tables import write_table, write_verdicts
-from assets.partitions import captures
+from fleetscope.assets._capture import capture_info
+from fleetscope.assets._tables import write_table, write_verdicts
+from fleetscope.assets.partitions import captures
 from fleetscope.schemas.base import TABLES, empty_frame
 from fleetscope.traces.analyze import analyze_capture
-from resources import WarehouseResource
+from fleetscope.resources import WarehouseResource
 
 GROUPS = {
     "execution_graphs": ["graph_tasks", "graph_edges", "trace_collectives", "trace_iterations", "trace_syncs"],

@@ -3,14 +3,14 @@ void percentages, stage metrics, degradation (PerfTracker 4.1) and their verdict
 import polars as pl
 from dagster import AssetExecutionContext, AssetSpec, AutomationCondition, MaterializeResult, MetadataValue, multi_asset
 
-from assets._capture import capture_info
-from assets._tables import write_table, write_verdicts
-from assets.partitions import captures
+from fleetscope.assets._capture import capture_info
+from fleetscope.assets._tables import write_table, write_verdicts
+from fleetscope.assets.partitions import captures
 from fleetscope.schemas.base import TABLES, empty_frame
 from fleetscope.verdicts import make_verdicts
 from fleetscope.xputimer.degradation import degradation_verdicts, detect_degradation
 from fleetscope.xputimer.detectors import analyze
-from resources import WarehouseResource
+from fleetscope.resources import WarehouseResource
 
 METRIC_TABLES = ["xputimer_step_throughput", "xputimer_job_throughput", "xputimer_kernel_flops", "xputimer_comm_instances",
                  "xputimer_comm_bandwidth", "xputimer_issue_latency", "xputimer_issue_latency_summary", "xputimer_void",

@@ -9,7 +9,7 @@ sees), like LLMPrism's Table I, for windows of 1, 3, 5 and 10 minutes:
   host; warning or critical) are correct when (scope, subject) is the injected fault's
 - false verdicts (warning or critical, any scope) on a healthy fleet
 
-    .venv/bin/python benchmarks/flows_accuracy.py [--gpus 128] [--seeds 1 2] [--minutes 1 3 5 10]
+    .venv/bin/python -m benchmarks.flows_accuracy [--gpus 128] [--seeds 1 2] [--minutes 1 3 5 10]
 """
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from flows_common import load_landing, load_truth  # noqa: E402
+from benchmarks.flows_common import load_landing, load_truth  # noqa: E402
 
 from fleetscope.flows import analyze_window  # noqa: E402
 from fleetscope.flows.evaluate import comm_type_accuracy, job_sets_exact, step_errors  # noqa: E402

@@ -2,7 +2,7 @@
 16k GPUs (one minute each). Prints per-stage seconds and the peak memory of the process that does
 the work (a fresh subprocess per size, so the simulator's own memory does not count).
 
-    .venv/bin/python benchmarks/flows_speed.py [--gpus 2048 4096 8192 16384] [--data /tmp/fs_flows_speed]
+    .venv/bin/python -m benchmarks.flows_speed [--gpus 2048 4096 8192 16384] [--data /tmp/fs_flows_speed]
 """
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _measure(folder: Path) -> dict:
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from flows_common import load_landing
+    from benchmarks.flows_common import load_landing
 
     from fleetscope.flows import analyze_window
 
@@ -56,7 +55,7 @@ def main() -> int:
                             f"gpus={g}, minutes=1.0, faults='', seed=0, captures=False, overwrite=True)"],
                            check=True, cwd=REPO)
             print(f"simulated {g} GPUs in {time.perf_counter() - t:.1f} s", file=sys.stderr)
-        r = subprocess.run([sys.executable, __file__, "--measure", str(folder)], check=True, cwd=REPO,
+        r = subprocess.run([sys.executable, "-m", "benchmarks.flows_speed", "--measure", str(folder)], check=True, cwd=REPO,
                            capture_output=True, text=True)
         rows.append({"gpus": g, **json.loads(r.stdout.strip().splitlines()[-1])})
         print(rows[-1], file=sys.stderr)

@@ -1,7 +1,7 @@
 """Figure (issue 2): ingest of a 16,384-GPU fleet minute of flows, from landed files to validated
 warehouse tables: seconds, rows per second, peak memory.
 
-    .venv/bin/python benchmarks/ingest_flows.py [--gpus 16384] [--workdir /tmp/fleetscope-bench]
+    .venv/bin/python -m benchmarks.ingest_flows [--gpus 16384] [--workdir /tmp/fleetscope-bench]
 
 The landing folder is simulated once (fleetscope.sim, flows only) and reused; the measured part is
 registration (hashing) + read/normalize/validate/write of every flow file, in one process."""
@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import polars as pl  # noqa: E402
 

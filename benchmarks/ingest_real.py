@@ -1,7 +1,7 @@
 """Figure (issue 2): ingest of the real traces in shared/data/real through the real pipeline:
 every file registered, what was rejected and why.
 
-    .venv/bin/python benchmarks/ingest_real.py [--workdir /tmp/fleetscope-real]"""
+    .venv/bin/python -m benchmarks.ingest_real [--workdir /tmp/fleetscope-real]"""
 import argparse
 import shutil
 import sys
@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def main() -> None:
@@ -21,7 +20,7 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     from fleetscope.real_data import layout_real_landing
     placed = layout_real_landing(Path(a.real), work / "landing")
-    from jobs.runner import run_all
+    from fleetscope.jobs.runner import run_all
     from fleetscope.warehouse import Warehouse
     t0 = time.perf_counter()
     report = run_all(work / "landing", work / "warehouse.duckdb", settle_s=0, log=lambda *_: None)

@@ -1,6 +1,6 @@
 """PerfTracker localization at scale: 1,000,000 workers x 20 functions of behaviour patterns.
 
-    .venv/bin/python benchmarks/perftracker_scale.py [--workers 1000000] [--functions 20] [--stages 8]
+    .venv/bin/python -m benchmarks.perftracker_scale [--workers 1000000] [--functions 20] [--stages 8]
 
 Generates patterns (seeded) with planted anomalies (a few hundred workers with low mu on one
 compute kernel, high beta on a Python function), writes them to a temporary parquet, then a
@@ -22,7 +22,6 @@ import numpy as np
 import polars as pl
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def make_patterns(n_workers: int, n_functions: int, n_stages: int, seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -122,7 +121,7 @@ def main() -> None:
         path = str(Path(tmp) / "patterns.parquet")
         df.write_parquet(path)
         del df
-        res = subprocess.run([sys.executable, __file__, "--child", path], capture_output=True, text=True, cwd=ROOT)
+        res = subprocess.run([sys.executable, "-m", "benchmarks.perftracker_scale", "--child", path], capture_output=True, text=True, cwd=ROOT)
         if res.returncode:
             print(res.stderr)
             raise SystemExit(res.returncode)

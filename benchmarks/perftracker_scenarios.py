@@ -1,6 +1,6 @@
 """PerfTracker localization on the simulator's scenarios and on the real StragglerAnalysis trace.
 
-    .venv/bin/python benchmarks/perftracker_scenarios.py [--seed S] [--scenarios a,b,...]
+    .venv/bin/python -m benchmarks.perftracker_scenarios [--seed S] [--scenarios a,b,...]
 
 For each scenario: render it (fleetscope.sim.capture.scenario_capture), read what landed (traces,
 timings, hw) the way the platform does, compute patterns + verdicts, then compare the warning /
@@ -19,7 +19,6 @@ from pathlib import Path
 import polars as pl
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from fleetscope.ingest.hw import read_hw  # noqa: E402
 from fleetscope.ingest.timings import read_capture_layout, read_timings  # noqa: E402

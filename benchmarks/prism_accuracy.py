@@ -4,7 +4,7 @@ simulated jobs. Also printed: the KS a perfect model would show against that few
 steps (noise floor), and a held-out check (model fitted on the odd steps, compared with the
 even steps it never saw).
 
-    .venv/bin/python benchmarks/prism_accuracy.py
+    .venv/bin/python -m benchmarks.prism_accuracy
 """
 from __future__ import annotations
 
@@ -15,32 +15,31 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.prism_common import real_timings, simulated  # noqa: E402
 from fleetscope.prism.forecast import fit_step_model, ks_distance, ks_noise_floor, sample_durations  # noqa: E402
-from fleetscope.prism.structure import build_graph, replay  # noqa: E402
+from fleetscope.prism.structure import build_job_graph, replay_job_graph  # noqa: E402
 
 N = 10_000
 
 
 def evaluate(name: str, t: pl.DataFrame) -> dict:
     t0 = time.perf_counter()
-    g = build_graph(t)
+    g = build_job_graph(t)
     sm = fit_step_model(g)
     rng = np.random.default_rng(0)
-    T = replay(g, *sample_durations(sm, N, rng))
+    T = replay_job_graph(g, *sample_durations(sm, N, rng))
     meas = g.measured_step_ns
     out = {"capture": name, "steps": len(meas), "ranks": g.n_ranks,
            "measured_mean_s": meas.mean() / 1e9, "pred_mean_s": T.mean() / 1e9,
            "mean_err_pct": 100 * (T.mean() / meas.mean() - 1), "ks": ks_distance(T, meas),
            "ks_floor": ks_noise_floor(T, len(meas), rng),
-           "replay_max_err_pct": 100 * np.abs(replay(g, g.gap, g.dur) / meas - 1).max()}
+           "replay_max_err_pct": 100 * np.abs(replay_job_graph(g, g.gap, g.dur) / meas - 1).max()}
     # held out: fit on odd steps, compare with even steps
     steps = np.sort(t["step"].drop_nulls().unique().to_numpy())
     train, test = steps[1::2], steps[0::2]
-    gtr = build_graph(t.filter(pl.col("step").is_in(train.tolist())))
-    gte = build_graph(t.filter(pl.col("step").is_in(test.tolist())))
-    Th = replay(gtr, *sample_durations(fit_step_model(gtr), N, rng))
+    gtr = build_job_graph(t.filter(pl.col("step").is_in(train.tolist())))
+    gte = build_job_graph(t.filter(pl.col("step").is_in(test.tolist())))
+    Th = replay_job_graph(gtr, *sample_durations(fit_step_model(gtr), N, rng))
     out.update(heldout_ks=ks_distance(Th, gte.measured_step_ns), heldout_floor=ks_noise_floor(Th, len(gte.measured_step_ns), rng),
                heldout_mean_err_pct=100 * (Th.mean() / gte.measured_step_ns.mean() - 1), seconds=time.perf_counter() - t0)
     return out

@@ -2,7 +2,7 @@
 own what-if simulation reports in result-ST.json / ms-ST.json (a reference, not ground truth),
 and the per-stage attribution of both.
 
-    .venv/bin/python benchmarks/prism_ideal.py
+    .venv/bin/python -m benchmarks.prism_ideal
 """
 from __future__ import annotations
 
@@ -12,20 +12,19 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.prism_common import REAL, real_timings  # noqa: E402
 from fleetscope.prism.forecast import attribution, fit_step_model, ideal_columns  # noqa: E402
-from fleetscope.prism.structure import build_graph, replay  # noqa: E402
+from fleetscope.prism.structure import build_job_graph, replay_job_graph  # noqa: E402
 
 
 def main() -> None:
-    g = build_graph(real_timings())
+    g = build_job_graph(real_timings())
     sm = fit_step_model(g)
     res = json.loads((REAL / "result-ST.json").read_text())
     ms = json.loads((REAL / "ms-ST.json").read_text())
     sa_ideal = float(np.mean(list(res["step_t_noblk"].values())))
-    ours_med = float(replay(g, *ideal_columns(sm, "median"))[0]) / 1e9
-    ours_mean = float(replay(g, *ideal_columns(sm, "mean"))[0]) / 1e9
+    ours_med = float(replay_job_graph(g, *ideal_columns(sm, "median"))[0]) / 1e9
+    ours_mean = float(replay_job_graph(g, *ideal_columns(sm, "mean"))[0]) / 1e9
     meas = g.measured_step_ns.mean() / 1e9
     print(f"measured mean step                      : {meas:.4f} s   (StragglerAnalysis tori {ms['tori']:.4f} s)")
     print(f"StragglerAnalysis ideal (step_t_noblk)  : {sa_ideal:.4f} s   slowdown {meas / sa_ideal:.3f}x (its blocking_slowdown {res['blocking_slowdown']:.3f})")

@@ -2,7 +2,7 @@
 verdicts for the real StragglerAnalysis trace and a simulated job with a slow GPU; the CDF plots
 are written to a folder (default /tmp/prism_plots).
 
-    .venv/bin/python benchmarks/prism_scenarios.py [plot_dir]
+    .venv/bin/python -m benchmarks.prism_scenarios [plot_dir]
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pathlib import Path
 
 import polars as pl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.prism_common import real_timings, simulated  # noqa: E402
 from fleetscope.prism.forecast import forecast_capture  # noqa: E402
 

@@ -2,7 +2,7 @@
 1F1B), 10,000 Monte Carlo step samples, with the op latency distributions of the real
 StragglerAnalysis trace. numpy only. Target: at most 10 s.
 
-    .venv/bin/python benchmarks/prism_speed.py
+    .venv/bin/python -m benchmarks.prism_speed
 """
 from __future__ import annotations
 
@@ -12,14 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.prism_common import real_timings  # noqa: E402
 from fleetscope.prism.compose import PipelineModel, step_distribution  # noqa: E402
-from fleetscope.prism.structure import build_graph  # noqa: E402
+from fleetscope.prism.structure import build_job_graph  # noqa: E402
 
 
 def main() -> None:
-    pm = PipelineModel.from_graph(build_graph(real_timings()))
+    pm = PipelineModel.from_graph(build_job_graph(real_timings()))
     big = pm.at_layout(tp=8, pp=8, dp=1024, microbatches=16, schedule="1f1b")
     assert big.n_ranks == 65_536
     for n_pipeline in (100_000, 200_000):

@@ -1,7 +1,7 @@
 """Render every scenario of fleetscope.sim.capture and print what each fault changed, measured from
 the rendered landing files (timings parquet and hw samples) against the healthy run of the same seed.
 
-    .venv/bin/python benchmarks/sim_capture_scenarios.py [--seed 0] [--out /tmp/simcap]
+    .venv/bin/python -m benchmarks.sim_capture_scenarios [--seed 0] [--out /tmp/simcap]
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Rendering speed and output size of fleetscope.sim.capture.
 
-    .venv/bin/python benchmarks/sim_capture_speed.py
+    .venv/bin/python -m benchmarks.sim_capture_speed
 
 Prints, per job size: seconds to simulate + render (traces of 2 ranks, timings of every rank),
 timings rows, bytes written, peak RSS; then render_hw over a fleet (GPUs x 1-s samples for a minute)."""

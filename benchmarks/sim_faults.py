@@ -1,7 +1,7 @@
 """How much each simulated fault changes the data: a faulty fleet against its healthy twin (same
 seed: same jobs, hosts and compute noise), measured on the ground truth and the landed flows.
 
-    .venv/bin/python benchmarks/sim_faults.py [--gpus 256] [--seed 3]
+    .venv/bin/python -m benchmarks.sim_faults [--gpus 256] [--seed 3]
 """
 from __future__ import annotations
 

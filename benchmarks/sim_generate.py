@@ -1,7 +1,7 @@
 """Fleet simulator throughput: seconds, flow records per second and peak RSS to generate one
 simulated minute (landing folder + ground truth, no captures) for 64, 2,048 and 16,384 GPUs.
 
-    .venv/bin/python benchmarks/sim_generate.py [--sizes 64,2048,16384] [--minutes 1] [--faults SPEC] [--repeat 1]
+    .venv/bin/python -m benchmarks.sim_generate [--sizes 64,2048,16384] [--minutes 1] [--faults SPEC] [--repeat 1]
 
 Each size runs in its own process so its peak RSS is its own. Target: the 16,384-GPU minute in
 under 60 s on the 2-core development machine."""

@@ -5,7 +5,7 @@ is that load's), and prints events/s (raw Chrome-trace events in the file / load
 RSS above the interpreter-with-imports baseline, and the ratios. HTA (holistictraceanalysis==0.5.0 with
 pandas<3) is installed into its own virtualenv if absent (default /tmp/hta-venv, --hta-venv to change).
 
-    .venv/bin/python benchmarks/traces_ingest_vs_hta.py [--big N] [--repeat R]
+    .venv/bin/python -m benchmarks.traces_ingest_vs_hta [--big N] [--repeat R]
 
 --big N also builds a synthetic large trace (the largest real trace's events repeated N times, written
 gzipped to /tmp) to show throughput and bounded memory on big files."""
@@ -36,7 +36,6 @@ def cpu():
 """
 
 OURS = COMMON + r"""
-sys.path.insert(0, {repo!r})
 from fleetscope.traces.parse import read_trace
 read_trace({warm!r}, "warm")
 base = rss_kb()

@@ -4,7 +4,7 @@ per iteration (ProfilerStep#N; the whole capture when a trace has none), with th
 fleetscope/traces/graph.py), with the calibrated lags, and with typical lags only.
 Target: mean <= 2 % on every real GPU trace.
 
-    .venv/bin/python benchmarks/traces_replay_error.py [--sim-capture]
+    .venv/bin/python -m benchmarks.traces_replay_error [--sim-capture]
 
 --sim-capture also replays the 16-rank healthy capture of fleetscope.sim.capture (cross-rank graph)."""
 from __future__ import annotations
@@ -18,7 +18,6 @@ from pathlib import Path
 import polars as pl
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 from fleetscope.traces.graph import build_graph  # noqa: E402
 from fleetscope.traces.parse import read_capture, read_trace  # noqa: E402
 from fleetscope.traces.replay import replay  # noqa: E402

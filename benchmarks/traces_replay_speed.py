@@ -5,7 +5,7 @@ The graph looks like a training step repeated: one CPU thread launching kernels 
 every 50 launches, a stream synchronize every 1000 launches, and 8 ranks whose communication
 kernels form collectives across ranks.
 
-    .venv/bin/python benchmarks/traces_replay_speed.py [--tasks 1000000] [--repeat 3]"""
+    .venv/bin/python -m benchmarks.traces_replay_speed [--tasks 1000000] [--repeat 3]"""
 from __future__ import annotations
 
 import argparse
@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fleetscope.traces.replay import simulate  # noqa: E402
+from fleetscope.traces.replay import simulate_graph  # noqa: E402
 
 
 def synthetic(n_tasks: int, ranks: int = 8, streams: int = 4, seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -76,14 +75,14 @@ def main() -> None:
     # a trace's timestamps respect its dependencies; give the synthetic graph such timestamps by
     # simulating it once from arbitrary ones (this needs the Kahn-order fallback)
     t = time.perf_counter()
-    first = simulate(tasks, edges)
+    first = simulate_graph(tasks, edges)
     print(f"  first simulation from inconsistent timestamps (Kahn order fallback: {first.order_fallback}): {time.perf_counter() - t:.2f} s")
     tasks = tasks.with_columns(sim_start_ref=pl.Series(first.start),
                                wait_ref=pl.when(pl.col("wait_ref").is_not_null()).then(pl.Series(first.end) - pl.col("sim_dur_ns")))
     best = None
     for _ in range(a.repeat):
         t = time.perf_counter()
-        sim = simulate(tasks, edges)
+        sim = simulate_graph(tasks, edges)
         dt = time.perf_counter() - t
         best = dt if best is None else min(best, dt)
         print(f"  simulate: {dt:.2f} s (order fallback: {sim.order_fallback})")

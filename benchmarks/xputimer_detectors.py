@@ -1,7 +1,7 @@
 """XPUTimer metrics on the real StragglerAnalysis trace (per-rank, per-stage) and the detectors on
 the simulator's job scenarios (verdicts and teams against the ground truth).
 
-    .venv/bin/python benchmarks/xputimer_detectors.py [--no-sim]
+    .venv/bin/python -m benchmarks.xputimer_detectors [--no-sim]
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import polars as pl
 

@@ -1,6 +1,6 @@
 """Tracer overhead and log volume on a real CPU training loop (torch.distributed gloo, 2 ranks).
 
-    .venv/bin/python benchmarks/xputimer_overhead.py [--hidden 1024] [--blocks 20] [--block-steps 4]
+    .venv/bin/python -m benchmarks.xputimer_overhead [--hidden 1024] [--blocks 20] [--block-steps 4]
 
 Interleaved in one job: blocks of `block-steps` steps alternate tracer on / off (ft.start / ft.stop
 patch and unpatch) in ABBA order, `blocks` of each; overhead = median of the on-blocks' median step
@@ -21,7 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def worker(rank, a, port, q, landing):
@@ -29,7 +28,7 @@ def worker(rank, a, port, q, landing):
     import torch
     import torch.distributed as dist
 
-    import collectors.tracer as ft
+    import fleetscope.collectors.tracer as ft
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=a.world)

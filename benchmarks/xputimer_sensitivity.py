@@ -1,7 +1,7 @@
 """Sensitivity of the issue-latency metric to unnecessary synchronization, on real CPU runs
-(collectors.demo_train: 4 ranks, gloo), and its false-alarm rate on healthy runs.
+(fleetscope.collectors.demo_train: 4 ranks, gloo), and its false-alarm rate on healthy runs.
 
-    .venv/bin/python benchmarks/xputimer_sensitivity.py [--healthy 4] [--syncs 1,2,4] [--steps 30]
+    .venv/bin/python -m benchmarks.xputimer_sensitivity [--healthy 4] [--syncs 1,2,4] [--steps 30]
 
 Runs `healthy` healthy runs and one run per sync count (N tiny all-reduces per forward through
 c10d directly, i.e. untraced), in interleaved order. Slowdown of a sync run = its median step /
@@ -16,7 +16,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv=None):
@@ -28,7 +27,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     import polars as pl
 
-    from collectors import demo_train
+    from fleetscope.collectors import demo_train
     from fleetscope.ingest.timings import read_timings
     from fleetscope.xputimer.detectors import issue_stall_rows
 

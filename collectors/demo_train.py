@@ -1,7 +1,7 @@
 """A small real data-parallel training run on CPU (torch.distributed gloo), with optional injected
 faults, used by the collectors' tests and benchmarks (and as a usage example of the tracer).
 
-    python -m collectors.demo_train --world 4 --steps 60 --landing /tmp/landing --capture demo-1 \
+    python -m fleetscope.collectors.demo_train --world 4 --steps 60 --landing /tmp/landing --capture demo-1 \
         [--no-trace] [--gc-stall-rank 1 --gc-stall-every 5] [--sync-in-forward 2] [--slow-dataloader-ms 5]
 
 Model: an MLP (Linear+GELU layers); gradients are all-reduced per layer bucket from backward hooks
@@ -105,7 +105,7 @@ def worker(rank: int, a, port: int, q):
         m.weight.register_post_accumulate_grad_hook(hook)
 
     if a.trace:
-        import collectors.tracer as ft
+        import fleetscope.collectors.tracer as ft
         ft.start(landing_dir=a.landing, capture=a.capture, rank=rank, job_id=a.job_id,
                  flush_interval_s=a.flush_s, profiler=True, stacks=True)
     loader = DataLoader(Data(a.batch * (a.steps + 2), a.hidden), batch_size=a.batch, collate_fn=collate)
@@ -130,7 +130,7 @@ def worker(rank: int, a, port: int, q):
             time.sleep(a.hang_s)  # a rank stuck outside any collective
     summary = None
     if a.trace:
-        import collectors.tracer as ft
+        import fleetscope.collectors.tracer as ft
         summary = ft.stop()
     q.put(json.dumps({"rank": rank, "step_times": times, "tracer": summary}))
     dist.barrier()
@@ -156,7 +156,7 @@ def _pipeline_worker(rank, a, q, torch, dist, DataLoader, Data, collate):
     prev_rank, next_rank = rank - dp, rank + dp
     mb = a.batch // a.microbatches
     if a.trace:
-        import collectors.tracer as ft
+        import fleetscope.collectors.tracer as ft
         ft.start(landing_dir=a.landing, capture=a.capture, rank=rank, job_id=a.job_id, flush_interval_s=a.flush_s,
                  profiler=True, stacks=True, layout={"stage": stage, "dp_rank": dp_rank})
     it = iter(DataLoader(Data(a.batch * (a.steps + 2), a.hidden), batch_size=mb, collate_fn=collate))
@@ -192,7 +192,7 @@ def _pipeline_worker(rank, a, q, torch, dist, DataLoader, Data, collate):
         times.append(time.perf_counter() - t0)
     summary = None
     if a.trace:
-        import collectors.tracer as ft
+        import fleetscope.collectors.tracer as ft
         summary = ft.stop()
     q.put(json.dumps({"rank": rank, "step_times": times, "tracer": summary}))
     dist.barrier()

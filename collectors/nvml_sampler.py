@@ -1,6 +1,6 @@
 """NVML hardware sampler (CONTRACT 1.5) into landing/hw/<host>-<start>-<n>.parquet.
 
-    python -m collectors.nvml_sampler --landing /shared/landing [--rate-hz 10] [--flush-s 60] [--duration-s 0]
+    python -m fleetscope.collectors.nvml_sampler --landing /shared/landing [--rate-hz 10] [--flush-s 60] [--duration-s 0]
 
 Per GPU and sample: SM clock and its max, power and limit, temperature, GPU / memory utilization,
 the clocks-event (throttle) reasons bitmask, PCIe TX/RX and NVLink TX/RX throughput (bytes/s).

@@ -1,6 +1,6 @@
 """Stack dumps of every rank during a hang, into landing/stacks/<incident>/rank<R>.txt (CONTRACT 1.6).
 
-In the job (started by collectors.tracer.start, or `collectors.stacks.install(landing, rank)`):
+In the job (started by fleetscope.collectors.tracer.start, or `fleetscope.collectors.stacks.install(landing, rank)`):
 a daemon thread polls `landing/requests/<job_id>.stacks.json` = {"incident": "inc-7"} and, for each
 new incident, writes a faulthandler dump of all its threads. It works while the training thread is
 blocked inside a collective (torch releases the GIL while it waits). SIGUSR1 dumps too (incident
@@ -8,8 +8,8 @@ blocked inside a collective (torch releases the GIL while it waits). SIGUSR1 dum
 
 From outside the job (no cooperation needed, py-spy if installed):
 
-    python -m collectors.stacks --landing L --incident inc-7 --pid 0:4242 --pid 1:4243
-    python -m collectors.stacks --landing L --incident inc-7 --job job42      # ask the ranks' watchers
+    python -m fleetscope.collectors.stacks --landing L --incident inc-7 --pid 0:4242 --pid 1:4243
+    python -m fleetscope.collectors.stacks --landing L --incident inc-7 --job job42      # ask the ranks' watchers
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Lightweight in-job tracer (XPUTimer-style), one import and one call:
 
-    import collectors.tracer as ft
+    import fleetscope.collectors.tracer as ft
     ft.start(landing_dir="/shared/landing", capture="job42-20261121T1200")
 
 Times key Python APIs (DataLoader next, optimizer.step, Python GC, torch.cuda.synchronize,
@@ -10,8 +10,8 @@ events that a background thread polls (the training thread never waits); on CPU,
 clock around the call. Rows are buffered (bounded) and flushed to
 landing/timings/<capture>/rank<R>-<n>.parquet (CONTRACT 1.4) by the background thread.
 
-Also starts the on-demand profiler watcher (collectors.profiler_capture) and the stack-dump
-watcher (collectors.stacks) unless told not to. Extra Python APIs to time:
+Also starts the on-demand profiler watcher (fleetscope.collectors.profiler_capture) and the stack-dump
+watcher (fleetscope.collectors.stacks) unless told not to. Extra Python APIs to time:
 FLEETSCOPE_TRACED_PYTHON_API="module.func,module.Class.method" (like XPUTimer's TRACED_PYTHON_API;
 `module@func` is accepted too).
 """
@@ -456,10 +456,10 @@ def start(landing_dir: str | os.PathLike | None = None, capture: str | None = No
     atexit.register(stop)
     _TRACER = tr
     if profiler:
-        from collectors import profiler_capture
+        from fleetscope.collectors import profiler_capture
         profiler_capture.attach(tr)
     if stacks:
-        from collectors import stacks as _stacks
+        from fleetscope.collectors import stacks as _stacks
         _stacks.install(landing_dir, tr.rank, job_id=job_id)
     return tr
 

@@ -14,14 +14,8 @@ s3:// / gs:// parquet as docs/SCALING.md explains)."""
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # the code location modules (definitions, assets, jobs) live at the repo root
-    sys.path.insert(0, str(REPO_ROOT))
-
-from dagster import Definitions, ExecutorDefinition, multiprocess_executor  # noqa: E402
+from dagster import Definitions, ExecutorDefinition, multiprocess_executor
 
 EXECUTORS = ("multiprocess", "celery", "k8s")
 
@@ -58,7 +52,7 @@ def executor_from_env(name: str | None = None) -> ExecutorDefinition:
 
 def build_definitions(executor: ExecutorDefinition) -> Definitions:
     """definitions.defs with another executor for every job (asset jobs are resolved against it)."""
-    from definitions import defs as base
+    from fleetscope.definitions import defs as base
 
     return Definitions(
         assets=list(base.assets or []),

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-SQL_DIR = REPO_ROOT / "sql"
+from fleetscope.project import SQL_DIR
+
 
 
 def _die(msg: str, code: int = 2) -> None:
@@ -21,12 +21,6 @@ def _defaults(args) -> tuple[Path, Path]:
     landing = Path(getattr(args, "landing", None) or os.environ.get("FLEETSCOPE_LANDING", "data/landing"))
     warehouse = Path(getattr(args, "warehouse", None) or os.environ.get("FLEETSCOPE_WAREHOUSE", "data/warehouse.duckdb"))
     return landing, warehouse
-
-
-def _check_repo() -> None:
-    if not (REPO_ROOT / "definitions.py").exists():
-        _die(f"the Dagster code location (definitions.py) is not next to the fleetscope package ({REPO_ROOT}); "
-             "run fleetscope from a checkout installed with `pip install -e .`")
 
 
 def _summary(warehouse: Path, report, seconds: float) -> int:
@@ -71,7 +65,6 @@ def _summary(warehouse: Path, report, seconds: float) -> int:
 
 
 def cmd_run(args) -> int:
-    _check_repo()
     landing, warehouse = _defaults(args)
     if not landing.is_dir():
         _die(f"landing folder {landing} does not exist (set --landing or FLEETSCOPE_LANDING); see CONTRACT section 1 for its layout")
@@ -84,8 +77,7 @@ def cmd_run(args) -> int:
                 _die(f"warehouse {warehouse} is not a readable DuckDB file ({exc}); move it away or point --warehouse elsewhere")
         except duckdb.Error as exc:
             _die(f"warehouse {warehouse} is not a readable DuckDB file ({exc}); move it away or point --warehouse elsewhere")
-    sys.path.insert(0, str(REPO_ROOT))
-    from jobs.runner import run_all
+    from fleetscope.jobs.runner import run_all
 
     t0 = time.perf_counter()
     report = run_all(landing, warehouse, settle_s=args.settle_seconds)
@@ -167,19 +159,16 @@ def cmd_sql(args) -> int:
 
 
 def cmd_ui(args) -> int:
-    _check_repo()
     landing, warehouse = _defaults(args)
-    sys.path.insert(0, str(REPO_ROOT))
-    from jobs.runner import prepare_environment
+    from fleetscope.jobs.runner import prepare_environment
 
     prepare_environment(landing, warehouse)
     from fleetscope.warehouse import Warehouse
     import fleetscope.schemas.landing  # noqa: F401  (register tables)
     Warehouse(warehouse).init()
-    cmd = [sys.executable, "-m", "dagster", "dev", "-m", "definitions", "--working-directory", str(REPO_ROOT),
+    cmd = [sys.executable, "-m", "dagster", "dev", "-m", "fleetscope.definitions",
            "-h", args.host, "-p", str(args.port)]
     print(f"fleetscope ui: Dagster UI on http://{args.host}:{args.port} over {warehouse} (DAGSTER_HOME={os.environ['DAGSTER_HOME']})", flush=True)
-    os.chdir(REPO_ROOT)
     os.execv(sys.executable, cmd)  # replace this process: signals go straight to dagster dev
     return 0
 

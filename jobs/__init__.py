@@ -6,4 +6,4 @@
 - derived capture assets carry AutomationCondition.eager(): they rerun when their inputs change,
   through Dagster's default automation sensor (on by default).
 - nightly_fleet_schedule: re-analyses yesterday's windows and rebuilds the fleet report."""
-from jobs.definitions import ALL_JOBS, ALL_SCHEDULES, ALL_SENSORS  # noqa: F401
+from fleetscope.jobs.definitions import ALL_JOBS, ALL_SCHEDULES, ALL_SENSORS  # noqa: F401

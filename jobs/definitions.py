@@ -23,12 +23,12 @@ from dagster import (
     sensor,
 )
 
-from assets import ALL_ASSETS, assets_partitioned_by, unpartitioned_assets
-from assets.partitions import captures, flow_files, flow_windows, hw_files, incidents, topology_files
+from fleetscope.assets import ALL_ASSETS, assets_partitioned_by, unpartitioned_assets
+from fleetscope.assets.partitions import captures, flow_files, flow_windows, hw_files, incidents, topology_files
 from fleetscope.registry import register_landing
 from fleetscope.warehouse import Warehouse
 from fleetscope.windows import day_of
-from resources import landing_path, warehouse_path
+from fleetscope.resources import landing_path, warehouse_path
 
 
 def _job(name: str, pdef, description: str):

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from fleetscope.project import INSTANCE_YAML
 
 
 def prepare_environment(landing: str | Path, warehouse: str | Path) -> Path:
@@ -22,9 +21,7 @@ def prepare_environment(landing: str | Path, warehouse: str | Path) -> Path:
     home.mkdir(parents=True, exist_ok=True)
     os.environ["DAGSTER_HOME"] = str(home)
     if not (home / "dagster.yaml").exists():
-        shutil.copy(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
+        shutil.copy(INSTANCE_YAML, home / "dagster.yaml")
     return home
 
 
@@ -47,11 +44,11 @@ def run_all(landing: str | Path, warehouse: str | Path, settle_s: float = 2.0, l
     prepare_environment(landing, warehouse)
     from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
 
-    from assets.partitions import flow_windows
-    from definitions import defs
+    from fleetscope.assets.partitions import flow_windows
+    from fleetscope.definitions import defs
     from fleetscope.registry import register_landing
     from fleetscope.warehouse import Warehouse
-    from jobs.definitions import JOB_FOR_SET, fleet_analysis
+    from fleetscope.jobs.definitions import JOB_FOR_SET, fleet_analysis
 
     instance = DagsterInstance.get()
     wh = Warehouse(warehouse)

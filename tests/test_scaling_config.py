@@ -38,7 +38,7 @@ def _load_deploy_module(monkeypatch, executor: str | None = None):
 
 
 def test_definitions_load_with_a_configured_multiprocess_executor(monkeypatch):
-    from definitions import defs as base
+    from fleetscope.definitions import defs as base
 
     monkeypatch.setenv("FLEETSCOPE_MAX_CONCURRENT", "3")
     mod = _load_deploy_module(monkeypatch)  # default: multiprocess

@@ -6,7 +6,7 @@ Packets are grouped by 5-tuple; pure ACKs (no payload) are not data and are skip
 5-tuple's packets are split into bursts on idle gaps (a flow record per burst: what NCCL's
 per-message RDMA writes look like to ERSPAN). Times are integer nanoseconds.
 
-    python -m collectors.flowcap.pcap2flows capture.pcap flows.parquet --idle-gap-us 1000 --switch br0
+    python -m fleetscope.collectors.flowcap.pcap2flows capture.pcap flows.parquet --idle-gap-us 1000 --switch br0
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """PRISM: latency variability models and step-time forecasts with straggler what-ifs.
 
-- structure.build_graph(timings) -> JobGraph: the per-rank op structure of a capture's steps,
+- structure.build_job_graph(timings) -> JobGraph: the per-rank op structure of a capture's steps,
   intrinsic op durations (waits removed) and an exact vectorized replay;
 - variability.variability_models(graph) / kernel_variability_models(trace_events) /
   hw_correlation(timings, hw): fitted latency distributions and their hardware correlates;
@@ -11,5 +11,5 @@
 """
 from fleetscope.prism.forecast import PrismResult, forecast_capture, step_forecasts  # noqa: F401
 from fleetscope.prism.schemas import HW_CORRELATION, SCENARIO_DETAILS, STEP_FORECASTS, VARIABILITY_MODELS  # noqa: F401
-from fleetscope.prism.structure import JobGraph, StructureError, build_graph, replay  # noqa: F401
+from fleetscope.prism.structure import JobGraph, StructureError, build_job_graph, replay_job_graph  # noqa: F401
 from fleetscope.prism.variability import hw_correlation, kernel_variability_models, variability_models  # noqa: F401

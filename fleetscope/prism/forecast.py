@@ -31,7 +31,7 @@ from scipy import stats
 
 from fleetscope.prism.compose import PipelineModel, replica_step_samples, step_distribution
 from fleetscope.prism.schemas import SCENARIO_DETAILS, STEP_FORECASTS
-from fleetscope.prism.structure import JobGraph, build_graph, replay
+from fleetscope.prism.structure import JobGraph, build_job_graph, replay_job_graph
 from fleetscope.prism.variability import Dist, fit_families, hw_correlation, scaled_slots, select, temporal_ratios, variability_models
 from fleetscope.verdicts import make_verdicts
 
@@ -190,7 +190,7 @@ def slow_node_placement(sm: StepModel, slow_factor: float | None = None) -> list
     g = sm.graph
     names = g.slot_names()
     gap0, dur0 = np.median(g.gap, axis=1)[:, None], sm.typ[:, None]
-    base = float(replay(g, gap0, dur0)[0])
+    base = float(replay_job_graph(g, gap0, dur0)[0])
     compute = ~g.group_is_comm[g.group_of]
     k = np.ones(g.n_slots)
     for nm, d in sm.resid.items():
@@ -205,7 +205,7 @@ def slow_node_placement(sm: StepModel, slow_factor: float | None = None) -> list
     for j, r in enumerate(cand):
         sel = (g.slot_rank == r) & compute
         cols[sel, j] *= k[sel]
-    T = replay(g, np.repeat(gap0, len(cand), axis=1), cols)
+    T = replay_job_graph(g, np.repeat(gap0, len(cand), axis=1), cols)
     cap = g.capture_id
     rows = []
     rk = {int(j): i + 1 for i, j in enumerate(np.argsort(-T))}
@@ -231,7 +231,7 @@ def kernel_sensitivity(sm: StepModel, n: int = 2000, cvs=(0.05, 0.1, 0.2, 0.4), 
     rng = np.random.default_rng(seed)
     names = g.slot_names()
     gap0, dur0 = np.median(g.gap, axis=1)[:, None], sm.typ[:, None]
-    base = float(replay(g, gap0, dur0)[0])
+    base = float(replay_job_graph(g, gap0, dur0)[0])
     res = []
     for nm in np.unique(names):
         sel = names == nm
@@ -243,10 +243,10 @@ def kernel_sensitivity(sm: StepModel, n: int = 2000, cvs=(0.05, 0.1, 0.2, 0.4), 
             dur = np.repeat(dur0, n, axis=1)
             z = rng.standard_normal((len(ug), n))[inv]
             dur[idx] = np.maximum(sm.typ[idx, None] * (1 + cv * z), 0)
-            T = replay(g, np.repeat(gap0, n, axis=1), dur)
+            T = replay_job_graph(g, np.repeat(gap0, n, axis=1), dur)
             res.append((nm, f"cv={cv}", T))
         gap, dur = sample_durations(sm, n, rng, only=sel)
-        res.append((nm, "measured", replay(g, np.repeat(gap0, n, axis=1), dur)))
+        res.append((nm, "measured", replay_job_graph(g, np.repeat(gap0, n, axis=1), dur)))
     rows = []
     for param in sorted({p for _, p, _ in res}):
         pts = [(nm, T) for nm, p, T in res if p == param]
@@ -263,7 +263,7 @@ def attribution(sm: StepModel) -> tuple[float, float, list[dict]]:
     and gaps, replay every measured step, and report mean step / ideal step."""
     g = sm.graph
     gi, di = ideal_columns(sm)
-    ideal = float(replay(g, gi, di)[0])
+    ideal = float(replay_job_graph(g, gi, di)[0])
     S = g.dur.shape[1]
     names = g.slot_names()
     groups = [("op", nm, names == nm) for nm in np.unique(names)]
@@ -279,7 +279,7 @@ def attribution(sm: StepModel) -> tuple[float, float, list[dict]]:
         gap = np.repeat(gi, S, axis=1)
         dur = np.repeat(di, S, axis=1)
         gap[sel], dur[sel] = g.gap[sel], g.dur[sel]
-        T = replay(g, gap, dur)
+        T = replay_job_graph(g, gap, dur)
         rows.append(_detail(g.capture_id, "attribution", f"{kind}:{subj}", "restore measured", T, T.mean() / ideal))
     return ideal, float(g.measured_step_ns.mean()), rows
 
@@ -546,15 +546,15 @@ def forecast_capture(timings: pl.DataFrame, hw: pl.DataFrame | None = None, capt
     """Everything PRISM gives for one capture: variability models, hw correlation, step
     forecasts (baseline, no_stragglers, slow_node_worst, scale_<N>ranks), the scenario sweeps,
     verdicts and CDF plots (PNG bytes)."""
-    g = build_graph(timings, capture_id, layout)
+    g = build_job_graph(timings, capture_id, layout)
     cap = g.capture_id
     rng = np.random.default_rng(seed)
     sm = fit_step_model(g)
     meas = g.measured_step_ns
     gap, dur = sample_durations(sm, n_samples, rng)
-    base = replay(g, gap, dur)
+    base = replay_job_graph(g, gap, dur)
     gi, di = ideal_columns(sm)
-    ideal = float(replay(g, gi, di)[0])
+    ideal = float(replay_job_graph(g, gi, di)[0])
     floor = ks_noise_floor(base, len(meas), rng)
     rows = [_row(cap, "baseline", g.n_ranks, base, meas, {"ks_noise_floor": floor}),
             _row(cap, "no_stragglers", g.n_ranks, np.array([ideal]), meas, {"typical": "median per op type over ranks and steps"})]

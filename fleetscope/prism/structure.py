@@ -12,7 +12,7 @@ step's slots then carry two measured numbers:
   end - (latest start among its group), i.e. the transfer without the time spent waiting for
   slower peers (the StragglerAnalysis "transfer duration").
 
-`replay` runs the max-plus recurrence of that structure over any number of sampled
+`replay_job_graph` runs the max-plus recurrence of that structure over any number of sampled
 (gap, dur) columns at once; with the measured columns it reproduces the measured step times,
 which is what makes forecasts and what-ifs built on it trustworthy."""
 from __future__ import annotations
@@ -109,7 +109,7 @@ def _pick_kind(t: pl.DataFrame) -> str:
     raise StructureError(f"timings hold no 'op' or 'kernel' rows (kinds: {sorted(kinds)}); a step structure needs one of them")
 
 
-def build_graph(timings: pl.DataFrame, capture_id: str | None = None, layout: dict | None = None) -> JobGraph:
+def build_job_graph(timings: pl.DataFrame, capture_id: str | None = None, layout: dict | None = None) -> JobGraph:
     """Timings of ONE capture -> its JobGraph. Raises StructureError with a reason a person can act
     on when the rows cannot give a step structure (no step numbers, a rank missing, ...)."""
     if timings.height == 0:
@@ -117,7 +117,7 @@ def build_graph(timings: pl.DataFrame, capture_id: str | None = None, layout: di
     if capture_id is None:
         caps = timings["capture_id"].unique().to_list() if "capture_id" in timings.columns else ["capture"]
         if len(caps) != 1:
-            raise StructureError(f"build_graph takes one capture; got {len(caps)}: {caps[:5]}")
+            raise StructureError(f"build_job_graph takes one capture; got {len(caps)}: {caps[:5]}")
         capture_id = str(caps[0])
     kind = _pick_kind(timings)
     t = timings.filter(pl.col("kind") == kind)
@@ -362,7 +362,7 @@ def _detect_schedule(names_last_stage: list[str], vpp: int) -> str:
     return "interleaved_1f1b" if vpp > 1 else "1f1b"
 
 
-def replay(g: JobGraph, gap: np.ndarray, dur: np.ndarray, per_rank: bool = False) -> np.ndarray:
+def replay_job_graph(g: JobGraph, gap: np.ndarray, dur: np.ndarray, per_rank: bool = False) -> np.ndarray:
     """Max-plus recurrence of the step over S columns at once: gap, dur are [n_slots, S]
     (ns). A slot arrives gap after its rank's latest end (of every earlier op, or of the
     sequential ones only for an op that runs beside a concurrent collective; after the previous

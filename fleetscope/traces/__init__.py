@@ -10,7 +10,7 @@
 """
 from fleetscope.traces.graph import Graph, build_graph  # noqa: F401
 from fleetscope.traces.parse import TraceError, TraceFile, read_capture, read_trace  # noqa: F401
-from fleetscope.traces.replay import ReplayResult, export_chrome_trace, replay, simulate  # noqa: F401
+from fleetscope.traces.replay import ReplayResult, export_chrome_trace, replay, simulate_graph  # noqa: F401
 from fleetscope.traces.tables import trace_collectives, trace_iterations, trace_syncs  # noqa: F401
 from fleetscope.traces.whatif import DEFAULT_SCENARIOS, fit_comm_model, predict  # noqa: F401
 from fleetscope.traces.findings import trace_verdicts  # noqa: F401,E402

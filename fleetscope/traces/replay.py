@@ -39,7 +39,7 @@ class Simulation:
     order_fallback: bool = False
 
 
-def simulate(tasks: pl.DataFrame, edges: pl.DataFrame, sim_dur: np.ndarray | None = None, lag_col: str = "lag_ns") -> Simulation:
+def simulate_graph(tasks: pl.DataFrame, edges: pl.DataFrame, sim_dur: np.ndarray | None = None, lag_col: str = "lag_ns") -> Simulation:
     """Simulated start/end (int64 ns, indexed by task_id; task_id must be 0..n-1).
 
     tasks: task_id, sim_dur_ns, sim_start_ref, wait_ref (sync calls), coll_group (optional);
@@ -297,7 +297,7 @@ def replay(graph: Graph, sim_dur: np.ndarray | None = None, sm_bucket_ns: int = 
     and reproduces the trace of the unchanged graph; lag_col="lag_typical_ns" also replaces the
     delays no dependency explains by typical ones (how much those unexplained delays matter)."""
     t = graph.tasks
-    sim = simulate(t, graph.edges, sim_dur, lag_col or ("lag_calibrated_ns" if calibrated else "lag_ns"))
+    sim = simulate_graph(t, graph.edges, sim_dur, lag_col or ("lag_calibrated_ns" if calibrated else "lag_ns"))
     t = t.with_columns(sim_start_ns=pl.Series(sim.start), sim_end_ns=pl.Series(sim.end))
     if t["iteration"].null_count() == t.height:  # no ProfilerStep annotations: the whole capture is one
         t = t.with_columns(iteration=pl.lit(0, pl.Int64))

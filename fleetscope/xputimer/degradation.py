@@ -142,7 +142,7 @@ def degradation_verdicts(deg: pl.DataFrame, job_id: str | None = None) -> pl.Dat
 
 def write_profile_request(landing_dir: str | os.PathLike, job_id: str, degradation: dict | None = None,
                           steps: int = 3, capture: str | None = None) -> Path:
-    """Write landing/requests/<job_id>.json, which the job's collectors.profiler_capture watcher
+    """Write landing/requests/<job_id>.json, which the job's fleetscope.collectors.profiler_capture watcher
     serves once (by id) on every rank: a `steps`-step torch.profiler window dropped into
     landing/traces/<capture>/. Atomic (rename), so a rank never reads half a request."""
     degradation = degradation or {}

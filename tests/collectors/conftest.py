@@ -18,8 +18,8 @@ COMMON = ["--world", str(WORLD), "--layers", "6", "--hidden", "256", "--batch", 
 
 
 def demo(landing: Path, capture: str, *extra: str, steps: int = 30, env: dict | None = None) -> list[dict]:
-    """Run collectors.demo_train in-process (it forks its ranks) and return each rank's result."""
-    from collectors import demo_train
+    """Run fleetscope.collectors.demo_train in-process (it forks its ranks) and return each rank's result."""
+    from fleetscope.collectors import demo_train
 
     old = dict(os.environ)
     os.environ.update(env or {})
@@ -56,7 +56,7 @@ def hang_run(tmp_path_factory):
     landing = tmp_path_factory.mktemp("hang") / "landing"
     req = write_profile_request(landing, "hang", {"kind": "degraded", "at_ns": 1, "ratio": 1.2}, steps=2, capture="hang-prof")
     marker = landing.parent / "hang.marker"
-    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from collectors import demo_train; "
+    code = ("from fleetscope.collectors import demo_train; "
             f"demo_train.run({[*COMMON, '--steps', '20', '--landing', str(landing), '--capture', 'hang', '--job-id', 'hang', '--log-loss', '--hang-rank', '2', '--hang-step', '14', '--hang-s', '5', '--hang-marker', str(marker)]!r})")
     env = dict(os.environ, FLEETSCOPE_TRACED_PYTHON_API="torch.nn.functional.mse_loss,torch.nn.init@zeros_")
     p = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO)
@@ -65,7 +65,7 @@ def hang_run(tmp_path_factory):
         time.sleep(0.2)
     assert marker.exists(), "the hang was never reached"
     time.sleep(1.0)  # let the other ranks block in the next collective
-    from collectors import stacks
+    from fleetscope.collectors import stacks
     stacks.request(landing, "hang", "inc-test")
     assert p.wait(timeout=120) == 0
     return landing, req

@@ -93,7 +93,7 @@ def test_slow_dataloader_v_inter_and_degradation(real_runs):
 
 def test_pipeline_run_send_recv_and_stage_imbalance(tmp_path):
     """2 pipeline stages x 2 DP ranks, 4 microbatches; stage 1 holds 6 of 8 layers."""
-    from collectors import demo_train
+    from fleetscope.collectors import demo_train
 
     demo_train.run(["--world", "4", "--pp", "2", "--stage-layers", "2,6", "--steps", "15", "--hidden", "256",
                     "--batch", "32", "--landing", str(tmp_path), "--capture", "pp", "--job-id", "pp"])

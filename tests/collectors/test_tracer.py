@@ -60,7 +60,7 @@ def test_gc_stall_is_timed_on_the_stalled_rank(real_runs):
 
 
 def test_buffer_is_bounded(tmp_path):
-    from collectors.tracer import _Tracer
+    from fleetscope.collectors.tracer import _Tracer
 
     tr = _Tracer(tmp_path, "cap", 0, "h", max_rows=100, flush_interval_s=1e9, poll_interval_s=1e9, use_cuda=False)
     for i in range(5000):  # the writer thread is not running: the buffer must not grow without bound
@@ -71,7 +71,7 @@ def test_buffer_is_bounded(tmp_path):
 
 
 def test_unknown_traced_api_is_a_clear_error():
-    from collectors.tracer import _resolve
+    from fleetscope.collectors.tracer import _resolve
 
     with pytest.raises(ValueError, match="FLEETSCOPE_TRACED_PYTHON_API: cannot resolve 'nosuchmodule.f'"):
         _resolve("nosuchmodule.f")
@@ -128,7 +128,7 @@ def test_blocked_training_is_detected(hang_run):
 
 
 def test_nvml_sampler_without_gpu_exits_cleanly(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "collectors.nvml_sampler", "--landing", str(tmp_path), "--duration-s", "1"],
+    p = subprocess.run([sys.executable, "-m", "fleetscope.collectors.nvml_sampler", "--landing", str(tmp_path), "--duration-s", "1"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0
     try:
@@ -150,7 +150,7 @@ def _ddp_worker(rank, port, landing, q):
     import torch
     import torch.distributed as dist
 
-    import collectors.tracer as ft
+    import fleetscope.collectors.tracer as ft
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

@@ -6,7 +6,7 @@ import pytest
 
 from fleetscope.flows import FlowConfig, analyze_window
 from fleetscope.flows.evaluate import comm_type_accuracy, job_sets_exact
-from synth import MS, S, Job, fleet
+from tests.flows.synth import MS, S, Job, fleet
 
 
 def _truth_frames(truths):

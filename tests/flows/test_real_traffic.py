@@ -117,7 +117,7 @@ def test_namespaces_are_cleaned_up(capture):
 
 
 def test_fleetscope_recovers_job_pairs_and_steps(capture):
-    from collectors.flowcap import packets_to_flows, read_pcap
+    from fleetscope.collectors.flowcap import packets_to_flows, read_pcap
 
     from fleetscope.flows import analyze_window
 

@@ -8,8 +8,7 @@ import polars as pl
 import pytest
 
 sim = pytest.importorskip("fleetscope.sim")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from flows_common import load_landing, load_truth  # noqa: E402
+from benchmarks.flows_common import load_landing, load_truth  # noqa: E402
 
 from fleetscope.flows import analyze_window  # noqa: E402
 from fleetscope.flows.evaluate import comm_type_accuracy, job_sets_exact, step_errors  # noqa: E402

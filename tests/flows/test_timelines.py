@@ -5,7 +5,7 @@ import polars as pl
 
 from fleetscope.flows import analyze_window, export_perfetto
 from fleetscope.flows.evaluate import step_errors
-from synth import MS, S, Job, fleet
+from tests.flows.synth import MS, S, Job, fleet
 
 JOBS = [Job(hosts=[0, 1, 2, 3], gpus=list(range(8)), dp=2, pp=2),
         Job(hosts=[4, 5, 6, 7], gpus=[0, 1, 2, 3], dp=4, pp=1, period_ns=int(0.77 * S), phase_ns=300 * MS)]

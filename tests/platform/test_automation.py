@@ -6,8 +6,8 @@ import time
 
 from dagster import AssetKey, DagsterInstance, evaluate_automation_conditions
 
-from definitions import defs
-from jobs.runner import QUIET
+from fleetscope.definitions import defs
+from fleetscope.jobs.runner import QUIET
 
 
 def test_derived_assets_rerun_when_inputs_change(fleet_env):

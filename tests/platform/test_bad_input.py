@@ -11,7 +11,7 @@ import pytest
 
 from tests.paths import REAL
 from fleetscope.warehouse import Warehouse
-from jobs.runner import run_all
+from fleetscope.jobs.runner import run_all
 
 
 def _flows(n=5, t0=1_700_000_000_000_000_000):

@@ -62,8 +62,8 @@ def test_run_finds_the_injected_fault_and_writes_reports(simulated, fleet_env):
     with DagsterInstance.get() as instance:
         assert len(instance.get_runs()) >= 5
     # the nightly schedules ask for yesterday's windows and the fleet report
-    from definitions import defs
-    from jobs.definitions import ALL_SCHEDULES
+    from fleetscope.definitions import defs
+    from fleetscope.jobs.definitions import ALL_SCHEDULES
     sched = {s.name: s for s in ALL_SCHEDULES}
     windows = jobs["window_id"].unique().to_list()
     day = dt.datetime.strptime(windows[0].split("-", 1)[1][:8], "%Y%m%d").replace(tzinfo=dt.timezone.utc)

@@ -6,7 +6,7 @@ import pytest
 from tests.paths import REAL
 from fleetscope.real_data import layout_real_landing
 from fleetscope.warehouse import Warehouse
-from jobs.runner import run_all
+from fleetscope.jobs.runner import run_all
 
 
 @pytest.mark.slow

@@ -12,8 +12,8 @@ import pytest
 from dagster import DagsterInstance, DagsterRunStatus, RunsFilter, build_sensor_context
 
 from tests.paths import REPO
-from definitions import defs
-from jobs.definitions import landing_sensor
+from fleetscope.definitions import defs
+from fleetscope.jobs.definitions import landing_sensor
 
 
 def _flow_file(path: Path, t0: int, n: int = 4):
@@ -54,7 +54,7 @@ def test_landing_sensor_registers_requests_and_keeps_a_cursor(fleet_env):
 
 
 def _start_daemon(env):
-    return subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-m", "definitions", "--working-directory", str(REPO),
+    return subprocess.Popen([sys.executable, "-m", "dagster", "dev", "-m", "fleetscope.definitions",
                              "-h", "127.0.0.1", "-p", str(_free_port())],
                             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -122,7 +122,7 @@ def test_degradation_sensor_files_a_profiling_request_once(fleet_env):
     import json as _json
     from fleetscope.schemas.base import TABLES
     from fleetscope.warehouse import Warehouse
-    from jobs.definitions import degradation_sensor
+    from fleetscope.jobs.definitions import degradation_sensor
     landing, warehouse, _ = fleet_env
     wh = Warehouse(warehouse)
     wh.init()

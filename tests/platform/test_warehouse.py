@@ -27,7 +27,6 @@ def test_killed_writer_leaves_previous_partition_readable(tmp_path):
     wh.write_partition("flows", "p1", pl.DataFrame({"start_ns": [1, 2, 3], "src_ip": ["a"] * 3}))
     code = textwrap.dedent(f"""
         import numpy as np, polars as pl, sys
-        sys.path.insert(0, {str(tmp_path)!r})
         from fleetscope.warehouse import Warehouse
         wh = Warehouse({str(tmp_path / 'w.duckdb')!r})
         print("start", flush=True)

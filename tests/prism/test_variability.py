@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 
 from fleetscope.prism.schemas import HW_CORRELATION, VARIABILITY_MODELS
-from fleetscope.prism.structure import build_graph
+from fleetscope.prism.structure import build_job_graph
 from fleetscope.prism.variability import fit_families, hw_correlation, select, variability_models
 
 
@@ -30,7 +30,7 @@ def test_a_rare_slow_mode_selects_the_mixture():
 
 
 def test_real_trace_models(real_timings):
-    vm = variability_models(build_graph(real_timings))
+    vm = variability_models(build_job_graph(real_timings))
     VARIABILITY_MODELS.validate(vm)
     per = vm.group_by("op_name", "dimension").agg(pl.col("selected").sum())
     assert (per["selected"] == 1).all()  # exactly one chosen family per op and dimension

@@ -14,7 +14,6 @@ from pathlib import Path
 import duckdb
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 from fleetscope.warehouse import Warehouse  # noqa: E402
 
 

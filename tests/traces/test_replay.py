@@ -7,7 +7,7 @@ import pytest
 from fleetscope.schemas import TABLES
 from fleetscope.traces.graph import build_graph
 from fleetscope.traces.parse import read_trace
-from fleetscope.traces.replay import breakdown, replay, simulate
+from fleetscope.traces.replay import breakdown, replay, simulate_graph
 from tests.traces import synth
 from tests.traces.conftest import GPU_TRACES
 
@@ -89,22 +89,22 @@ def test_simulate_hand_graph_with_collective_and_sync():
         "edge_type": ["cpu_gpu", "gpu_gpu", "cpu_gpu", "gpu_gpu", "cpu_cpu", "gpu_cpu"],
         "lag_ns": [0, 0, 0, 0, 10, 0],
     })
-    sim = simulate(tasks, edges)
+    sim = simulate_graph(tasks, edges)
     assert sim.start.tolist() == [0, 10, 110, 0, 10, 310, 20]
     assert sim.end.tolist() == [10, 110, 360, 10, 310, 360, 365]
     # rank 1's kernel twice as fast: the collective and the sync move with it
-    sim2 = simulate(tasks, edges, np.array([10, 100, 50, 10, 150, 50, 5]))
+    sim2 = simulate_graph(tasks, edges, np.array([10, 100, 50, 10, 150, 50, 5]))
     assert sim2.end[[2, 5, 6]].tolist() == [210, 210, 215]
 
 
 def test_simulate_falls_back_to_kahn_when_keys_disagree():
     tasks = pl.DataFrame({"task_id": [0, 1, 2], "sim_dur_ns": [5, 5, 5], "sim_start_ref": [100, 0, 50]})
     edges = pl.DataFrame({"src": [0, 1], "dst": [1, 2], "edge_type": ["cpu_cpu", "cpu_cpu"], "lag_ns": [1, 1]})
-    sim = simulate(tasks, edges)
+    sim = simulate_graph(tasks, edges)
     assert sim.order_fallback and sim.start.tolist() == [100, 106, 112]
     cyc = pl.DataFrame({"src": [0, 1], "dst": [1, 0], "edge_type": ["cpu_cpu", "cpu_cpu"], "lag_ns": [0, 0]})
     with pytest.raises(ValueError, match="cycle"):
-        simulate(tasks, cyc)
+        simulate_graph(tasks, cyc)
 
 
 def test_breakdown_hand_intervals():

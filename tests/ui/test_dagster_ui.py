@@ -22,8 +22,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cdp import Browser, find_chromium  # noqa: E402
+from tests.ui.cdp import Browser, find_chromium  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.browser, pytest.mark.slow]

@@ -34,10 +34,10 @@ def render_capture(landing_dir: Path, capture_id: str, job: CaptureJob, faults: 
     """Simulate the job's steps under the faults that touch it and write
     landing/traces/<capture_id>/rank<R>.json.gz (+capture.json) and landing/timings/<capture_id>/rank<R>.parquet.
     Returns ground-truth rows (one per fault and affected rank; schema `sim_capture_truth`)."""
-    from fleetscope.sim.capture.render import render_sim, simulate, truth_rows
+    from fleetscope.sim.capture.render import render_sim, simulate_job, truth_rows
 
     _check_job(job)
-    sim = simulate(job, faults, seed)
+    sim = simulate_job(job, faults, seed)
     start, end = render_sim(Path(landing_dir), capture_id, sim, traces, timings, trace_ranks)
     return truth_rows(sim, capture_id, sim.eff, (start, end))
 

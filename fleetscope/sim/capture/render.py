@@ -38,7 +38,7 @@ def micro_batch_for(job) -> int:
     return int(np.clip(round(job.step_ns / est), 1, 64))
 
 
-def simulate(job, faults: list[dict], seed: int, racks: list[str] | None = None) -> M.JobSim:
+def simulate_job(job, faults: list[dict], seed: int, racks: list[str] | None = None) -> M.JobSim:
     rng = np.random.default_rng([seed, 7])
     window = (int(job.start_ns), int(job.start_ns + job.n_steps * job.step_ns * 2))
     eff = resolve(job, faults, window, rng, racks)

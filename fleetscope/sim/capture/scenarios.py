@@ -10,7 +10,7 @@ import polars as pl
 from fleetscope.sim.capture import SCENARIOS, CaptureJob
 from fleetscope.sim.capture.hang import render_hang
 from fleetscope.sim.capture.hw import render_hw
-from fleetscope.sim.capture.render import activity_frame, render_sim, simulate, truth_rows
+from fleetscope.sim.capture.render import activity_frame, render_sim, simulate_job, truth_rows
 from fleetscope.sim.capture.schemas import TRUTH
 from fleetscope.schemas.base import conform
 
@@ -70,7 +70,7 @@ def scenario_capture(out_dir, scenario: str, seed: int = 0) -> tuple[Path, list[
     landing = out_dir / "landing"
     job, faults = scenario_job_and_faults(scenario, seed)
     capture_id = f"{job.job_id}-s{seed}"
-    sim = simulate(job, faults, seed)
+    sim = simulate_job(job, faults, seed)
     start, end = render_sim(landing, capture_id, sim, traces=True, timings=True, trace_ranks=None)
     truth = truth_rows(sim, capture_id, sim.eff, (start, end))
     gpus = pl.DataFrame({"host": job.hosts, "gpu": job.gpus, "ip": job.ips})

@@ -2,9 +2,9 @@
 explicitly. `dagster dev` / `fleetscope ui` load this module from the repository root."""
 from dagster import Definitions
 
-from assets import ALL_ASSET_CHECKS, ALL_ASSETS
-from jobs import ALL_JOBS, ALL_SCHEDULES, ALL_SENSORS
-from resources import default_resources
+from fleetscope.assets import ALL_ASSET_CHECKS, ALL_ASSETS
+from fleetscope.jobs import ALL_JOBS, ALL_SCHEDULES, ALL_SENSORS
+from fleetscope.resources import default_resources
 
 defs = Definitions(
     assets=ALL_ASSETS,
