@@ -1,14 +1,21 @@
-"""The one way an asset writes a table: conform + validate with the stage's pandera schema,
-write the partition atomically, and describe it in the UI (row counts, schema, preview)."""
+"""The one way an asset writes: conform + validate each table with its pandera schema, write the
+partition atomically, describe it in the UI (row counts, schema, preview), and for an analysis
+(fleetscope.analysis.Analysis) also its verdicts, notes and artifacts. Every analysis asset is a
+multi-asset with one AssetSpec per table it writes, so asset keys and table names are the same."""
 from __future__ import annotations
 
+import base64
 import time
+from collections.abc import Iterator
 
 import pandera.polars as pa
 import polars as pl
-from dagster import MetadataValue, TableColumn, TableSchema
+from dagster import AssetSpec, AutomationCondition, MaterializeResult, MetadataValue, TableColumn, TableSchema
 
+from fleetscope.analysis import Analysis
 from fleetscope.schemas.base import conform
+from fleetscope.tables import TABLES
+from fleetscope.verdicts import VERDICTS
 from fleetscope.warehouse import Warehouse
 
 
@@ -24,6 +31,7 @@ def preview(df: pl.DataFrame, n: int = 10) -> MetadataValue:
         return MetadataValue.md("_no rows_")
     head = df.head(n)
     cols = head.columns[:12]
+
     def cell(v):
         s = str(v)
         return (s[:40] + "…") if len(s) > 41 else s
@@ -33,15 +41,15 @@ def preview(df: pl.DataFrame, n: int = 10) -> MetadataValue:
     return MetadataValue.md("\n".join(lines))
 
 
-def write_table(wh: Warehouse, table: str, key: str, df: pl.DataFrame, schema: pa.DataFrameSchema) -> tuple[pl.DataFrame, dict]:
+def write_table(wh: Warehouse, table: str, key: str, df: pl.DataFrame, schema: pa.DataFrameSchema | None = None) -> tuple[pl.DataFrame, dict]:
     """Validate and write one partition of `table`; returns the written frame and UI metadata."""
+    schema = schema if schema is not None else TABLES[table]
     t0 = time.perf_counter()
     df = schema.validate(conform(df, schema))
     path = wh.write_partition(table, key, df)
     return df, {
         f"{table}/rows": MetadataValue.int(df.height),
         f"{table}/preview": preview(df),
-        f"{table}/schema": MetadataValue.table_schema(table_schema_metadata(schema)),
         f"{table}/path": MetadataValue.path(str(path)),
         f"{table}/write_seconds": MetadataValue.float(round(time.perf_counter() - t0, 3)),
         "dagster/row_count": MetadataValue.int(df.height),
@@ -52,8 +60,6 @@ def write_table(wh: Warehouse, table: str, key: str, df: pl.DataFrame, schema: p
 def write_verdicts(wh: Warehouse, detector: str, key: str, verdicts: pl.DataFrame | None, capture_id: str | None = None) -> dict:
     """One detector's verdicts for one partition: replace them (or clear them when there are none
     now, so a fixed problem disappears) and describe them."""
-    from fleetscope.verdicts import VERDICTS
-
     part = f"{detector}__{key}"
     if verdicts is None or verdicts.height == 0:
         wh.delete_partition("anomaly_verdicts", part)
@@ -64,3 +70,48 @@ def write_verdicts(wh: Warehouse, detector: str, key: str, verdicts: pl.DataFram
     md["by_severity"] = MetadataValue.json(dict(df.group_by("severity").len().sort("severity").iter_rows()))
     md["by_team"] = MetadataValue.json(dict(df.group_by("team").len().sort("team").iter_rows()))
     return md
+
+
+def analysis_specs(tables: dict[str, str], verdicts_asset: str, verdicts_description: str, *, partitions_def, group: str,
+                   deps, eager: bool = True) -> list[AssetSpec]:
+    """One AssetSpec per table (name -> description) plus the analysis' verdicts asset (its slice
+    of anomaly_verdicts)."""
+    cond = AutomationCondition.eager() if eager else None
+    return [AssetSpec(name, partitions_def=partitions_def, group_name=group, deps=deps, kinds={"duckdb", "parquet"},
+                      automation_condition=cond, description=desc)
+            for name, desc in {**tables, verdicts_asset: verdicts_description}.items()]
+
+
+def materialize_analysis(wh: Warehouse, key: str, result: Analysis, tables, verdicts_asset: str, detector: str,
+                         capture_id: str | None = None, extra: dict | None = None,
+                         artifacts_on: str | None = None) -> Iterator[MaterializeResult]:
+    """Write every table of the analysis (an empty frame of its schema when it produced none), its
+    verdicts and artifacts (files under <warehouse>.exports/, PNGs also shown in the UI on the asset
+    `artifacts_on`, default the first table), and yield one MaterializeResult per asset with its
+    metadata and the analysis' notes."""
+    notes = MetadataValue.text("; ".join(result.notes)) if result.notes else None
+    files = {}
+    for rel, data in result.artifacts.items():
+        path = wh.exports_dir() / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+        files[rel] = path
+    shown = {f"artifact/{rel}": MetadataValue.path(str(p)) for rel, p in files.items()}
+    shown.update({f"plot/{rel.rsplit('/', 1)[-1][:-4]}": MetadataValue.md(
+        f"![{rel}](data:image/png;base64,{base64.b64encode(result.artifacts[rel]).decode()})")
+        for rel in files if rel.endswith(".png")})
+    artifacts_on = artifacts_on or next(iter(tables))
+    for name in tables:
+        _, md = write_table(wh, name, key, result.table(name))
+        if notes is not None:
+            md["notes"] = notes
+        md.update((extra or {}).get(name, {}))
+        if name == artifacts_on:
+            md.update(shown)
+        yield MaterializeResult(asset_key=name, metadata=md)
+    md = write_verdicts(wh, detector, key, result.verdicts, capture_id=capture_id)
+    if notes is not None:
+        md["notes"] = notes
+    yield MaterializeResult(asset_key=verdicts_asset, metadata=md)

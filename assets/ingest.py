@@ -1,14 +1,15 @@
 """Ingestion assets: one partition per landed file, capture or incident (dynamic partitions).
-Thin: each calls fleetscope.ingest.partitions and reports rows in / kept / rejected."""
+Thin: each calls fleetscope.ingest.partitions and reports rows in / kept / rejected. (Rejected
+rows and files go to the rejected_records table, a slice per partition.)"""
 
 import json
 
-from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, asset, multi_asset
 
 from fleetscope.assets._tables import preview, table_schema_metadata
 from fleetscope.assets.partitions import captures, flow_files, flow_windows, hw_files, incidents, topology_files
 from fleetscope.ingest import partitions as ing
-from fleetscope.schemas.landing import CAPTURES, FLOWS, HW, INCIDENTS, TIMINGS, TOPOLOGY
+from fleetscope.schemas.landing import CAPTURES, FLOWS, HW, INCIDENTS, RING, STACKS, TIMINGS, TOPOLOGY
 from fleetscope.traces.schemas import TRACE_EVENTS
 from fleetscope.windows import windows_touched
 from fleetscope.resources import AnalysisSettings, LandingResource, WarehouseResource
@@ -96,9 +97,9 @@ def trace_events(context: AssetExecutionContext, warehouse: WarehouseResource, l
     return MaterializeResult(metadata=md)
 
 
-@asset(partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"}, deps=[timings, trace_events],
+@asset(name="captures", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"}, deps=[timings, trace_events],
        description="One row per capture: job id, parallel layout (capture.json or StragglerAnalysis meta), file counts.")
-def capture_index(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
+def captures_asset(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
     wh = warehouse.get()
     key = context.partition_key
     n_tr = len([p for p in (landing.root / "traces" / key).glob("*.json*") if p.name != "capture.json"]) if (landing.root / "traces" / key).is_dir() else 0
@@ -109,15 +110,30 @@ def capture_index(context: AssetExecutionContext, warehouse: WarehouseResource, 
                                        "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(CAPTURES))})
 
 
-@asset(partitions_def=incidents, group_name="ingest", kinds={"duckdb", "parquet"},
-       description="Incident requests (CONTRACT 1.7) and the stack dumps / ring progress of a hang (1.6).")
-def incident_inputs(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
-    s = ing.ingest_incident(warehouse.get(), landing.root, context.partition_key)
+_INCIDENT_TABLES = {
+    "incidents": ("Incident requests (docs/CONTRACT.md 1.7): what an SRE or a sensor asked to look at.", INCIDENTS),
+    "stacks": ("Stack dumps of every rank taken during a hang (docs/CONTRACT.md 1.6).", STACKS),
+    "ring_progress": ("The loop step each ring connection reached inside a hung collective (ring.json).", RING),
+}
+
+
+@multi_asset(specs=[AssetSpec(name, partitions_def=incidents, group_name="ingest", kinds={"duckdb", "parquet"}, description=desc)
+                    for name, (desc, _) in _INCIDENT_TABLES.items()], can_subset=False)
+def incident_inputs(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource):
+    """incidents/<key>.json (a request) and stacks/<key>/ (dumps of a hang), whichever exist."""
+    wh = warehouse.get()
+    s = ing.ingest_incident(wh, landing.root, context.partition_key)
     _log(context, s)
-    md = _metadata(s, INCIDENTS)
-    if s.frame is not None and s.frame.height:
-        md["request"] = MetadataValue.json(json.loads(s.frame.drop("source_file").write_json())[0])
-    return MaterializeResult(metadata=md)
+    for name, (_, schema) in _INCIDENT_TABLES.items():
+        if name == "incidents":
+            md = _metadata(s, schema)
+            if s.frame is not None and s.frame.height:
+                md["request"] = MetadataValue.json(json.loads(s.frame.drop("source_file").write_json())[0])
+        else:
+            df = wh.read(name, partitions=[context.partition_key])
+            md = {"dagster/row_count": MetadataValue.int(df.height), "preview": preview(df.drop("text") if "text" in df.columns else df),
+                  "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(schema))}
+        yield MaterializeResult(asset_key=name, metadata=md)
 
 
-INGEST_ASSETS = [topology, flows, hw, timings, trace_events, capture_index, incident_inputs]
+ASSETS = [topology, flows, hw, timings, trace_events, captures_asset, incident_inputs]

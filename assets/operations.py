@@ -1,20 +1,21 @@
-"""Operations: hang diagnosis and the report of each incident (incidents partitions), the grouping
-of all verdicts into problems people act on, and the nightly fleet report (unpartitioned)."""
+"""Operations: hang diagnosis and the report of each incident request (incidents partitions), the
+grouping of all verdicts into problems people act on, and the nightly fleet report (unpartitioned)."""
 import base64
 import datetime as dt
 from pathlib import Path
 
 import polars as pl
-from dagster import (AllPartitionMapping, AssetDep, AssetExecutionContext, AutomationCondition, MaterializeResult,
-                     MetadataValue, asset)
+from dagster import (AllPartitionMapping, AssetDep, AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, asset,
+                     multi_asset)
 
-from fleetscope.assets._tables import preview, write_table, write_verdicts
-from fleetscope.assets.ingest import incident_inputs
+from fleetscope.assets._tables import analysis_specs, materialize_analysis, write_table
 from fleetscope.assets.partitions import incidents
+from fleetscope.incidents import scoped_verdicts
 from fleetscope.ingest.topology import latest_topology
-from fleetscope.incidents import INCIDENTS_TABLE, group_incidents
+from fleetscope.problems import group_problems
 from fleetscope.reports import fleet_report, incident_report
 from fleetscope.resources import LandingResource, WarehouseResource
+from fleetscope.xputimer import analyze_hang
 
 _ALL = AllPartitionMapping()
 
@@ -37,54 +38,20 @@ def _write_report(folder: Path, stem: str, md: str, plots: dict[str, bytes]) -> 
     return path
 
 
-@asset(partitions_def=incidents, group_name="operations", deps=[incident_inputs], kinds={"duckdb"},
-       automation_condition=AutomationCondition.eager(),
-       description="Hang diagnosis from the stack dumps of every rank and ring progress (XPUTimer): the culprit rank or the faulty link.")
-def hang_verdicts(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
-    from fleetscope.xputimer.hang import diagnose_hang
-
+@multi_asset(specs=analysis_specs({"xputimer_hang_ranks": "Per rank of a hung job: its main thread's top frame, whether it "
+                                  "waits in a collective, and the culprit."}, "hang_verdicts", "Hang diagnosis from the stack "
+                                  "dumps of every rank and ring progress (XPUTimer): the culprit rank or the faulty link.",
+                                  partitions_def=incidents, group="operations", deps=["incidents", "stacks", "ring_progress"]),
+             can_subset=False)
+def hang_diagnosis(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource):
     wh = warehouse.get()
     key = context.partition_key
-    folder = landing.root / "stacks" / key
-    if not folder.is_dir() or not any(folder.glob("rank*.txt")):
-        md = write_verdicts(wh, "hang", key, None)
-        return MaterializeResult(metadata={**md, "note": MetadataValue.text("no stack dumps for this incident")})
     req = wh.read("incidents", where=f"incident_id = '{key}'")
-    job_id = req["job_id"][0] if req.height else None
-    ranks, verdicts = diagnose_hang(folder, job_id=job_id)
-    md = write_verdicts(wh, "hang", key, verdicts)
-    md["ranks"] = preview(ranks, 32)
-    return MaterializeResult(metadata=md)
+    result = analyze_hang(landing.root / "stacks" / key, job_id=req["job_id"][0] if req.height else None)
+    yield from materialize_analysis(wh, key, result, {"xputimer_hang_ranks": ""}, "hang_verdicts", "hang")
 
 
-def scoped_verdicts(verdicts: pl.DataFrame, req: dict, job_clusters: pl.DataFrame, topology: pl.DataFrame) -> pl.DataFrame:
-    """Verdicts about the incident's job, hosts or ips, overlapping its time span."""
-    hosts, ips = set(req.get("hosts") or []), set(req.get("ips") or [])
-    if topology.height and hosts:
-        ips |= set(topology.filter(pl.col("host").is_in(list(hosts)))["ip"].to_list())
-    if req.get("job_id") and job_clusters.height:
-        ips |= set(job_clusters.filter(pl.col("job_id") == req["job_id"])["ip"].to_list())
-    cond = pl.lit(False)
-    if req.get("job_id"):
-        cond = cond | (pl.col("job_id") == req["job_id"]) | (pl.col("evidence").fill_null("").str.contains(req["job_id"], literal=True))
-    if hosts:
-        cond = cond | ((pl.col("scope") == "host") & pl.col("subject").is_in(list(hosts)))
-    if ips:
-        cond = cond | (pl.col("scope").is_in(["gpu", "link"]) & pl.col("subject").is_in(list(ips)))
-    if req.get("incident_id"):
-        cond = cond | (pl.col("window_id") == req["incident_id"])
-    if not (req.get("job_id") or hosts or ips):
-        cond = pl.lit(True)
-    v = verdicts.filter(cond)
-    lo, hi = req.get("from_ns"), req.get("to_ns")
-    if lo is not None:
-        v = v.filter(pl.col("end_ns").is_null() | (pl.col("end_ns") >= lo))
-    if hi is not None:
-        v = v.filter(pl.col("start_ns").is_null() | (pl.col("start_ns") <= hi))
-    return v
-
-
-@asset(name="incident_report", partitions_def=incidents, group_name="operations", deps=[incident_inputs, hang_verdicts], kinds={"duckdb"},
+@asset(name="incident_report", partitions_def=incidents, group_name="operations", deps=["incidents", "hang_verdicts"], kinds={"duckdb"},
        description="The report of one incident request: its scope, timeline, verdicts grouped into problems, step times and plots "
                    "(markdown file beside the warehouse, shown here).")
 def incident_report_asset(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
@@ -95,7 +62,7 @@ def incident_report_asset(context: AssetExecutionContext, warehouse: WarehouseRe
     req["incident_id"] = key
     jc, topo = wh.read("job_clusters"), latest_topology(wh.read("topology"))
     v = scoped_verdicts(wh.read("anomaly_verdicts"), req, jc, topo)
-    inc, _ = group_incidents(v, topo, jc)
+    inc, _ = group_problems(v, topo, jc)
     lo, hi = req.get("from_ns"), req.get("to_ns")
     time_sql = " AND ".join(x for x in [f"end_ns >= {lo}" if lo is not None else "", f"start_ns <= {hi}" if hi is not None else ""] if x)
     steps = wh.read("step_timelines", where=" AND ".join(x for x in [f"job_id = '{req['job_id']}'" if req.get("job_id") else "", time_sql] if x) or None) \
@@ -113,26 +80,29 @@ def incident_report_asset(context: AssetExecutionContext, warehouse: WarehouseRe
         "dagster/row_count": MetadataValue.int(v.height)})
 
 
-def _all_verdict_deps():
-    return [AssetDep(k, partition_mapping=_ALL) for k in ("flow_verdicts", "hang_verdicts", "xputimer_verdicts",
-                                                         "perftracker_verdicts", "prism_verdicts", "trace_verdicts")]
+VERDICT_ASSETS = ("flows_verdicts", "traces_verdicts", "perftracker_verdicts", "xputimer_verdicts", "prism_verdicts", "hang_verdicts")
 
 
-@asset(group_name="operations", deps=_all_verdict_deps(), kinds={"duckdb"},
-       description="All verdicts grouped into problems: findings from several detectors about the same job, switch, host or GPU "
-                   "in overlapping time spans become one row with the evidence from each (stable ids).")
-def verdict_incidents(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
+@multi_asset(specs=[AssetSpec("problems", group_name="operations", kinds={"duckdb", "parquet"},
+                              deps=[AssetDep(k, partition_mapping=_ALL) for k in VERDICT_ASSETS],
+                              description="All verdicts grouped into problems: findings from several detectors about the same "
+                                          "job, switch, host or GPU in overlapping time spans become one row with the evidence "
+                                          "from each (stable ids)."),
+                    AssetSpec("problem_members", group_name="operations", kinds={"duckdb", "parquet"}, deps=["problems"],
+                              description="Which verdicts (verdict_id) make up which problem (problem_id).")],
+             can_subset=False)
+def problems_asset(context: AssetExecutionContext, warehouse: WarehouseResource):
     wh = warehouse.get()
     v = wh.read("anomaly_verdicts")
-    inc, members = group_incidents(v, latest_topology(wh.read("topology")), wh.read("job_clusters"))
-    _, md = write_table(wh, "verdict_incidents", "all", inc, INCIDENTS_TABLE)
-    wh.write_partition("verdict_incident_members", "all", members)
+    problems, members = group_problems(v, latest_topology(wh.read("topology")), wh.read("job_clusters"))
+    _, md = write_table(wh, "problems", "all", problems)
     md["verdicts"] = MetadataValue.int(v.height)
     md["by_team"] = MetadataValue.json(dict(v.filter(pl.col("severity") != "info").group_by("team").len().iter_rows()) if v.height else {})
-    return MaterializeResult(metadata=md)
+    yield MaterializeResult(asset_key="problems", metadata=md)
+    yield MaterializeResult(asset_key="problem_members", metadata=write_table(wh, "problem_members", "all", members)[1])
 
 
-@asset(name="fleet_report", group_name="operations", deps=[verdict_incidents], kinds={"duckdb"},
+@asset(name="fleet_report", group_name="operations", deps=["problems"], kinds={"duckdb"},
        description="The nightly fleet report: jobs and step-time trends, worst verdicts by team, recurring switches and hosts, "
                    "plots of step-time trends, switch bandwidth and issue-latency CDFs.")
 def fleet_report_asset(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
@@ -140,7 +110,7 @@ def fleet_report_asset(context: AssetExecutionContext, warehouse: WarehouseResou
     day = context.run.tags.get("fleetscope/day") or dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d")
     steps = wh.read("step_timelines")
     flows = wh.read("flows", columns=["start_ns", "duration_ns", "bytes", "path"])
-    md, plots = fleet_report(day, wh.read("jobs"), steps, wh.read("anomaly_verdicts"), wh.read("verdict_incidents"),
+    md, plots = fleet_report(day, wh.read("jobs"), steps, wh.read("anomaly_verdicts"), wh.read("problems"),
                              flows, wh.read("timings", where="kind = 'kernel'"), wh.read("topology"))
     path = _write_report(wh.exports_dir("reports"), f"fleet-{day}", md, plots)
     plot_md = {f"plot/{n}": MetadataValue.path(str(path.parent / f"fleet-{day}-{n}")) for n in plots}
@@ -149,4 +119,4 @@ def fleet_report_asset(context: AssetExecutionContext, warehouse: WarehouseResou
                                        "dagster/row_count": MetadataValue.int(len(md.splitlines()))})
 
 
-ASSETS = [hang_verdicts, incident_report_asset, verdict_incidents, fleet_report_asset]
+ASSETS = [hang_diagnosis, incident_report_asset, problems_asset, fleet_report_asset]

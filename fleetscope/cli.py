@@ -52,9 +52,9 @@ def _summary(warehouse: Path, report, seconds: float) -> int:
         for sev, team, scope, subject, metric, expl in v.iter_rows():
             subj = subject if len(subject) <= 48 else subject[:45] + "..."
             print(f"  {sev:<8} {team:<14} {scope}:{subj}  {metric}\n           {expl[:150]}")
-        inc = counts.get("verdict_incidents") and wh.sql("SELECT severity, title, teams, n_verdicts FROM verdict_incidents LIMIT 8")
+        inc = counts.get("problems") and wh.sql("SELECT severity, title, teams, n_verdicts FROM problems LIMIT 8")
         if inc is not None and inc is not False and inc.height:
-            print("\ngrouped into problems (verdict_incidents):")
+            print("\ngrouped into problems (table problems):")
             for sev, title, teams, n in inc.iter_rows():
                 print(f"  {sev:<8} {title[:90]}  [{teams}; {n} verdicts]")
     print(f"\nwhere to look:\n  warehouse  {warehouse}   (duckdb -readonly {warehouse}; or `fleetscope sql \"SELECT ...\"`)"
@@ -164,7 +164,6 @@ def cmd_ui(args) -> int:
 
     prepare_environment(landing, warehouse)
     from fleetscope.warehouse import Warehouse
-    import fleetscope.schemas.landing  # noqa: F401  (register tables)
     Warehouse(warehouse).init()
     cmd = [sys.executable, "-m", "dagster", "dev", "-m", "fleetscope.definitions",
            "-h", args.host, "-p", str(args.port)]

@@ -1,10 +1,12 @@
-"""The fleetscope Dagster code location: every asset, job, sensor and schedule, gathered
-explicitly. `dagster dev` / `fleetscope ui` load this module from the repository root."""
+"""The fleetscope code location: every asset, check, job, sensor and schedule, gathered
+explicitly, with the resources and the executor chosen by configuration (FLEETSCOPE_* environment
+variables; docs/SCALING.md). `fleetscope ui`, `dagster dev -m fleetscope.definitions` and a
+deployment's code server (`dagster api grpc -m fleetscope.definitions`) load this module."""
 from dagster import Definitions
 
 from fleetscope.assets import ALL_ASSET_CHECKS, ALL_ASSETS
 from fleetscope.jobs import ALL_JOBS, ALL_SCHEDULES, ALL_SENSORS
-from fleetscope.resources import default_resources
+from fleetscope.resources import default_resources, executor_from_env
 
 defs = Definitions(
     assets=ALL_ASSETS,
@@ -14,3 +16,5 @@ defs = Definitions(
     schedules=ALL_SCHEDULES,
     resources=default_resources(),
 )
+if (_executor := executor_from_env()) is not None:  # a deployment past one machine (docs/SCALING.md)
+    defs = Definitions.merge(defs, Definitions(executor=_executor))

@@ -108,7 +108,7 @@ def issue_latency_cdf(timings: pl.DataFrame, max_captures: int = 8) -> bytes | N
     return _png(fig)
 
 
-def incident_report(request: dict, verdicts: pl.DataFrame, incidents: pl.DataFrame, steps: pl.DataFrame,
+def incident_report(request: dict, verdicts: pl.DataFrame, problems: pl.DataFrame, steps: pl.DataFrame,
                     flows: pl.DataFrame, timings: pl.DataFrame) -> tuple[str, dict[str, bytes]]:
     """A person's view of one incident request: scope, timeline, verdicts in scope (grouped),
     plots. All inputs already filtered to the incident's scope by the caller."""
@@ -120,9 +120,9 @@ def incident_report(request: dict, verdicts: pl.DataFrame, incidents: pl.DataFra
           "", f"- job: `{request.get('job_id') or '-'}`  hosts: {', '.join(request.get('hosts') or []) or '-'}  ips: {', '.join(request.get('ips') or []) or '-'}",
           f"- time span: {_ts(request.get('from_ns'))} .. {_ts(request.get('to_ns'))} UTC",
           f"- note: {request.get('note') or '-'}", "",
-          f"## Findings ({v.height} verdicts, {incidents.height} grouped problems)", ""]
-    if incidents.height:
-        md.append(_md_table(incidents, ["severity", "title", "teams", "detectors", "n_verdicts"]))
+          f"## Findings ({v.height} verdicts, {problems.height} grouped problems)", ""]
+    if problems.height:
+        md.append(_md_table(problems, ["severity", "title", "teams", "detectors", "n_verdicts"]))
     md += ["## Timeline", ""]
     tl = v.with_columns(when=pl.col("start_ns").map_elements(_ts, return_dtype=pl.Utf8))
     md.append(_md_table(tl, ["when", "severity", "team", "detector", "scope", "subject", "explanation"], n=40))
@@ -139,7 +139,7 @@ def incident_report(request: dict, verdicts: pl.DataFrame, incidents: pl.DataFra
     return "\n".join(md) + "\n", plots
 
 
-def fleet_report(day: str, jobs: pl.DataFrame, steps: pl.DataFrame, verdicts: pl.DataFrame, incidents: pl.DataFrame,
+def fleet_report(day: str, jobs: pl.DataFrame, steps: pl.DataFrame, verdicts: pl.DataFrame, problems: pl.DataFrame,
                  flows: pl.DataFrame, timings: pl.DataFrame, topology: pl.DataFrame | None = None) -> tuple[str, dict[str, bytes]]:
     plots = {k: v for k, v in {
         "step_trend.png": step_trend_plot(steps), "switch_heatmap.png": switch_heatmap(flows),
@@ -148,7 +148,7 @@ def fleet_report(day: str, jobs: pl.DataFrame, steps: pl.DataFrame, verdicts: pl
     n_jobs = jobs["job_id"].n_unique() if jobs.height else 0
     md += [f"- jobs seen: **{n_jobs}**, windows analysed: {jobs['window_id'].n_unique() if jobs.height else 0}, "
            f"verdicts: {verdicts.height} ({verdicts.filter(pl.col('severity') != 'info').height} warning/critical), "
-           f"grouped problems: {incidents.height}", ""]
+           f"grouped problems: {problems.height}", ""]
     if steps.height:
         # a window's first step per GPU has no observed start (it began before the flows did)
         full = steps.filter(pl.col("start_observed")) if "start_observed" in steps.columns else steps
@@ -167,7 +167,7 @@ def fleet_report(day: str, jobs: pl.DataFrame, steps: pl.DataFrame, verdicts: pl
         rec = rec.group_by("scope", "subject").agg(times=pl.len(), windows=pl.col("window_id").n_unique(),
                                                     detectors=pl.col("detector").unique().sort().str.join(",")).sort("times", descending=True)
     md += ["## Switches and hosts that recur", "", _md_table(rec, ["scope", "subject", "times", "windows", "detectors"])]
-    if incidents.height:
-        md += ["## Grouped problems", "", _md_table(incidents, ["severity", "title", "teams", "detectors", "n_verdicts"])]
+    if problems.height:
+        md += ["## Grouped problems", "", _md_table(problems, ["severity", "title", "teams", "detectors", "n_verdicts"])]
     md += [f"![{name}]({name})" for name in plots]
     return "\n".join(md) + "\n", plots

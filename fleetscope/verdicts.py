@@ -9,36 +9,33 @@ import hashlib
 import pandera.polars as pa
 import polars as pl
 
-from fleetscope.schemas.base import conform, register
+from fleetscope.schemas.base import conform
 
 SCOPES = ["job", "step", "stage", "dp_group", "switch", "link", "host", "gpu", "rank", "function", "kernel"]
 SEVERITIES = ["info", "warning", "critical"]
 TEAMS = ["algorithm", "infrastructure", "operations"]
 
-VERDICTS = register(
-    "anomaly_verdicts",
-    pa.DataFrameSchema(
-        {
-            "verdict_id": pa.Column(pl.Utf8, unique=True),
-            "detector": pa.Column(pl.Utf8),
-            "scope": pa.Column(pl.Utf8, pa.Check.isin(SCOPES)),
-            "subject": pa.Column(pl.Utf8),
-            "job_id": pa.Column(pl.Utf8, nullable=True),
-            "start_ns": pa.Column(pl.Int64, nullable=True),
-            "end_ns": pa.Column(pl.Int64, nullable=True),
-            "metric": pa.Column(pl.Utf8),
-            "value": pa.Column(pl.Float64, nullable=True),
-            "baseline": pa.Column(pl.Float64, nullable=True),
-            "severity": pa.Column(pl.Utf8, pa.Check.isin(SEVERITIES)),
-            "team": pa.Column(pl.Utf8, pa.Check.isin(TEAMS)),
-            "explanation": pa.Column(pl.Utf8),
-            # optional context (additions to the contract): where the evidence came from
-            "window_id": pa.Column(pl.Utf8, nullable=True),
-            "capture_id": pa.Column(pl.Utf8, nullable=True),
-            "evidence": pa.Column(pl.Utf8, nullable=True),  # JSON with detector-specific details
-        },
-        strict=False,
-    ),
+VERDICTS = pa.DataFrameSchema(
+    {
+        "verdict_id": pa.Column(pl.Utf8, unique=True),
+        "detector": pa.Column(pl.Utf8),
+        "scope": pa.Column(pl.Utf8, pa.Check.isin(SCOPES)),
+        "subject": pa.Column(pl.Utf8),
+        "job_id": pa.Column(pl.Utf8, nullable=True),
+        "start_ns": pa.Column(pl.Int64, nullable=True),
+        "end_ns": pa.Column(pl.Int64, nullable=True),
+        "metric": pa.Column(pl.Utf8),
+        "value": pa.Column(pl.Float64, nullable=True),
+        "baseline": pa.Column(pl.Float64, nullable=True),
+        "severity": pa.Column(pl.Utf8, pa.Check.isin(SEVERITIES)),
+        "team": pa.Column(pl.Utf8, pa.Check.isin(TEAMS)),
+        "explanation": pa.Column(pl.Utf8),
+        # optional context (additions to the contract): where the evidence came from
+        "window_id": pa.Column(pl.Utf8, nullable=True),
+        "capture_id": pa.Column(pl.Utf8, nullable=True),
+        "evidence": pa.Column(pl.Utf8, nullable=True),  # JSON with detector-specific details
+    },
+    strict=False,
 )
 
 _ID_PARTS = ["detector", "scope", "subject", "job_id", "window_id", "capture_id", "metric", "start_ns"]

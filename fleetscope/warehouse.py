@@ -28,7 +28,8 @@ import duckdb
 import polars as pl
 import pyarrow.parquet as pq
 
-from fleetscope.schemas.base import TABLES, empty_frame
+from fleetscope.schemas.base import empty_frame
+from fleetscope.tables import TABLES
 
 log = logging.getLogger(__name__)
 EMPTY = "_empty"

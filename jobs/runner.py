@@ -42,13 +42,14 @@ QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 def run_all(landing: str | Path, warehouse: str | Path, settle_s: float = 2.0, log=print,
             only_new: bool = False) -> RunReport:
     prepare_environment(landing, warehouse)
-    from dagster import AssetKey, AssetRecordsFilter, DagsterInstance
+    from dagster import DagsterInstance
 
     from fleetscope.assets.partitions import flow_windows
     from fleetscope.definitions import defs
+    from fleetscope.jobs.jobs import JOB_FOR_SET, fleet_analysis
+    from fleetscope.jobs.windows import touched_windows
     from fleetscope.registry import register_landing
     from fleetscope.warehouse import Warehouse
-    from fleetscope.jobs.definitions import JOB_FOR_SET, fleet_analysis
 
     instance = DagsterInstance.get()
     wh = Warehouse(warehouse)
@@ -87,31 +88,18 @@ def run_all(landing: str | Path, warehouse: str | Path, settle_s: float = 2.0, l
                         log("        " + err.message.strip().splitlines()[-1][:300])
         return res.success
 
-    order = ["topology_files", "flow_files", "hw_files", "captures"]
-    for pset in order:
-        job = JOB_FOR_SET.get(pset)
-        if job is None:
-            continue
+    for pset in ("topology_files", "flow_files", "hw_files", "captures"):
         for key in sorted(to_run.get(pset, [])):
-            execute(job.name, key)
+            execute(JOB_FOR_SET[pset].name, key)
     # windows touched by the flow files ingested now (or every window when re-running everything)
-    wjob = JOB_FOR_SET.get(flow_windows.name)
-    if wjob is not None:
-        windows = set()
-        for key in to_run.get("flow_files", []):
-            recs = instance.fetch_materializations(
-                AssetRecordsFilter(asset_key=AssetKey("flows"), asset_partitions=[key]), limit=1).records
-            md = recs[0].asset_materialization.metadata if recs and recs[0].asset_materialization else {}
-            windows.update(md["windows"].value if "windows" in md else [])
-        if not only_new:
-            windows.update(instance.get_dynamic_partitions(flow_windows.name))
-        for w in sorted(windows):
-            execute(wjob.name, w)
+    windows = set(touched_windows(instance, flow_partitions=to_run.get("flow_files", []))[0])
+    if not only_new:
+        windows.update(instance.get_dynamic_partitions(flow_windows.name))
+    for w in sorted(windows):
+        execute(JOB_FOR_SET[flow_windows.name].name, w)
     # incidents last: their reports summarize what the analyses above found in their scope
-    if JOB_FOR_SET.get("incidents") is not None:
-        for key in sorted(to_run.get("incidents", [])):
-            execute(JOB_FOR_SET["incidents"].name, key)
-    if fleet_analysis is not None:
-        execute(fleet_analysis.name, None)
+    for key in sorted(to_run.get("incidents", [])):
+        execute(JOB_FOR_SET["incidents"].name, key)
+    execute(fleet_analysis.name, None)
     wh.publish_views()
     return report

@@ -1,17 +1,18 @@
-"""Dagster resources: where the warehouse and the landing zone are, and analysis settings.
-Paths come from the environment (FLEETSCOPE_WAREHOUSE, FLEETSCOPE_LANDING) so the CLI, the UI,
-the daemon and tests all point at the same files."""
+"""Dagster resources: where the warehouse and the landing zone are, and analysis settings; and the
+executor, chosen by configuration. Paths come from the environment (FLEETSCOPE_WAREHOUSE,
+FLEETSCOPE_LANDING) so the CLI, the UI, the daemon and tests all point at the same files."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from dagster import ConfigurableResource
+from dagster import ConfigurableResource, ExecutorDefinition, multiprocess_executor
 
 from fleetscope.warehouse import Warehouse
 
 DEFAULT_WAREHOUSE = "data/warehouse.duckdb"
 DEFAULT_LANDING = "data/landing"
+EXECUTORS = ("multiprocess", "celery", "k8s")
 
 
 def warehouse_path() -> str:
@@ -53,3 +54,40 @@ def default_resources() -> dict:
         "landing": LandingResource(),
         "settings": AnalysisSettings(window_seconds=int(os.environ.get("FLEETSCOPE_WINDOW_SECONDS", "60"))),
     }
+
+
+def executor_from_env(name: str | None = None) -> ExecutorDefinition | None:
+    """The executor named by FLEETSCOPE_EXECUTOR (or `name`), configured from the environment
+    (docs/SCALING.md); None (Dagster's default: steps in subprocesses of the run) when unset.
+
+      multiprocess  one process per step on the run's machine (max FLEETSCOPE_MAX_CONCURRENT)
+      celery        each step a Celery task on a worker fleet (needs dagster-celery==0.29.27)
+      k8s           each step its own Kubernetes Job (needs dagster-k8s==0.29.27)"""
+    name = (name or os.environ.get("FLEETSCOPE_EXECUTOR") or "").strip().lower()
+    if not name:
+        return None
+    if name == "multiprocess":
+        return multiprocess_executor.configured({"max_concurrent": int(os.environ.get("FLEETSCOPE_MAX_CONCURRENT", "4"))})
+    if name == "celery":
+        try:
+            from dagster_celery import celery_executor
+        except ImportError as exc:
+            raise RuntimeError("FLEETSCOPE_EXECUTOR=celery needs dagster-celery==0.29.27 (pip install dagster-celery==0.29.27)") from exc
+        return celery_executor.configured({
+            "broker": {"env": "FLEETSCOPE_CELERY_BROKER"},    # e.g. pyamqp://guest@rabbitmq:5672//
+            "backend": {"env": "FLEETSCOPE_CELERY_BACKEND"},  # e.g. redis://redis:6379/0 or rpc://
+            "include": ["dagster_celery.tasks"],
+        })
+    if name == "k8s":
+        try:
+            from dagster_k8s import k8s_job_executor
+        except ImportError as exc:
+            raise RuntimeError("FLEETSCOPE_EXECUTOR=k8s needs dagster-k8s==0.29.27 (pip install dagster-k8s==0.29.27)") from exc
+        return k8s_job_executor.configured({
+            "job_namespace": os.environ.get("FLEETSCOPE_K8S_NAMESPACE", "fleetscope"),
+            "max_concurrent": int(os.environ.get("FLEETSCOPE_MAX_CONCURRENT", "16")),
+            # every step pod sees the same warehouse settings as the run that launched it
+            "env_vars": ["FLEETSCOPE_WAREHOUSE", "FLEETSCOPE_LANDING", "FLEETSCOPE_WINDOW_SECONDS"],
+            "step_k8s_config": {"container_config": {"resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}},
+        })
+    raise ValueError(f"FLEETSCOPE_EXECUTOR={name!r} is not one of {', '.join(EXECUTORS)}")

@@ -17,7 +17,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
-from dagster import DagsterInstance, DagsterRunStatus, execute_job, multiprocess_executor
+from dagster import DagsterInstance, DagsterRunStatus, Definitions, execute_job, multiprocess_executor
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,13 +25,14 @@ DEPLOY = REPO / "deploy"
 TOPOLOGY_ROWS = 6
 
 
-def _load_deploy_module(monkeypatch, executor: str | None = None):
-    """Import deploy/distributed_definitions.py fresh (it builds `defs` at import, from the env)."""
+def _load_definitions(monkeypatch, executor: str | None = None):
+    """A fresh copy of fleetscope/definitions.py (it builds `defs` at import, from the env)."""
     if executor is None:
         monkeypatch.delenv("FLEETSCOPE_EXECUTOR", raising=False)
     else:
         monkeypatch.setenv("FLEETSCOPE_EXECUTOR", executor)
-    spec = importlib.util.spec_from_file_location(f"fleetscope_deploy_defs_{executor}", DEPLOY / "distributed_definitions.py")
+    import fleetscope.definitions
+    spec = importlib.util.spec_from_file_location(f"fleetscope_defs_{executor}", fleetscope.definitions.__file__)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -41,8 +42,7 @@ def test_definitions_load_with_a_configured_multiprocess_executor(monkeypatch):
     from fleetscope.definitions import defs as base
 
     monkeypatch.setenv("FLEETSCOPE_MAX_CONCURRENT", "3")
-    mod = _load_deploy_module(monkeypatch)  # default: multiprocess
-    scaled = mod.defs
+    scaled = _load_definitions(monkeypatch, "multiprocess").defs
     scaled.validate_loadable(scaled)  # raises when anything does not resolve
     repo = scaled.get_repository_def()
     base_repo = base.get_repository_def()
@@ -56,15 +56,15 @@ def test_definitions_load_with_a_configured_multiprocess_executor(monkeypatch):
         assert job.executor_def.name == "multiprocess", (job.name, job.executor_def.name)
     job = scaled.resolve_job_def("ingest_topology")
     assert job.executor_def.name == "multiprocess"
-    # and the plain in-code variant of the brief works the same way
-    alt = mod.build_definitions(multiprocess_executor.configured({"max_concurrent": 4}))
+    # and the plain in-code variant works the same way
+    alt = Definitions.merge(base, Definitions(executor=multiprocess_executor.configured({"max_concurrent": 4})))
     alt.validate_loadable(alt)
     assert all(j.executor_def.name == "multiprocess" for j in alt.get_repository_def().get_all_jobs())
 
 
 def test_unknown_executor_name_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match="FLEETSCOPE_EXECUTOR='spark' is not one of multiprocess, celery, k8s"):
-        _load_deploy_module(monkeypatch, "spark")
+        _load_definitions(monkeypatch, "spark")
 
 
 @pytest.mark.slow
@@ -80,9 +80,10 @@ def test_a_job_runs_through_the_multiprocess_executor_in_a_real_instance(tmp_pat
     old = time.time() - 60
     os.utime(landing / "topology" / "topo.csv", (old, old))
     for k, v in {"FLEETSCOPE_LANDING": str(landing), "FLEETSCOPE_WAREHOUSE": str(warehouse), "DAGSTER_HOME": str(home),
-                 "FLEETSCOPE_EXECUTOR": "multiprocess", "FLEETSCOPE_MAX_CONCURRENT": "2",
-                 "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}.items():
+                 "FLEETSCOPE_EXECUTOR": "multiprocess", "FLEETSCOPE_MAX_CONCURRENT": "2"}.items():
         monkeypatch.setenv(k, v)
+    # the run and its steps import the code location afresh, with FLEETSCOPE_EXECUTOR set
+    monkeypatch.delitem(sys.modules, "fleetscope.definitions", raising=False)
 
     from fleetscope.registry import register_landing
     from fleetscope.warehouse import Warehouse
@@ -92,7 +93,7 @@ def test_a_job_runs_through_the_multiprocess_executor_in_a_real_instance(tmp_pat
     reg = register_landing(landing, wh, settle_s=0)
     keys = reg.to_run.get("topology_files", [])
     assert len(keys) == 1, reg.to_run
-    recon = ReconstructableRepository.for_file(str(DEPLOY / "distributed_definitions.py"), "defs", working_directory=str(REPO))
+    recon = ReconstructableRepository.for_module("fleetscope.definitions", "defs")
     with DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("topology_files", keys)
         result = execute_job(recon.get_reconstructable_job("ingest_topology"), instance=instance,
@@ -143,9 +144,10 @@ def test_deploy_workspace_points_at_the_code_location():
     entries = doc["load_from"]
     assert entries and "grpc_server" in entries[0]
     assert entries[0]["grpc_server"]["location_name"] == "fleetscope"
-    # the commented single-machine alternative names a file that exists
+    # the code server and the commented single-machine alternative name the installed module
     text = (DEPLOY / "workspace.yaml").read_text()
-    assert "relative_path: distributed_definitions.py" in text and (DEPLOY / "distributed_definitions.py").exists()
+    assert "module_name: fleetscope.definitions" in text and "-m fleetscope.definitions" in text
+    assert importlib.util.find_spec("fleetscope.definitions") is not None
 
 
 @pytest.mark.parametrize("name,module,attr", [("celery", "dagster_celery", "celery_executor"),
@@ -155,7 +157,7 @@ def test_definitions_load_with_celery_or_k8s_executor(monkeypatch, name, module,
                                        f"{'celery, kombu, billiard, amqp' if name == 'celery' else 'kubernetes, google-auth'}; see docs/SCALING.md)")
     monkeypatch.setenv("FLEETSCOPE_CELERY_BROKER", "pyamqp://guest@localhost//")
     monkeypatch.setenv("FLEETSCOPE_CELERY_BACKEND", "rpc://")
-    mod = _load_deploy_module(monkeypatch, name)
+    mod = _load_definitions(monkeypatch, name)
     mod.defs.validate_loadable(mod.defs)
     expected = getattr(importlib.import_module(module), attr).name
     jobs = mod.defs.get_repository_def().get_all_jobs()

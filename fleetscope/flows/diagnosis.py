@@ -18,16 +18,16 @@ import json
 import numpy as np
 import polars as pl
 
+from fleetscope.common import MAD_TO_SIGMA, robust_sigma
 from fleetscope.flows.config import FlowConfig
 from fleetscope.verdicts import make_verdicts
 
-MAD_SIGMA = 1.4826
 
 
 def robust_high(x: pl.Expr, k: float, min_rel: float, base: pl.Expr | None = None) -> pl.Expr:
     """x above median + max(k * robust sigma, min_rel * |median|) (use inside a context)."""
     med = x.median() if base is None else base
-    sig = MAD_SIGMA * (x - x.median()).abs().median()
+    sig = robust_sigma(x)
     return x > med + pl.max_horizontal(k * sig, min_rel * med.abs())
 
 
@@ -40,7 +40,7 @@ def _cross_step(st: pl.DataFrame, wid: str, cfg: FlowConfig) -> list[dict]:
     fast = pl.col("dur").filter(pl.col("dur") <= pl.col("dur").median())
     js = js.sort("job_id", "job_step").with_columns(
         med=fast.median().over("job_id"),
-        sig=(MAD_SIGMA * (fast - fast.median()).abs().median()).over("job_id"),
+        sig=robust_sigma(fast).over("job_id"),
         n=pl.len().over("job_id"))
     js = js.with_columns(slow=(pl.col("n") >= 4) & (pl.col("dur") > pl.col("med") + pl.max_horizontal(
         cfg.k_sigma * pl.col("sig"), cfg.min_rel_excess * pl.col("med"))))
@@ -72,7 +72,7 @@ def _cross_group(st: pl.DataFrame, pairs: pl.DataFrame, wid: str, cfg: FlowConfi
                                        n=pl.len())
     g = g.filter(pl.col("n") >= cfg.min_steps_for_verdict).with_columns(
         med=pl.col("dur").median().over("job_id"),
-        sig=(MAD_SIGMA * (pl.col("dur") - pl.col("dur").median()).abs().median()).over("job_id"),
+        sig=robust_sigma(pl.col("dur")).over("job_id"),
         ng=pl.len().over("job_id"))
     bad = g.filter((pl.col("ng") >= 3) & (pl.col("dur") > pl.col("med") + pl.max_horizontal(
         cfg.k_sigma * pl.col("sig"), cfg.min_rel_excess * pl.col("med"))))
@@ -147,7 +147,7 @@ def _network(flows: pl.DataFrame, pairs: pl.DataFrame, topo: pl.DataFrame, wid: 
     if cells.height == 0:
         return []
     m = cells["med"].to_numpy()
-    sig = MAD_SIGMA * float(np.median(np.abs(m - np.median(m))))
+    sig = MAD_TO_SIGMA * float(np.median(np.abs(m - np.median(m))))
     thr = float(np.median(m)) - max(cfg.k_sigma * sig, cfg.min_bw_drop)
     # most specific first: the candidate whose flows are nearly all slow (the cause) before the
     # ones carrying some of those flows among healthy ones (its leaf, ring peers), then more slow flows

@@ -5,90 +5,87 @@ from __future__ import annotations
 import pandera.polars as pa
 import polars as pl
 
-from fleetscope.schemas.base import register
 
 COMM_TYPES = ["DP", "PP", "other"]
 
-JOBS = register(
-    "jobs",
-    pa.DataFrameSchema(
-        {
-            "window_id": pa.Column(pl.Utf8),
-            "job_id": pa.Column(pl.Utf8),
-            "n_gpus": pa.Column(pl.Int64, pa.Check.ge(1)),
-            "n_hosts": pa.Column(pl.Int64, pa.Check.ge(1)),
-            # additions: when the job's traffic was seen inside the window (jobs starting/stopping)
-            "first_ns": pa.Column(pl.Int64, nullable=True),
-            "last_ns": pa.Column(pl.Int64, nullable=True),
-            "n_flows": pa.Column(pl.Int64, pa.Check.ge(0)),
-            "n_clusters": pa.Column(pl.Int64, pa.Check.ge(1)),  # cross-machine clusters merged into it
-            "step_period_ns": pa.Column(pl.Int64, nullable=True),
-        },
-        unique=["window_id", "job_id"],
-    ),
+JOBS = pa.DataFrameSchema(
+    {
+        "window_id": pa.Column(pl.Utf8),
+        "job_id": pa.Column(pl.Utf8),
+        "n_gpus": pa.Column(pl.Int64, pa.Check.ge(1)),
+        "n_hosts": pa.Column(pl.Int64, pa.Check.ge(1)),
+        # additions: when the job's traffic was seen inside the window (jobs starting/stopping)
+        "first_ns": pa.Column(pl.Int64, nullable=True),
+        "last_ns": pa.Column(pl.Int64, nullable=True),
+        "n_flows": pa.Column(pl.Int64, pa.Check.ge(0)),
+        "n_clusters": pa.Column(pl.Int64, pa.Check.ge(1)),  # cross-machine clusters merged into it
+        "step_period_ns": pa.Column(pl.Int64, nullable=True),
+    },
+    unique=["window_id", "job_id"],
 )
 
-JOB_CLUSTERS = register(
-    "job_clusters",
-    pa.DataFrameSchema(
-        {
-            "window_id": pa.Column(pl.Utf8),
-            "job_id": pa.Column(pl.Utf8),
-            "ip": pa.Column(pl.Utf8),
-            "host": pa.Column(pl.Utf8),
-            "gpu": pa.Column(pl.Utf8, nullable=True),
-            "cluster_id": pa.Column(pl.Int64),  # cross-machine cluster (before host-set merging)
-        },
-        unique=["window_id", "ip"],
-    ),
+JOB_CLUSTERS = pa.DataFrameSchema(
+    {
+        "window_id": pa.Column(pl.Utf8),
+        "job_id": pa.Column(pl.Utf8),
+        "ip": pa.Column(pl.Utf8),
+        "host": pa.Column(pl.Utf8),
+        "gpu": pa.Column(pl.Utf8, nullable=True),
+        "cluster_id": pa.Column(pl.Int64),  # cross-machine cluster (before host-set merging)
+    },
+    unique=["window_id", "ip"],
 )
 
-COMM_PAIRS = register(
-    "comm_pairs",
-    pa.DataFrameSchema(
-        {
-            "window_id": pa.Column(pl.Utf8),
-            "job_id": pa.Column(pl.Utf8),
-            "ip_a": pa.Column(pl.Utf8),
-            "ip_b": pa.Column(pl.Utf8),
-            "comm_type": pa.Column(pl.Utf8, pa.Check.isin(COMM_TYPES)),
-            "n_flows": pa.Column(pl.Int64, pa.Check.ge(1)),
-            # evidence (LLMPrism Algorithm 2)
-            "bytes": pa.Column(pl.Int64),
-            "n_steps": pa.Column(pl.Int64),  # segments found by the change-point split
-            "mode_distinct_sizes": pa.Column(pl.Int64, nullable=True),
-            "raw_type": pa.Column(pl.Utf8, pa.Check.isin(COMM_TYPES)),  # size-count rule alone
-            "method": pa.Column(pl.Utf8),  # size_count | timing_fallback | transitivity | aperiodic
-            "refined": pa.Column(pl.Boolean),  # changed by DP transitivity
-            "dp_group": pa.Column(pl.Int64, nullable=True),
-        },
-        checks=[pa.Check(lambda d: d.lazyframe.select(pl.col("ip_a") < pl.col("ip_b")), name="ip_a<ip_b")],
-        unique=["window_id", "ip_a", "ip_b"],
-    ),
+COMM_PAIRS = pa.DataFrameSchema(
+    {
+        "window_id": pa.Column(pl.Utf8),
+        "job_id": pa.Column(pl.Utf8),
+        "ip_a": pa.Column(pl.Utf8),
+        "ip_b": pa.Column(pl.Utf8),
+        "comm_type": pa.Column(pl.Utf8, pa.Check.isin(COMM_TYPES)),
+        "n_flows": pa.Column(pl.Int64, pa.Check.ge(1)),
+        # evidence (LLMPrism Algorithm 2)
+        "bytes": pa.Column(pl.Int64),
+        "n_steps": pa.Column(pl.Int64),  # segments found by the change-point split
+        "mode_distinct_sizes": pa.Column(pl.Int64, nullable=True),
+        "raw_type": pa.Column(pl.Utf8, pa.Check.isin(COMM_TYPES)),  # size-count rule alone
+        "method": pa.Column(pl.Utf8),  # size_count | timing_fallback | transitivity | aperiodic
+        "refined": pa.Column(pl.Boolean),  # changed by DP transitivity
+        "dp_group": pa.Column(pl.Int64, nullable=True),
+    },
+    checks=[pa.Check(lambda d: d.lazyframe.select(pl.col("ip_a") < pl.col("ip_b")), name="ip_a<ip_b")],
+    unique=["window_id", "ip_a", "ip_b"],
 )
 
-STEP_TIMELINES = register(
-    "step_timelines",
-    pa.DataFrameSchema(
-        {
-            "window_id": pa.Column(pl.Utf8),
-            "job_id": pa.Column(pl.Utf8),
-            "ip": pa.Column(pl.Utf8),
-            "step": pa.Column(pl.Int64),
-            "start_ns": pa.Column(pl.Int64),
-            "end_ns": pa.Column(pl.Int64),
-            "dp_start_ns": pa.Column(pl.Int64, nullable=True),
-            "dp_end_ns": pa.Column(pl.Int64, nullable=True),
-            # additions
-            "job_step": pa.Column(pl.Int64),  # step index aligned across the job's ips
-            "start_observed": pa.Column(pl.Boolean),  # false: first step seen, start is the first flow
-            "dp_send_start_ns": pa.Column(pl.Int64, nullable=True),  # first DP flow the ip sends
-            "dp_bytes": pa.Column(pl.Int64),
-            "n_dp_flows": pa.Column(pl.Int64),
-            "n_pp_flows": pa.Column(pl.Int64),
-            "boundary_source": pa.Column(pl.Utf8, pa.Check.isin(["DP", "PP", "other"])),
-        },
-        checks=[pa.Check(lambda d: d.lazyframe.select(pl.col("end_ns") >= pl.col("start_ns")), name="end>=start")],
-        unique=["window_id", "ip", "end_ns"],
-    ),
+STEP_TIMELINES = pa.DataFrameSchema(
+    {
+        "window_id": pa.Column(pl.Utf8),
+        "job_id": pa.Column(pl.Utf8),
+        "ip": pa.Column(pl.Utf8),
+        "step": pa.Column(pl.Int64),
+        "start_ns": pa.Column(pl.Int64),
+        "end_ns": pa.Column(pl.Int64),
+        "dp_start_ns": pa.Column(pl.Int64, nullable=True),
+        "dp_end_ns": pa.Column(pl.Int64, nullable=True),
+        # additions
+        "job_step": pa.Column(pl.Int64),  # step index aligned across the job's ips
+        "start_observed": pa.Column(pl.Boolean),  # false: first step seen, start is the first flow
+        "dp_send_start_ns": pa.Column(pl.Int64, nullable=True),  # first DP flow the ip sends
+        "dp_bytes": pa.Column(pl.Int64),
+        "n_dp_flows": pa.Column(pl.Int64),
+        "n_pp_flows": pa.Column(pl.Int64),
+        "boundary_source": pa.Column(pl.Utf8, pa.Check.isin(["DP", "PP", "other"])),
+    },
+    checks=[pa.Check(lambda d: d.lazyframe.select(pl.col("end_ns") >= pl.col("start_ns")), name="end>=start")],
+    unique=["window_id", "ip", "end_ns"],
 )
+
+# traffic that is not a job's: addresses outside the topology, aperiodic pairs (evidence, not dropped)
+FLOW_BACKGROUND = pa.DataFrameSchema({
+    "window_id": pa.Column(pl.Utf8),
+    "src_ip": pa.Column(pl.Utf8),
+    "dst_ip": pa.Column(pl.Utf8),
+    "reason": pa.Column(pl.Utf8, pa.Check.isin(["outside_topology", "aperiodic"])),
+    "n_flows": pa.Column(pl.Int64),
+    "bytes": pa.Column(pl.Int64),
+})

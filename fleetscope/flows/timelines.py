@@ -93,7 +93,14 @@ def _align_job_steps(steps: pl.DataFrame) -> pl.DataFrame:
 
 def export_perfetto(steps: pl.DataFrame, ipf: pl.DataFrame, job_id: str, path: str | Path,
                     topology: pl.DataFrame | None = None) -> Path:
-    """Write one job's reconstructed timeline as a Chrome trace (JSON, opens in ui.perfetto.dev):
+    """Write perfetto_trace(...) to path."""
+    path = Path(path)
+    path.write_bytes(perfetto_trace(steps, ipf, job_id, topology))
+    return path
+
+
+def perfetto_trace(steps: pl.DataFrame, ipf: pl.DataFrame, job_id: str, topology: pl.DataFrame | None = None) -> bytes:
+    """One job's reconstructed timeline as a Chrome trace (JSON, opens in ui.perfetto.dev):
     one track (tid) per GPU; X events `DP` (the step's DP phase), `PP send`/`PP recv` per PP flow,
     and `compute` for the gaps between communication inside a step. Times in microseconds."""
     st = steps.filter(pl.col("job_id") == job_id).sort("ip", "step")
@@ -138,7 +145,5 @@ def export_perfetto(steps: pl.DataFrame, ipf: pl.DataFrame, job_id: str, path: s
     for r in gaps.iter_rows(named=True):
         ev.append({"ph": "X", "pid": 0, "tid": tid[r["ip"]], "name": "compute", "cat": "compute",
                    "ts": us(r["prev_end"]), "dur": (r["s"] - r["prev_end"]) / 1000.0})
-    path = Path(path)
-    path.write_text(json.dumps({"traceEvents": ev, "displayTimeUnit": "ms",
-                                "otherData": {"source": "fleetscope.flows", "job_id": job_id, "t0_ns": t0}}))
-    return path
+    return json.dumps({"traceEvents": ev, "displayTimeUnit": "ms",
+                       "otherData": {"source": "fleetscope.flows", "job_id": job_id, "t0_ns": t0}}).encode()

@@ -1,52 +1,43 @@
-"""One window of flows -> the tables jobs, job_clusters, comm_pairs, step_timelines,
-anomaly_verdicts (and flow_background): the entry point the Dagster assets call."""
+"""One window of flows -> the Analysis (fleetscope.analysis) with the tables jobs, job_clusters,
+comm_pairs, step_timelines, flow_background and the flow verdicts: the entry point the Dagster
+assets call."""
 from __future__ import annotations
 
 import time
 
-import pandera.polars as pa
 import polars as pl
 
+from fleetscope.analysis import Analysis, skipped
 from fleetscope.flows.comm_types import classify_pairs
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.diagnosis import flow_verdicts
 from fleetscope.flows.jobs import pair_summary, recognize_jobs
 from fleetscope.flows.prepare import add_pairs, check_flows, check_topology, segment
-from fleetscope.flows.schemas import COMM_PAIRS, JOB_CLUSTERS, JOBS, STEP_TIMELINES
-from fleetscope.flows.timelines import ip_flows, reconstruct_steps
-from fleetscope.schemas.base import conform, register
-
-# traffic that is not a job's: addresses outside the topology, aperiodic pairs (evidence, not dropped)
-FLOW_BACKGROUND = register(
-    "flow_background",
-    pa.DataFrameSchema({
-        "window_id": pa.Column(pl.Utf8),
-        "src_ip": pa.Column(pl.Utf8),
-        "dst_ip": pa.Column(pl.Utf8),
-        "reason": pa.Column(pl.Utf8, pa.Check.isin(["outside_topology", "aperiodic"])),
-        "n_flows": pa.Column(pl.Int64),
-        "bytes": pa.Column(pl.Int64),
-    }),
-)
-
-
-def window_id_for(window_start_ns: int, window_end_ns: int) -> str:
-    return f"{window_start_ns}-{window_end_ns}"
+from fleetscope.flows.schemas import COMM_PAIRS, FLOW_BACKGROUND, JOB_CLUSTERS, JOBS, STEP_TIMELINES
+from fleetscope.flows.timelines import ip_flows, perfetto_trace, reconstruct_steps
+from fleetscope.schemas.base import conform
+from fleetscope.windows import window_id_for
 
 
 def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns: int, window_end_ns: int,
                    config: FlowConfig | None = None, window_id: str | None = None,
-                   timings: dict | None = None) -> dict[str, pl.DataFrame]:
-    """flows: normalized flows (CONTRACT 1.2) starting in [window_start_ns - margin, window_end_ns);
-    the margin (recommended: >= 2 step periods + edge_guard_ns; 30 s is plenty) lets the first
-    steps of the window be delimited. Jobs and comm types come from the flows inside the window,
-    step timelines from all of them. Returns validated frames keyed jobs, job_clusters,
-    comm_pairs, step_timelines, anomaly_verdicts, flow_background. `timings`, when a dict,
+                   timings: dict | None = None, export_timelines: bool = False) -> Analysis:
+    """flows: normalized flows (docs/CONTRACT.md 1.2) starting in [window_start_ns - margin,
+    window_end_ns); the margin (recommended: >= 2 step periods + edge_guard_ns; 30 s is plenty) lets
+    the first steps of the window be delimited. Jobs and comm types come from the flows inside the
+    window, step timelines from all of them. Returns the Analysis with tables jobs, job_clusters,
+    comm_pairs, step_timelines, flow_background and the flow verdicts; with export_timelines, one
+    Perfetto trace per job as artifact `perfetto/<window>/<job>.json`. `timings`, when a dict,
     receives per-stage seconds."""
     cfg = config or FlowConfig()
     if window_end_ns <= window_start_ns:
         raise ValueError(f"empty window [{window_start_ns}, {window_end_ns})")
     wid = window_id or window_id_for(window_start_ns, window_end_ns)
+    if flows.height == 0:
+        return skipped(f"window {wid}: no flow records")
+    if topology.height == 0:
+        return skipped(f"window {wid}: {flows.height} flow records but no topology (docs/CONTRACT.md 1.1): jobs need the "
+                       "host of every address; land a topology file")
     tm = timings if timings is not None else {}
     t = time.perf_counter()
 
@@ -111,9 +102,11 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns:
     tables["flow_background"] = FLOW_BACKGROUND.validate(conform(bg, FLOW_BACKGROUND))
 
     t = time.perf_counter()
-    tables["anomaly_verdicts"] = flow_verdicts(tables, inside.filter(pl.col("start_ns") >= window_start_ns),
-                                               topo, wid, cfg, ipf=ipf.filter(pl.col("start_ns") >= window_start_ns),
-                                               pairs=labeled)
+    verdicts = flow_verdicts(tables, inside.filter(pl.col("start_ns") >= window_start_ns),
+                             topo, wid, cfg, ipf=ipf.filter(pl.col("start_ns") >= window_start_ns), pairs=labeled)
     tm["verdicts"] = time.perf_counter() - t
-    tables["_ip_flows"] = ipf  # for export_perfetto; not a warehouse table
-    return tables
+    artifacts = {}
+    if export_timelines:
+        for job in tables["step_timelines"]["job_id"].unique().sort().to_list():
+            artifacts[f"perfetto/{wid}/{job}.json"] = perfetto_trace(tables["step_timelines"], ipf, job, topology=topo)
+    return Analysis(tables=tables, verdicts=verdicts, artifacts=artifacts)

@@ -12,7 +12,7 @@
 
 Peers are pipeline-stage aware: a worker is compared with the workers of its own stage (middle
 stages legitimately send and receive more). Imbalance between whole stages is a separate check
-(`stage_imbalance`): for compute functions each stage's median pattern is compared with the other
+(`stage_differential`, differential distance across stages): for compute functions each stage's median pattern is compared with the other
 stages' by the same differential rule; a stage that stands out is a partitioning problem.
 
 The differential distance is brute force over |S| in cache-sized chunks of float32 (one numpy
@@ -41,7 +41,7 @@ DEFAULT_EXPECTED: dict[str, dict[str, tuple[float, float]]] = {
     "collective": {"beta": (0.0, 0.3)},
 }
 # op-level timings (Megatron ops): communication ops include the time spent waiting for the peer
-# stage (pipeline bubbles), so their beta has no expected bound; stage_imbalance covers the cause.
+# stage (pipeline bubbles), so their beta has no expected bound; stage_differential covers the cause.
 OP_LEVEL_EXPECTED: dict[str, dict[str, tuple[float, float]]] = {
     "python": {"beta": (0.0, 0.01)},
     "compute": {},
@@ -64,7 +64,7 @@ class LocalizeConfig:
     stage_aware: bool = True
     # categories compared within their pipeline stage; GPU compute is compared across all workers
     # (stage partitioning is meant to balance compute, and a whole stage that stands out is
-    # reported by stage_imbalance instead of worker by worker)
+    # reported by stage_differential instead of worker by worker)
     stage_aware_categories: tuple = ("collective", "memory", "python")
     seed: int = 0
     chunk: int = 1 << 15  # rows per cache-sized block in the differential distance
@@ -320,7 +320,7 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
         peer_stage=pl.when(keys["_staged"]).then(keys["_stage"]),
     )
     # workers of a stage that stands out as a whole are explained by the stage (one stage verdict)
-    stages = stage_imbalance(out, config)
+    stages = stage_differential(out, config)
     if stages.height:
         out = out.join(stages.select("capture_id", "function", "stage", _st_flag=pl.lit(True)), on=["capture_id", "function", "stage"],
                        how="left", maintain_order="left").with_columns(
@@ -330,7 +330,7 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
     return finish_patterns(out) if validate else conform(out, BEHAVIOR_PATTERNS)
 
 
-def stage_imbalance(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig()) -> pl.DataFrame:
+def stage_differential(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig()) -> pl.DataFrame:
     """Compute functions whose whole pipeline stage differs from the other stages: per (capture,
     function, stage) the median pattern; stages compared with each other by the differential rule
     (normalize by the max over stages, count the other stages farther than theta, flag above
@@ -422,7 +422,7 @@ def _loud(kind: pl.Expr, dim: pl.Expr, category: pl.Expr, mu_source: pl.Expr, ma
 
 def patterns_verdicts(localized: pl.DataFrame, stages: pl.DataFrame | None = None, job_id: str | None = None,
                       config: LocalizeConfig = LocalizeConfig()) -> pl.DataFrame:
-    """Localized patterns (+ stage_imbalance rows) -> anomaly_verdicts: one verdict per abnormal
+    """Localized patterns (+ stage_differential rows) -> anomaly_verdicts: one verdict per abnormal
     function (leaf name: the call stacks it appears in are listed in the evidence), kind
     (differential: the workers that differ from their peers; expectation: the workers outside the
     expected box) and loudness, naming the workers and the dimension that differs; one verdict

@@ -1,5 +1,6 @@
 """PRISM: latency variability models and step-time forecasts with straggler what-ifs.
 
+- analyze.analyze_capture(timings, hw=...) -> Analysis: what the Dagster assets write;
 - structure.build_job_graph(timings) -> JobGraph: the per-rank op structure of a capture's steps,
   intrinsic op durations (waits removed) and an exact vectorized replay;
 - variability.variability_models(graph) / kernel_variability_models(trace_events) /
@@ -9,6 +10,7 @@
 - forecast.forecast_capture(timings, hw=...) -> PrismResult: step_forecasts, the scenario
   sweeps (step_forecast_details), verdicts and CDF plots.
 """
+from fleetscope.prism.analyze import analyze_capture  # noqa: F401
 from fleetscope.prism.forecast import PrismResult, forecast_capture, step_forecasts  # noqa: F401
 from fleetscope.prism.schemas import HW_CORRELATION, SCENARIO_DETAILS, STEP_FORECASTS, VARIABILITY_MODELS  # noqa: F401
 from fleetscope.prism.structure import JobGraph, StructureError, build_job_graph, replay_job_graph  # noqa: F401

@@ -29,6 +29,7 @@ import numpy as np
 import polars as pl
 from scipy import stats
 
+from fleetscope.common import stage_imbalance as stage_compute_imbalance
 from fleetscope.prism.compose import PipelineModel, replica_step_samples, step_distribution
 from fleetscope.prism.schemas import SCENARIO_DETAILS, STEP_FORECASTS
 from fleetscope.prism.structure import JobGraph, build_job_graph, replay_job_graph
@@ -374,28 +375,20 @@ IMBALANCE = 1.10      # a stage's typical compute over the other stages' median
 
 
 def stage_imbalance(sm: StepModel) -> dict[int, float]:
-    """Per stage: how much longer its forward/backward compute typically is than the other
-    stages', taken on its least loaded TP group (so one slow GPU does not make a stage look
-    imbalanced): min over the stage's (dp) groups of the mean over compute ops of
-    median(group) / median(other stages)."""
+    """Per stage: how much longer its typical forward/backward compute is than the other stages'
+    (fleetscope.common.stage_imbalance: on the stage's least loaded replica, so one slow GPU does
+    not make a stage look imbalanced)."""
     g = sm.graph
     names = g.slot_names()
-    st = g.stage[g.slot_rank]
-    dpg = g.dp_rank[g.slot_rank]
-    out = {}
-    for s in np.unique(g.stage):
-        per_group = []
-        for d in np.unique(dpg[st == s]):
-            ratios = []
-            for nm in ("forward-compute", "backward-compute"):
-                a = (names == nm) & (st == s) & (dpg == d)
-                b = (names == nm) & (st != s)
-                if a.any() and b.any():
-                    ratios.append(np.median(sm.typ[a]) / max(np.median(sm.typ[b]), 1.0))
-            if ratios:
-                per_group.append(float(np.mean(ratios)))
-        out[int(s)] = min(per_group) if per_group else 1.0
-    return out
+    compute = np.isin(names, ["forward-compute", "backward-compute"])
+    if not compute.any():
+        return {int(s): 1.0 for s in np.unique(g.stage)}
+    per_rank = pl.DataFrame({"rank": g.slot_rank[compute], "typ": sm.typ[compute]}).group_by("rank").agg(
+        pl.col("typ").sum().alias("compute_ns"))
+    ranks = per_rank["rank"].to_numpy()
+    per_rank = per_rank.with_columns(stage=pl.Series(g.stage[ranks]).cast(pl.Int32), dp_rank=pl.Series(g.dp_rank[ranks]).cast(pl.Int32))
+    st = stage_compute_imbalance(per_rank, value="compute_ns")
+    return {int(s): (float(r) if r is not None else 1.0) for s, r in zip(st["stage"], st["ratio"])}
 
 
 def compute_kernel_ns(timings: pl.DataFrame) -> dict[int, float]:

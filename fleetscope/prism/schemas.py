@@ -4,11 +4,10 @@ from __future__ import annotations
 import pandera.polars as pa
 import polars as pl
 
-from fleetscope.schemas.base import register
 
 _DIMS = ["temporal", "spatial"]
 
-VARIABILITY_MODELS = register("variability_models", pa.DataFrameSchema({
+VARIABILITY_MODELS = pa.DataFrameSchema({
     "capture_id": pa.Column(pl.Utf8),
     "op_name": pa.Column(pl.Utf8),
     "dimension": pa.Column(pl.Utf8, pa.Check.isin(_DIMS)),
@@ -24,9 +23,9 @@ VARIABILITY_MODELS = register("variability_models", pa.DataFrameSchema({
     "ks_pvalue": pa.Column(pl.Float64, pa.Check.in_range(0, 1)),
     "aic": pa.Column(pl.Float64, nullable=True),
     "params": pa.Column(pl.Utf8),  # JSON of the family's parameters
-}, strict=True))
+}, strict=True)
 
-HW_CORRELATION = register("variability_hw_correlation", pa.DataFrameSchema({
+HW_CORRELATION = pa.DataFrameSchema({
     "capture_id": pa.Column(pl.Utf8),
     "op_name": pa.Column(pl.Utf8),
     "metric": pa.Column(pl.Utf8, pa.Check.isin(["sm_clock_mhz", "power_w", "temp_c", "throttled", "throttle:sw_power_cap",
@@ -38,9 +37,9 @@ HW_CORRELATION = register("variability_hw_correlation", pa.DataFrameSchema({
     "ratio_low": pa.Column(pl.Float64, nullable=True),   # mean duration ratio, metric <= its median / not throttled
     "ratio_high": pa.Column(pl.Float64, nullable=True),  # metric > median / throttled
     "share_high": pa.Column(pl.Float64, pa.Check.in_range(0, 1), nullable=True),
-}, strict=True))
+}, strict=True)
 
-STEP_FORECASTS = register("step_forecasts", pa.DataFrameSchema({
+STEP_FORECASTS = pa.DataFrameSchema({
     "capture_id": pa.Column(pl.Utf8),
     "scenario": pa.Column(pl.Utf8),
     "n_ranks": pa.Column(pl.Int64, pa.Check.ge(1)),
@@ -55,10 +54,10 @@ STEP_FORECASTS = register("step_forecasts", pa.DataFrameSchema({
     "n_samples": pa.Column(pl.Int64, pa.Check.ge(1)),
     "n_measured": pa.Column(pl.Int64, nullable=True),
     "params": pa.Column(pl.Utf8, nullable=True),
-}, strict=True))
+}, strict=True)
 
 # the scenario sweeps behind the named what-ifs (one row per point of a sweep)
-SCENARIO_DETAILS = register("step_forecast_details", pa.DataFrameSchema({
+SCENARIO_DETAILS = pa.DataFrameSchema({
     "capture_id": pa.Column(pl.Utf8),
     "scenario": pa.Column(pl.Utf8, pa.Check.isin(["slow_node_placement", "sync_group_size", "kernel_sensitivity", "scale_slowdown", "attribution"])),
     "subject": pa.Column(pl.Utf8),          # stage / TP position / group size / op name / rank count
@@ -69,4 +68,4 @@ SCENARIO_DETAILS = register("step_forecast_details", pa.DataFrameSchema({
     "slowdown": pa.Column(pl.Float64, nullable=True),     # vs the scenario's reference
     "probability": pa.Column(pl.Float64, pa.Check.in_range(0, 1), nullable=True),
     "rank_order": pa.Column(pl.Int64, nullable=True),     # 1 = hurts most
-}, strict=True))
+}, strict=True)

@@ -1,20 +1,11 @@
-"""Schema registry and row-level validation on top of pandera.polars."""
+"""Helpers over pandera.polars schemas: conform a frame, make an empty one, validate row by row.
+The tables and their schemas are listed in fleetscope.tables."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pandera.polars as pa
 import polars as pl
-
-# table name -> pandera schema; the warehouse creates an empty parquet per registered table so
-# its DuckDB view exists (and SQL over it works) before the first row lands.
-TABLES: dict[str, pa.DataFrameSchema] = {}
-
-
-def register(table: str, schema: pa.DataFrameSchema) -> pa.DataFrameSchema:
-    TABLES[table] = schema
-    return schema
-
 
 def polars_schema(schema: pa.DataFrameSchema) -> dict[str, pl.DataType]:
     """Column name -> polars dtype, in schema order."""

@@ -2,12 +2,11 @@
 import pandera.polars as pa
 import polars as pl
 
-from fleetscope.schemas.base import register
 
 _ID = pa.Column(pl.Utf8)
 _OPT_STR = dict(nullable=True)
 
-TOPOLOGY = register("topology", pa.DataFrameSchema({
+TOPOLOGY = pa.DataFrameSchema({
     "ip": pa.Column(pl.Utf8, pa.Check.str_length(min_value=1)),
     "host": pa.Column(pl.Utf8, pa.Check.str_length(min_value=1)),
     "gpu": pa.Column(pl.Utf8, nullable=True),
@@ -17,9 +16,9 @@ TOPOLOGY = register("topology", pa.DataFrameSchema({
     "rack": pa.Column(pl.Utf8, nullable=True),
     "pod": pa.Column(pl.Utf8, nullable=True),
     "source_file": pa.Column(pl.Utf8),
-}))
+})
 
-FLOWS = register("flows", pa.DataFrameSchema({
+FLOWS = pa.DataFrameSchema({
     "start_ns": pa.Column(pl.Int64, pa.Check.ge(0)),
     "end_ns": pa.Column(pl.Int64),
     "duration_ns": pa.Column(pl.Int64, pa.Check.ge(0, error="duration must be >= 0 (end before start)")),
@@ -33,9 +32,9 @@ FLOWS = register("flows", pa.DataFrameSchema({
     "dst_qp": pa.Column(pl.Int64, nullable=True),
     "path": pa.Column(pl.List(pl.Utf8), nullable=True),
     "source_file": pa.Column(pl.Utf8),
-}))
+})
 
-TIMINGS = register("timings", pa.DataFrameSchema({
+TIMINGS = pa.DataFrameSchema({
     "capture_id": pa.Column(pl.Utf8),
     "rank": pa.Column(pl.Int32, pa.Check.ge(0)),
     "host": pa.Column(pl.Utf8, nullable=True),
@@ -58,9 +57,9 @@ TIMINGS = register("timings", pa.DataFrameSchema({
     "microbatch": pa.Column(pl.Int32, nullable=True),
     "model_chunk": pa.Column(pl.Int32, nullable=True),
     "source_file": pa.Column(pl.Utf8),
-}))
+})
 
-HW = register("hw", pa.DataFrameSchema({
+HW = pa.DataFrameSchema({
     "ts_ns": pa.Column(pl.Int64, pa.Check.ge(0)),
     "host": pa.Column(pl.Utf8),
     "gpu": pa.Column(pl.Utf8),
@@ -79,10 +78,10 @@ HW = register("hw", pa.DataFrameSchema({
     "nic_tx_bps": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
     "nic_rx_bps": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
     "source_file": pa.Column(pl.Utf8),
-}))
+})
 
 # Capture-level layout when known (capture.json "parallel" or StragglerAnalysis meta yaml).
-CAPTURES = register("captures", pa.DataFrameSchema({
+CAPTURES = pa.DataFrameSchema({
     "capture_id": pa.Column(pl.Utf8),
     "job_id": pa.Column(pl.Utf8, nullable=True),
     "note": pa.Column(pl.Utf8, nullable=True),
@@ -93,26 +92,26 @@ CAPTURES = register("captures", pa.DataFrameSchema({
     "world_size": pa.Column(pl.Int32, nullable=True),
     "n_trace_files": pa.Column(pl.Int32),
     "n_timing_files": pa.Column(pl.Int32),
-}))
+})
 
-STACKS = register("stacks", pa.DataFrameSchema({
+STACKS = pa.DataFrameSchema({
     "incident_id": pa.Column(pl.Utf8),
     "rank": pa.Column(pl.Int32, pa.Check.ge(0)),
     "text": pa.Column(pl.Utf8),
     "n_frames": pa.Column(pl.Int32),
     "source_file": pa.Column(pl.Utf8),
-}))
+})
 
-RING = register("ring_progress", pa.DataFrameSchema({
+RING = pa.DataFrameSchema({
     "incident_id": pa.Column(pl.Utf8),
     "rank": pa.Column(pl.Int32, pa.Check.ge(0)),
     "peer": pa.Column(pl.Int32, pa.Check.ge(0)),
     "channel": pa.Column(pl.Int32, nullable=True),
     "step": pa.Column(pl.Int64, pa.Check.ge(0)),
     "source_file": pa.Column(pl.Utf8),
-}))
+})
 
-INCIDENTS = register("incidents", pa.DataFrameSchema({
+INCIDENTS = pa.DataFrameSchema({
     "incident_id": pa.Column(pl.Utf8),
     "kind": pa.Column(pl.Utf8, pa.Check.isin(["slow", "hang"])),
     "job_id": pa.Column(pl.Utf8, nullable=True),
@@ -123,9 +122,9 @@ INCIDENTS = register("incidents", pa.DataFrameSchema({
     "to_ns": pa.Column(pl.Int64, nullable=True),
     "note": pa.Column(pl.Utf8, nullable=True),
     "source_file": pa.Column(pl.Utf8),
-}))
+})
 
-REJECTED = register("rejected_records", pa.DataFrameSchema({
+REJECTED = pa.DataFrameSchema({
     "source_file": pa.Column(pl.Utf8),
     "source_kind": pa.Column(pl.Utf8),
     "row_number": pa.Column(pl.Int64, nullable=True),  # 1-based data row; null for a whole-file rejection
@@ -133,9 +132,9 @@ REJECTED = register("rejected_records", pa.DataFrameSchema({
     "partition_key": pa.Column(pl.Utf8, nullable=True),
     "content_sha256": pa.Column(pl.Utf8, nullable=True),
     "detected_ns": pa.Column(pl.Int64),
-}))
+})
 
-LANDED = register("landed_files", pa.DataFrameSchema({
+LANDED = pa.DataFrameSchema({
     "path": pa.Column(pl.Utf8),
     "kind": pa.Column(pl.Utf8),
     "partition_key": pa.Column(pl.Utf8),
@@ -146,4 +145,4 @@ LANDED = register("landed_files", pa.DataFrameSchema({
     "status": pa.Column(pl.Utf8, pa.Check.isin(["registered", "duplicate"])),
     "duplicate_of": pa.Column(pl.Utf8, nullable=True),
     "registered_ns": pa.Column(pl.Int64),
-}))
+})

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pandera.polars as pa
 import polars as pl
 
-from fleetscope.schemas.base import register
 
 _nonneg = pa.Check.ge(0)
 
-TRUTH_JOBS = register("sim_truth_jobs", pa.DataFrameSchema({
+TRUTH_JOBS = pa.DataFrameSchema({
     "job_id": pa.Column(pl.Utf8),
     "ip": pa.Column(pl.Utf8, unique=True),   # a GPU belongs to at most one job
     "host": pa.Column(pl.Utf8),
@@ -19,9 +18,9 @@ TRUTH_JOBS = register("sim_truth_jobs", pa.DataFrameSchema({
     "tp_rank": pa.Column(pl.Int32, _nonneg),
     "pp_stage": pa.Column(pl.Int32, _nonneg),
     "dp_rank": pa.Column(pl.Int32, _nonneg),
-}, strict=True))
+}, strict=True)
 
-TRUTH_JOB_LAYOUT = register("sim_truth_job_layout", pa.DataFrameSchema({
+TRUTH_JOB_LAYOUT = pa.DataFrameSchema({
     "job_id": pa.Column(pl.Utf8, unique=True),
     "tenant": pa.Column(pl.Utf8),
     "tp": pa.Column(pl.Int32, pa.Check.ge(1)),
@@ -41,18 +40,18 @@ TRUTH_JOB_LAYOUT = register("sim_truth_job_layout", pa.DataFrameSchema({
     "median_step_ns": pa.Column(pl.Int64, nullable=True),
     "variable_seq": pa.Column(pl.Boolean),      # hard case: PP activation sizes vary per microbatch
     "equal_buckets": pa.Column(pl.Boolean),     # hard case: one DP flow size per step
-}, strict=True))
+}, strict=True)
 
-TRUTH_PAIRS = register("sim_truth_pairs", pa.DataFrameSchema({
+TRUTH_PAIRS = pa.DataFrameSchema({
     "ip_a": pa.Column(pl.Utf8),
     "ip_b": pa.Column(pl.Utf8),
     "job_id": pa.Column(pl.Utf8),
     "comm_type": pa.Column(pl.Utf8, pa.Check.isin(["DP", "PP"])),
     "n_flows": pa.Column(pl.Int64, pa.Check.gt(0)),
 }, checks=[pa.Check(lambda d: d.lazyframe.select(pl.col("ip_a") < pl.col("ip_b")), name="ip_a < ip_b")], strict=True,
-    unique=["ip_a", "ip_b"]))
+    unique=["ip_a", "ip_b"])
 
-TRUTH_STEPS = register("sim_truth_steps", pa.DataFrameSchema({
+TRUTH_STEPS = pa.DataFrameSchema({
     "job_id": pa.Column(pl.Utf8),
     "ip": pa.Column(pl.Utf8),
     "step": pa.Column(pl.Int64, _nonneg),
@@ -60,9 +59,9 @@ TRUTH_STEPS = register("sim_truth_steps", pa.DataFrameSchema({
     "end_ns": pa.Column(pl.Int64),            # end of this step's DP traffic on this ip
     "compute_start_ns": pa.Column(pl.Int64),  # when the job's step began (first forward)
 }, checks=[pa.Check(lambda d: d.lazyframe.select(pl.col("end_ns") > pl.col("start_ns")), name="end_ns > start_ns")],
-    strict=True, unique=["job_id", "ip", "step"]))
+    strict=True, unique=["job_id", "ip", "step"])
 
-TRUTH_FAULTS = register("sim_truth_faults", pa.DataFrameSchema({
+TRUTH_FAULTS = pa.DataFrameSchema({
     "fault_id": pa.Column(pl.Utf8, unique=True),
     "kind": pa.Column(pl.Utf8),
     "scope": pa.Column(pl.Utf8),
@@ -79,10 +78,10 @@ TRUTH_FAULTS = register("sim_truth_faults", pa.DataFrameSchema({
     "affected_jobs": pa.Column(pl.Utf8, nullable=True),
     "source": pa.Column(pl.Utf8, nullable=True),     # fleet
     "captures": pa.Column(pl.Utf8, nullable=True),   # capture ids whose traces/timings show it ("|"-joined)
-}, strict=False))
+}, strict=False)
 
 # the rendered records, before each collector picks its file format (duration vs end, list vs string path)
-SIM_FLOWS = register("sim_rendered_flows", pa.DataFrameSchema({
+SIM_FLOWS = pa.DataFrameSchema({
     "start_ns": pa.Column(pl.Int64),
     "duration_ns": pa.Column(pl.Int64, _nonneg),
     "src_ip": pa.Column(pl.Utf8),
@@ -94,4 +93,4 @@ SIM_FLOWS = register("sim_rendered_flows", pa.DataFrameSchema({
     "src_qp": pa.Column(pl.Int64, nullable=True),
     "dst_qp": pa.Column(pl.Int64, nullable=True),
     "path": pa.Column(pl.Utf8),
-}, strict=False))
+}, strict=False)

@@ -1,27 +1,33 @@
-"""One call for the Dagster asset: trace_events of a capture -> every table fleetscope.traces derives."""
+"""One call per capture: trace_events -> the Analysis (fleetscope.analysis) with every table
+fleetscope.traces derives, the trace verdicts, and the simulated timeline as a Chrome trace."""
 from __future__ import annotations
+
+import json
 
 import polars as pl
 
-from fleetscope.traces.findings import trace_verdicts
+from fleetscope.analysis import Analysis, skipped
 from fleetscope.traces.graph import build_graph
-from fleetscope.traces.replay import replay
+from fleetscope.traces.replay import export_chrome_trace, replay
 from fleetscope.traces.tables import trace_collectives, trace_iterations, trace_syncs
+from fleetscope.traces.verdicts import trace_verdicts
 from fleetscope.traces.whatif import DEFAULT_SCENARIOS, predict
 
 
 def analyze_capture(events: pl.DataFrame, capture_id: str | None = None, scenarios=DEFAULT_SCENARIOS,
-                    job_id: str | None = None, chrome_trace_path=None) -> dict[str, pl.DataFrame]:
-    """-> {trace_collectives, trace_iterations, trace_syncs, graph_tasks, graph_edges, replays,
-    replay_sm_util, whatif, anomaly_verdicts}, each validated against its registered schema."""
+                    job_id: str | None = None, export_replay: bool = False) -> Analysis:
+    """-> tables trace_collectives, trace_iterations, trace_syncs, graph_tasks, graph_edges, replays,
+    replay_sm_util, whatif (each validated against its schema) and the trace verdicts; with
+    export_replay, the simulated timeline as artifact `replays/<capture>-simulated.json`."""
     if events.height == 0:
-        raise ValueError("analyze_capture: no trace events")
-    g = build_graph(events, capture_id)
+        return skipped("no profiler trace events in this capture")
+    try:
+        g = build_graph(events, capture_id)
+    except ValueError as exc:
+        return skipped(f"could not build the execution graph: {exc}")
     r = replay(g)
-    if chrome_trace_path is not None:  # the simulated timeline, for Perfetto / chrome://tracing
-        r.chrome_trace(chrome_trace_path)
     w = predict(g, list(scenarios)) if scenarios else None
-    out = {
+    tables = {
         "trace_collectives": trace_collectives(events),
         "trace_iterations": trace_iterations(events),
         "trace_syncs": trace_syncs(events),
@@ -29,8 +35,15 @@ def analyze_capture(events: pl.DataFrame, capture_id: str | None = None, scenari
         "graph_edges": g.edges,
         "replays": r.replays,
         "replay_sm_util": r.sm_util,
-        "anomaly_verdicts": trace_verdicts(r.replays, w, job_id=job_id),
     }
     if w is not None:
-        out["whatif"] = w
-    return out
+        tables["whatif"] = w
+    notes = []
+    if r.replays.height:
+        notes.append(f"replay mean absolute error {float(r.replays['error_pct'].abs().mean()):.2f} % over "
+                     f"{r.replays.height} rank-iterations")
+    artifacts = {}
+    if export_replay:  # the simulated timeline, for Perfetto / chrome://tracing
+        cap = capture_id or str(events["capture_id"][0])
+        artifacts[f"replays/{cap}-simulated.json"] = json.dumps(export_chrome_trace(r.tasks)).encode()
+    return Analysis(tables=tables, verdicts=trace_verdicts(r.replays, w, job_id=job_id), notes=notes, artifacts=artifacts)

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from fleetscope.common import collective_expr
 from fleetscope.schemas.base import conform
 from fleetscope.traces.schemas import TRACE_EVENTS
 
@@ -481,23 +482,6 @@ _DTYPE_BYTES = {
     "float8_e5m2": 1, "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1, "unsigned int": 4, "uint32": 4,
 }
 
-# normalized collective names: key = name lower-cased with everything but letters removed
-_COLL = [
-    ("reducescatter", "reduce_scatter"), ("allreduce", "allreduce"), ("allgather", "allgather"),
-    ("alltoall", "all_to_all"), ("sendrecv", "send_recv"), ("broadcast", "broadcast"), ("bcast", "broadcast"),
-    ("barrier", "barrier"), ("send", "send"), ("recv", "recv"), ("reduce", "reduce"), ("gather", "gather"),
-    ("scatter", "scatter"),
-]
-
-
-def _collective_expr(src: pl.Expr) -> pl.Expr:
-    key = src.str.to_lowercase().str.replace_all(r"[^a-z]", "")
-    expr = pl.lit(None, pl.Utf8)
-    for pat, norm in reversed(_COLL):
-        expr = pl.when(key.str.contains(pat, literal=True)).then(pl.lit(norm)).otherwise(expr)
-    return expr
-
-
 def _us_to_ns(col: str) -> pl.Expr:
     """Microseconds (float64) -> integer ns. The integer part converts exactly (absolute epoch
     microseconds are exact in float64); the fraction rounds to the nearest ns (relative timestamps
@@ -557,8 +541,8 @@ def _normalize(raw: pl.DataFrame, rare: pl.DataFrame | None, base_ns: int, first
     comm = df.filter(pl.col("is_comm")).select(
         "event_id",
         collective=pl.coalesce(
-            _collective_expr(pl.col("_coll_name")),
-            _collective_expr(pl.col("name").str.replace(r"\(.*$", "").str.replace(r"(?i)_(RING|TREE|COLLNET|NVLS|PAT).*$", ""))),
+            collective_expr(pl.col("_coll_name")),
+            collective_expr(pl.col("name").str.replace(r"\(.*$", "").str.replace(r"(?i)_(RING|TREE|COLLNET|NVLS|PAT).*$", ""))),
     )
     df = df.join(comm, on="event_id", how="left", maintain_order="left")
     return df.drop([c for c in df.columns if c.startswith("_")])

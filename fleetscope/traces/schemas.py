@@ -4,7 +4,6 @@ from __future__ import annotations
 import pandera.polars as pa
 import polars as pl
 
-from fleetscope.schemas.base import register
 
 CATS = ["cpu_op", "python_function", "user_annotation", "gpu_user_annotation", "cuda_runtime", "cuda_driver",
         "kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "other"]
@@ -16,107 +15,95 @@ def _c(dtype, nullable=False, *checks):
 
 # docs/ARCHITECTURE.md "Shared table: trace_events"; the columns after pg_name are fleetscope.traces
 # additions (nullable) that the execution graph needs.
-TRACE_EVENTS = register(
-    "trace_events",
-    pa.DataFrameSchema(
-        {
-            "capture_id": _c(pl.Utf8),
-            "rank": _c(pl.Int32, False, pa.Check.ge(0)),
-            "source_file": _c(pl.Utf8),
-            "event_id": _c(pl.Int64, False, pa.Check.ge(0)),
-            "cat": _c(pl.Utf8, False, pa.Check.isin(CATS)),
-            "name": _c(pl.Utf8),
-            "pid": _c(pl.Utf8, True),
-            "tid": _c(pl.Utf8, True),
-            "ts_ns": _c(pl.Int64),
-            "dur_ns": _c(pl.Int64, False, pa.Check.ge(0)),
-            "end_ns": _c(pl.Int64),
-            "device": _c(pl.Int32, True),
-            "stream": _c(pl.Int64, True),
-            "correlation": _c(pl.Int64, True),
-            "external_id": _c(pl.Int64, True),
-            "is_comm": _c(pl.Boolean),
-            "collective": _c(pl.Utf8, True),
-            "msg_bytes": _c(pl.Int64, True),
-            "group_size": _c(pl.Int32, True),
-            "group_ranks": _c(pl.Utf8, True),
-            "pg_name": _c(pl.Utf8, True),
-            # additions
-            "ph": _c(pl.Utf8, True),  # X (complete) or i (instant)
-            "sequence_number": _c(pl.Int64, True),  # autograd sequence number (fwd op <-> bwd op)
-            "fwd_thread_id": _c(pl.Int64, True),
-            "sync_kind": _c(pl.Utf8, True),  # cuda_sync: Stream Sync, Event Sync, Context Sync, Wait Event
-            "wait_on_stream": _c(pl.Int64, True),
-            "wait_on_event_corr": _c(pl.Int64, True),  # correlation of the cudaEventRecord waited on
-            "out_msg_bytes": _c(pl.Int64, True),
-            "dtype": _c(pl.Utf8, True),
-        },
-        strict=False,
-    ),
+TRACE_EVENTS = pa.DataFrameSchema(
+    {
+        "capture_id": _c(pl.Utf8),
+        "rank": _c(pl.Int32, False, pa.Check.ge(0)),
+        "source_file": _c(pl.Utf8),
+        "event_id": _c(pl.Int64, False, pa.Check.ge(0)),
+        "cat": _c(pl.Utf8, False, pa.Check.isin(CATS)),
+        "name": _c(pl.Utf8),
+        "pid": _c(pl.Utf8, True),
+        "tid": _c(pl.Utf8, True),
+        "ts_ns": _c(pl.Int64),
+        "dur_ns": _c(pl.Int64, False, pa.Check.ge(0)),
+        "end_ns": _c(pl.Int64),
+        "device": _c(pl.Int32, True),
+        "stream": _c(pl.Int64, True),
+        "correlation": _c(pl.Int64, True),
+        "external_id": _c(pl.Int64, True),
+        "is_comm": _c(pl.Boolean),
+        "collective": _c(pl.Utf8, True),
+        "msg_bytes": _c(pl.Int64, True),
+        "group_size": _c(pl.Int32, True),
+        "group_ranks": _c(pl.Utf8, True),
+        "pg_name": _c(pl.Utf8, True),
+        # additions
+        "ph": _c(pl.Utf8, True),  # X (complete) or i (instant)
+        "sequence_number": _c(pl.Int64, True),  # autograd sequence number (fwd op <-> bwd op)
+        "fwd_thread_id": _c(pl.Int64, True),
+        "sync_kind": _c(pl.Utf8, True),  # cuda_sync: Stream Sync, Event Sync, Context Sync, Wait Event
+        "wait_on_stream": _c(pl.Int64, True),
+        "wait_on_event_corr": _c(pl.Int64, True),  # correlation of the cudaEventRecord waited on
+        "out_msg_bytes": _c(pl.Int64, True),
+        "dtype": _c(pl.Utf8, True),
+    },
+    strict=False,
 )
 
 # NCCL/RCCL/gloo collective metadata, one row per communication kernel or collective op.
-TRACE_COLLECTIVES = register(
-    "trace_collectives",
-    pa.DataFrameSchema(
-        {
-            "capture_id": _c(pl.Utf8),
-            "rank": _c(pl.Int32),
-            "event_id": _c(pl.Int64),
-            "cat": _c(pl.Utf8),
-            "name": _c(pl.Utf8),
-            "ts_ns": _c(pl.Int64),
-            "dur_ns": _c(pl.Int64),
-            "stream": _c(pl.Int64, True),
-            "collective": _c(pl.Utf8, True),
-            "msg_bytes": _c(pl.Int64, True),
-            "out_msg_bytes": _c(pl.Int64, True),
-            "dtype": _c(pl.Utf8, True),
-            "group_size": _c(pl.Int32, True),
-            "group_ranks": _c(pl.Utf8, True),
-            "pg_name": _c(pl.Utf8, True),
-            "seq": _c(pl.Int64),  # n-th collective of this (rank, pg, stream/op level) in time order
-        },
-        strict=False,
-    ),
+TRACE_COLLECTIVES = pa.DataFrameSchema(
+    {
+        "capture_id": _c(pl.Utf8),
+        "rank": _c(pl.Int32),
+        "event_id": _c(pl.Int64),
+        "cat": _c(pl.Utf8),
+        "name": _c(pl.Utf8),
+        "ts_ns": _c(pl.Int64),
+        "dur_ns": _c(pl.Int64),
+        "stream": _c(pl.Int64, True),
+        "collective": _c(pl.Utf8, True),
+        "msg_bytes": _c(pl.Int64, True),
+        "out_msg_bytes": _c(pl.Int64, True),
+        "dtype": _c(pl.Utf8, True),
+        "group_size": _c(pl.Int32, True),
+        "group_ranks": _c(pl.Utf8, True),
+        "pg_name": _c(pl.Utf8, True),
+        "seq": _c(pl.Int64),  # n-th collective of this (rank, pg, stream/op level) in time order
+    },
+    strict=False,
 )
 
 # ProfilerStep#N annotations: iterations
-TRACE_ITERATIONS = register(
-    "trace_iterations",
-    pa.DataFrameSchema(
-        {
-            "capture_id": _c(pl.Utf8),
-            "rank": _c(pl.Int32),
-            "iteration": _c(pl.Int64),
-            "start_ns": _c(pl.Int64),
-            "end_ns": _c(pl.Int64),
-            "dur_ns": _c(pl.Int64, False, pa.Check.ge(0)),
-        },
-        strict=False,
-    ),
+TRACE_ITERATIONS = pa.DataFrameSchema(
+    {
+        "capture_id": _c(pl.Utf8),
+        "rank": _c(pl.Int32),
+        "iteration": _c(pl.Int64),
+        "start_ns": _c(pl.Int64),
+        "end_ns": _c(pl.Int64),
+        "dur_ns": _c(pl.Int64, False, pa.Check.ge(0)),
+    },
+    strict=False,
 )
 
 # synchronization events (cuda_sync category and the synchronizing runtime calls)
-TRACE_SYNCS = register(
-    "trace_syncs",
-    pa.DataFrameSchema(
-        {
-            "capture_id": _c(pl.Utf8),
-            "rank": _c(pl.Int32),
-            "event_id": _c(pl.Int64),
-            "source": _c(pl.Utf8, False, pa.Check.isin(["cuda_sync", "cuda_runtime"])),
-            "kind": _c(pl.Utf8, False, pa.Check.isin(["stream_sync", "context_sync", "event_sync", "stream_wait_event", "event_record", "other"])),
-            "name": _c(pl.Utf8),
-            "ts_ns": _c(pl.Int64),
-            "end_ns": _c(pl.Int64),
-            "stream": _c(pl.Int64, True),
-            "correlation": _c(pl.Int64, True),
-            "wait_on_stream": _c(pl.Int64, True),
-            "wait_on_event_corr": _c(pl.Int64, True),
-        },
-        strict=False,
-    ),
+TRACE_SYNCS = pa.DataFrameSchema(
+    {
+        "capture_id": _c(pl.Utf8),
+        "rank": _c(pl.Int32),
+        "event_id": _c(pl.Int64),
+        "source": _c(pl.Utf8, False, pa.Check.isin(["cuda_sync", "cuda_runtime"])),
+        "kind": _c(pl.Utf8, False, pa.Check.isin(["stream_sync", "context_sync", "event_sync", "stream_wait_event", "event_record", "other"])),
+        "name": _c(pl.Utf8),
+        "ts_ns": _c(pl.Int64),
+        "end_ns": _c(pl.Int64),
+        "stream": _c(pl.Int64, True),
+        "correlation": _c(pl.Int64, True),
+        "wait_on_stream": _c(pl.Int64, True),
+        "wait_on_event_corr": _c(pl.Int64, True),
+    },
+    strict=False,
 )
 
 KINDS = ["cpu", "gpu"]
@@ -127,121 +114,106 @@ EDGE_SUBTYPES = ["thread_order", "inter_thread", "launch", "stream_sync", "conte
                  "stream_order", "event_wait", "inferred_wait", "peer"]
 
 # Lumos execution graph: one row per task (CPU leaf event on a thread, GPU op on a stream)
-GRAPH_TASKS = register(
-    "graph_tasks",
-    pa.DataFrameSchema(
-        {
-            "capture_id": _c(pl.Utf8),
-            "rank": _c(pl.Int32),
-            "task_id": _c(pl.Int64, False, pa.Check.ge(0)),
-            "event_id": _c(pl.Int64),  # trace_events.event_id of the rank
-            "kind": _c(pl.Utf8, False, pa.Check.isin(KINDS)),
-            "processor": _c(pl.Utf8),  # thread:<pid>:<tid> or stream:<device>:<stream>
-            "cat": _c(pl.Utf8),
-            "name": _c(pl.Utf8),
-            "role": _c(pl.Utf8, False, pa.Check.isin(ROLES)),
-            "ts_ns": _c(pl.Int64),
-            "dur_ns": _c(pl.Int64, False, pa.Check.ge(0)),
-            "end_ns": _c(pl.Int64),
-            "sim_dur_ns": _c(pl.Int64, False, pa.Check.ge(0)),  # duration the simulator uses (see graph.py)
-            "sim_start_ref": _c(pl.Int64),  # start the simulator should reproduce for this task
-            "wait_ref": _c(pl.Int64, True),  # synchronizing calls: when their wait ended in the trace
-            "iteration": _c(pl.Int64, True),
-            "pid": _c(pl.Utf8, True),
-            "tid": _c(pl.Utf8, True),
-            "device": _c(pl.Int32, True),
-            "stream": _c(pl.Int64, True),
-            "correlation": _c(pl.Int64, True),
-            "is_comm": _c(pl.Boolean),
-            "collective": _c(pl.Utf8, True),
-            "msg_bytes": _c(pl.Int64, True),
-            "out_msg_bytes": _c(pl.Int64, True),
-            "group_size": _c(pl.Int32, True),
-            "pg_name": _c(pl.Utf8, True),
-            "coll_seq": _c(pl.Int64, True),
-            "coll_group": _c(pl.Utf8, True),  # same value on every rank taking part in one collective
-            "in_layer": _c(pl.Boolean, True),  # part of a repeated model layer (forward or backward), see graph.py
-        },
-        strict=False,
-        unique=["task_id"],
-    ),
+GRAPH_TASKS = pa.DataFrameSchema(
+    {
+        "capture_id": _c(pl.Utf8),
+        "rank": _c(pl.Int32),
+        "task_id": _c(pl.Int64, False, pa.Check.ge(0)),
+        "event_id": _c(pl.Int64),  # trace_events.event_id of the rank
+        "kind": _c(pl.Utf8, False, pa.Check.isin(KINDS)),
+        "processor": _c(pl.Utf8),  # thread:<pid>:<tid> or stream:<device>:<stream>
+        "cat": _c(pl.Utf8),
+        "name": _c(pl.Utf8),
+        "role": _c(pl.Utf8, False, pa.Check.isin(ROLES)),
+        "ts_ns": _c(pl.Int64),
+        "dur_ns": _c(pl.Int64, False, pa.Check.ge(0)),
+        "end_ns": _c(pl.Int64),
+        "sim_dur_ns": _c(pl.Int64, False, pa.Check.ge(0)),  # duration the simulator uses (see graph.py)
+        "sim_start_ref": _c(pl.Int64),  # start the simulator should reproduce for this task
+        "wait_ref": _c(pl.Int64, True),  # synchronizing calls: when their wait ended in the trace
+        "iteration": _c(pl.Int64, True),
+        "pid": _c(pl.Utf8, True),
+        "tid": _c(pl.Utf8, True),
+        "device": _c(pl.Int32, True),
+        "stream": _c(pl.Int64, True),
+        "correlation": _c(pl.Int64, True),
+        "is_comm": _c(pl.Boolean),
+        "collective": _c(pl.Utf8, True),
+        "msg_bytes": _c(pl.Int64, True),
+        "out_msg_bytes": _c(pl.Int64, True),
+        "group_size": _c(pl.Int32, True),
+        "pg_name": _c(pl.Utf8, True),
+        "coll_seq": _c(pl.Int64, True),
+        "coll_group": _c(pl.Utf8, True),  # same value on every rank taking part in one collective
+        "in_layer": _c(pl.Boolean, True),  # part of a repeated model layer (forward or backward), see graph.py
+    },
+    strict=False,
+    unique=["task_id"],
 )
 
-GRAPH_EDGES = register(
-    "graph_edges",
-    pa.DataFrameSchema(
-        {
-            "capture_id": _c(pl.Utf8),
-            "rank": _c(pl.Int32),  # rank of dst
-            "src_rank": _c(pl.Int32),
-            "src": _c(pl.Int64),
-            "dst": _c(pl.Int64),
-            "edge_type": _c(pl.Utf8, False, pa.Check.isin(EDGE_TYPES)),
-            "subtype": _c(pl.Utf8, False, pa.Check.isin(EDGE_SUBTYPES)),
-            "lag_ns": _c(pl.Int64),  # model: dst may start lag_ns after src ends (typical delay of the edge type)
-            "lag_calibrated_ns": _c(pl.Int64),  # exact where the edge bound dst in the trace
-            "lag_typical_ns": _c(pl.Int64),  # typical delay everywhere, even where no dependency explains a delay
-            "slack_ns": _c(pl.Int64, True),  # observed dst start - src end
-            "binding": _c(pl.Boolean, True),  # this edge determined dst's start in the trace
-            "from_start": _c(pl.Boolean),  # lag counts from src's start (a blocking copy's launch)
-        },
-        strict=False,
-    ),
+GRAPH_EDGES = pa.DataFrameSchema(
+    {
+        "capture_id": _c(pl.Utf8),
+        "rank": _c(pl.Int32),  # rank of dst
+        "src_rank": _c(pl.Int32),
+        "src": _c(pl.Int64),
+        "dst": _c(pl.Int64),
+        "edge_type": _c(pl.Utf8, False, pa.Check.isin(EDGE_TYPES)),
+        "subtype": _c(pl.Utf8, False, pa.Check.isin(EDGE_SUBTYPES)),
+        "lag_ns": _c(pl.Int64),  # model: dst may start lag_ns after src ends (typical delay of the edge type)
+        "lag_calibrated_ns": _c(pl.Int64),  # exact where the edge bound dst in the trace
+        "lag_typical_ns": _c(pl.Int64),  # typical delay everywhere, even where no dependency explains a delay
+        "slack_ns": _c(pl.Int64, True),  # observed dst start - src end
+        "binding": _c(pl.Boolean, True),  # this edge determined dst's start in the trace
+        "from_start": _c(pl.Boolean),  # lag counts from src's start (a blocking copy's launch)
+    },
+    strict=False,
 )
 
 # CONTRACT replays (+ iteration, + the same breakdown measured on the trace)
-REPLAYS = register(
-    "replays",
-    pa.DataFrameSchema(
-        {
-            "capture_id": _c(pl.Utf8),
-            "rank": _c(pl.Int32),
-            "iteration": _c(pl.Int64, True),
-            "actual_ns": _c(pl.Int64, False, pa.Check.ge(0)),
-            "simulated_ns": _c(pl.Int64),
-            "error_pct": _c(pl.Float64, False, pa.Check.ge(0)),
-            "exposed_compute_ns": _c(pl.Int64),
-            "exposed_comm_ns": _c(pl.Int64),
-            "overlap_ns": _c(pl.Int64),
-            "idle_ns": _c(pl.Int64),
-            "actual_exposed_compute_ns": _c(pl.Int64, True),
-            "actual_exposed_comm_ns": _c(pl.Int64, True),
-            "actual_overlap_ns": _c(pl.Int64, True),
-            "actual_idle_ns": _c(pl.Int64, True),
-        },
-        strict=False,
-    ),
+REPLAYS = pa.DataFrameSchema(
+    {
+        "capture_id": _c(pl.Utf8),
+        "rank": _c(pl.Int32),
+        "iteration": _c(pl.Int64, True),
+        "actual_ns": _c(pl.Int64, False, pa.Check.ge(0)),
+        "simulated_ns": _c(pl.Int64),
+        "error_pct": _c(pl.Float64, False, pa.Check.ge(0)),
+        "exposed_compute_ns": _c(pl.Int64),
+        "exposed_comm_ns": _c(pl.Int64),
+        "overlap_ns": _c(pl.Int64),
+        "idle_ns": _c(pl.Int64),
+        "actual_exposed_compute_ns": _c(pl.Int64, True),
+        "actual_exposed_comm_ns": _c(pl.Int64, True),
+        "actual_overlap_ns": _c(pl.Int64, True),
+        "actual_idle_ns": _c(pl.Int64, True),
+    },
+    strict=False,
 )
 
 # share of each 1 ms bucket with any kernel running, measured and replayed
-REPLAY_SM_UTIL = register(
-    "replay_sm_util",
-    pa.DataFrameSchema(
-        {
-            "capture_id": _c(pl.Utf8),
-            "rank": _c(pl.Int32),
-            "bucket": _c(pl.Int64),
-            "bucket_start_ns": _c(pl.Int64),  # from the start of the rank's first kernel
-            "actual_util": _c(pl.Float64, False, pa.Check.in_range(0, 1.0000001)),
-            "simulated_util": _c(pl.Float64, False, pa.Check.in_range(0, 1.0000001)),
-        },
-        strict=False,
-    ),
+REPLAY_SM_UTIL = pa.DataFrameSchema(
+    {
+        "capture_id": _c(pl.Utf8),
+        "rank": _c(pl.Int32),
+        "bucket": _c(pl.Int64),
+        "bucket_start_ns": _c(pl.Int64),  # from the start of the rank's first kernel
+        "actual_util": _c(pl.Float64, False, pa.Check.in_range(0, 1.0000001)),
+        "simulated_util": _c(pl.Float64, False, pa.Check.in_range(0, 1.0000001)),
+    },
+    strict=False,
 )
 
 # what-if predictions (Lumos 3.4)
-WHATIF = register(
-    "whatif",
-    pa.DataFrameSchema(
-        {
-            "capture_id": _c(pl.Utf8),
-            "scenario": _c(pl.Utf8),
-            "parameters": _c(pl.Utf8),  # JSON
-            "predicted_ns": _c(pl.Int64),
-            "baseline_ns": _c(pl.Int64),
-            "speedup": _c(pl.Float64),
-            "rank": _c(pl.Int32, True),  # null: the whole capture (slowest rank)
-        },
-        strict=False,
-    ),
+WHATIF = pa.DataFrameSchema(
+    {
+        "capture_id": _c(pl.Utf8),
+        "scenario": _c(pl.Utf8),
+        "parameters": _c(pl.Utf8),  # JSON
+        "predicted_ns": _c(pl.Int64),
+        "baseline_ns": _c(pl.Int64),
+        "speedup": _c(pl.Float64),
+        "rank": _c(pl.Int32, True),  # null: the whole capture (slowest rank)
+    },
+    strict=False,
 )

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from fleetscope.common import bus_factor
 from fleetscope.schemas.base import conform
 from fleetscope.traces.graph import Graph
 from fleetscope.traces.replay import replay
@@ -32,13 +33,6 @@ KERNEL_CLASSES = {
 }
 
 # bytes on the wire per rank relative to the message size, by collective (nccl-tests bus factors)
-def _bus_factor(coll: pl.Expr, n: pl.Expr) -> pl.Expr:
-    n = n.cast(pl.Float64)
-    return (pl.when(coll == "allreduce").then(2 * (n - 1) / n)
-            .when(coll.is_in(["allgather", "reduce_scatter", "all_to_all"])).then((n - 1) / n)
-            .otherwise(pl.lit(1.0)))
-
-
 @dataclass
 class CommModel:
     """t = latency_ns + bus_bytes / bandwidth, fitted on the trace's communication kernels."""
@@ -59,7 +53,7 @@ def fit_comm_model(graph: Graph) -> CommModel:
     c = graph.tasks.filter((pl.col("role") == "comm") & pl.col("msg_bytes").is_not_null() & (pl.col("sim_dur_ns") > 0))
     if c.height < 2:
         raise ValueError("fit_comm_model: the trace has fewer than 2 collectives with a known message size")
-    x = c.select(_bus_factor(pl.col("collective"), pl.col("group_size").fill_null(2)) * pl.col("msg_bytes")).to_series().to_numpy()
+    x = c.select(bus_factor(pl.col("collective"), pl.col("group_size").fill_null(2)) * pl.col("msg_bytes")).to_series().to_numpy()
     y = c["sim_dur_ns"].to_numpy().astype(float)
     a = np.vstack([np.ones_like(x), x]).T
     (lat, slope), *_ = np.linalg.lstsq(a, y, rcond=None)
@@ -126,9 +120,9 @@ def dp_degree(graph: Graph, dp_new: int, dp_old: int | None = None, model: CommM
     m = _dp_mask(dp_old)
     n_old = pl.col("group_size").fill_null(dp_old or 2)
     bytes_ = pl.col("msg_bytes").fill_null(0).cast(pl.Float64)
-    old = model.latency_ns + model.ns_per_byte * bytes_ * _bus_factor(pl.col("collective"), n_old)
+    old = model.latency_ns + model.ns_per_byte * bytes_ * bus_factor(pl.col("collective"), n_old)
     new = pl.when(pl.lit(dp_new) == 1).then(0.0).otherwise(
-        model.latency_ns + model.ns_per_byte * bytes_ * _bus_factor(pl.col("collective"), pl.lit(dp_new)))
+        model.latency_ns + model.ns_per_byte * bytes_ * bus_factor(pl.col("collective"), pl.lit(dp_new)))
     return _scale(graph, m & pl.col("msg_bytes").is_not_null(), new / old)
 
 
@@ -156,7 +150,7 @@ def layers(graph: Graph, layers_old: int, layers_new: int, model: CommModel | No
         .then((pl.col("lag_ns") * r).round(0).cast(pl.Int64)).otherwise(pl.col("lag_ns")))
     try:
         model = model or fit_comm_model(graph)
-        bytes_ = pl.col("msg_bytes").fill_null(0).cast(pl.Float64) * _bus_factor(pl.col("collective"), pl.col("group_size").fill_null(2))
+        bytes_ = pl.col("msg_bytes").fill_null(0).cast(pl.Float64) * bus_factor(pl.col("collective"), pl.col("group_size").fill_null(2))
         ratio = (model.latency_ns + model.ns_per_byte * bytes_ * r) / (model.latency_ns + model.ns_per_byte * bytes_)
         g = _scale(g, _dp_mask(None) & pl.col("msg_bytes").is_not_null(), ratio)
     except ValueError:

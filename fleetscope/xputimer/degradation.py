@@ -124,14 +124,14 @@ def degradation_verdicts(deg: pl.DataFrame, job_id: str | None = None) -> pl.Dat
     for r in first.iter_rows(named=True):
         job = job_id or r["capture_id"]
         if r["kind"] == "degraded":
-            rows.append(dict(detector="perftracker_degradation", scope="job", subject=job, job_id=job, capture_id=r["capture_id"],
+            rows.append(dict(detector="xputimer.degradation", scope="job", subject=job, job_id=job, capture_id=r["capture_id"],
                              start_ns=r["at_ns"], metric="iteration_mean_over_min", value=r["ratio"], baseline=1.05,
                              severity="info", team="infrastructure",
                              explanation=f"iterations slowed: recent mean {r['recent_mean_ns'] / 1e6:.1f} ms is {r['ratio'] - 1:.1%} "
                                          f"above the recent shortest ({r['recent_min_ns'] / 1e6:.1f} ms) on ranks {r['ranks']}; "
                                          f"an on-demand profile was requested for localization."))
         else:
-            rows.append(dict(detector="perftracker_degradation", scope="job", subject=job, job_id=job, capture_id=r["capture_id"],
+            rows.append(dict(detector="xputimer.degradation", scope="job", subject=job, job_id=job, capture_id=r["capture_id"],
                              start_ns=r["at_ns"], metric="idle_over_mean_iteration", value=r["ratio"], baseline=1.0,
                              severity="warning", team="operations",
                              explanation=f"training blocked: no data-loader or optimizer event for {r['idle_ns'] / 1e9:.2f} s "

@@ -13,6 +13,7 @@ import re
 import polars as pl
 from scipy import stats
 
+from fleetscope.common import MAD_TO_SIGMA, stage_imbalance
 from fleetscope.verdicts import make_verdicts
 from fleetscope.xputimer import metrics as M
 
@@ -50,7 +51,7 @@ def slow_rank_rows(kf: pl.DataFrame, job_id: str | None = None, min_ratio: float
                            pl.col("r").median().over("capture_id").alias("med"),
                            (pl.col("r") - pl.col("r").median().over("capture_id")).abs().median().over("capture_id").alias("mad"))
     bad = per.filter((pl.col("n_ranks") >= 3) & (pl.col("r") < min_ratio)
-                     & ((pl.col("med") - pl.col("r")) > k_mad * 1.4826 * pl.max_horizontal(pl.col("mad"), 0.02 * pl.col("med"))))
+                     & ((pl.col("med") - pl.col("r")) > k_mad * MAD_TO_SIGMA * pl.max_horizontal(pl.col("mad"), 0.02 * pl.col("med"))))
     rows = []
     for r in bad.iter_rows(named=True):
         rows.append(_v(scope="rank", subject=str(r["rank"]), job_id=_job(r["capture_id"], job_id), capture_id=r["capture_id"],
@@ -300,20 +301,19 @@ def void_rows(void: pl.DataFrame, job_id: str | None = None, history_void: pl.Da
 
 # -- pipeline stage imbalance ----------------------------------------------------------------------
 def stage_imbalance_rows(sm: pl.DataFrame, job_id: str | None = None, min_ratio: float = 1.15) -> list[dict]:
-    """A pipeline stage whose compute per step exceeds the median stage by `min_ratio`: the model
-    is partitioned unevenly (every other stage waits for it in each microbatch)."""
-    st = sm.filter(pl.col("stage").is_not_null()).group_by("capture_id", "stage").agg(
-        pl.col("compute_ns_per_step").mean().alias("c"), pl.col("rank").sort().alias("ranks"))
-    st = st.with_columns(pl.col("c").median().over("capture_id").alias("med"), pl.len().over("capture_id").alias("n"))
+    """A pipeline stage whose compute per step exceeds the other stages' by `min_ratio` in every
+    data-parallel replica (fleetscope.common.stage_imbalance): the model is partitioned unevenly
+    (every other stage waits for it in each microbatch); one slow worker does not make its stage look so."""
+    st = stage_imbalance(sm, value="compute_ns_per_step", by=("capture_id",))
     rows = []
-    for r in st.filter((pl.col("n") >= 2) & (pl.col("c") > min_ratio * pl.col("med"))).iter_rows(named=True):
-        ratio = r["c"] / r["med"]
+    for r in st.filter((pl.col("n_stages") >= 2) & (pl.col("ratio") > min_ratio)).iter_rows(named=True):
+        ratio = r["ratio"]
         rows.append(_v(scope="stage", subject=str(r["stage"]), job_id=_job(r["capture_id"], job_id), capture_id=r["capture_id"],
                        metric="stage_compute_ratio", value=ratio, baseline=1.0, severity="warning", team=TEAM_FOR_CAUSE["stage_imbalance"],
                        explanation=f"pipeline stage {r['stage']} (ranks {r['ranks']}) computes {ratio:.2f}x the median stage per "
-                                   f"step ({r['c'] / 1e9:.2f} s vs {r['med'] / 1e9:.2f} s): stage-partitioning imbalance; move "
+                                   f"step ({r['value'] / 1e9:.2f} s vs {r['others'] / 1e9:.2f} s): stage-partitioning imbalance; move "
                                    f"layers (or the loss/embedding) off that stage.",
-                       evidence={"compute_ns_per_step": r["c"], "median_ns": r["med"]}))
+                       evidence={"compute_ns_per_step": r["value"], "median_ns": r["others"]}))
     return rows
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import polars as pl
 
-_CAMEL = {"allreduce": "AllReduce", "allgather": "AllGather", "reducescatter": "ReduceScatter", "broadcast": "Broadcast",
-          "send": "Send", "recv": "Recv", "alltoall": "AllToAll", "reduce": "Reduce", "barrier": "Barrier"}
+_CAMEL = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "ReduceScatter", "broadcast": "Broadcast",
+          "send": "Send", "recv": "Recv", "all_to_all": "AllToAll", "reduce": "Reduce", "barrier": "Barrier"}
 _GEMM = r"(?i)gemm|cutlass|xmma|cublas|matmul|s\d+_tensorop|ampere_.*(?:nn|nt|tn|tt)"
 
 
@@ -22,7 +22,7 @@ def timings_from_trace_events(ev: pl.DataFrame) -> pl.DataFrame:
     if ev.height == 0:
         raise ValueError("no trace events")
     key = ["capture_id", "rank"]
-    coll = pl.col("collective").str.replace_all(r"[_\- ]", "")
+    coll = pl.col("collective")
     camel = coll.replace_strict(_CAMEL, default=None)
     comm_name = pl.concat_str([pl.lit("nccl:"), pl.coalesce(camel, coll)])
     launch = ev.filter((pl.col("cat") == "cuda_runtime") & pl.col("correlation").is_not_null()).select(

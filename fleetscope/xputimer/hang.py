@@ -134,7 +134,7 @@ def diagnose_hang(incident_dir: str | Path, job_id: str | None = None, rank_host
         waiting = ranks.filter(pl.col("in_collective"))
         colls = sorted({"wait() of an async collective" if c == "wait" else c for c in waiting["collective"].drop_nulls().to_list()})
         for r in culprits.iter_rows(named=True):
-            rows.append(dict(detector="xputimer_hang", scope="rank", subject=str(r["rank"]), job_id=job_id,
+            rows.append(dict(detector="xputimer.hang", scope="rank", subject=str(r["rank"]), job_id=job_id,
                              metric="hang_not_in_collective", value=1.0, severity="critical", team="operations",
                              explanation=f"hang {inc}: {name(r['rank'])} is stuck outside any collective (in {r['top_function']}) "
                                          f"while {waiting.height} rank(s) wait in {', '.join(colls)}: its machine is the "
@@ -144,7 +144,7 @@ def diagnose_hang(incident_dir: str | Path, job_id: str | None = None, rank_host
         colls = sorted(set(ranks["collective"].to_list()))
         low = ring_lowest(d / "ring.json")
         if low is None:
-            rows.append(dict(detector="xputimer_hang", scope="job", subject=job_id or inc, job_id=job_id,
+            rows.append(dict(detector="xputimer.hang", scope="job", subject=job_id or inc, job_id=job_id,
                              metric="hang_in_collective", value=float(ranks.height), severity="critical", team="operations",
                              explanation=f"hang {inc}: all {ranks.height} ranks wait in {', '.join(colls)} (a communication "
                                          f"hang); no ring.json to name the link: collect intra-kernel ring progress.",
@@ -152,7 +152,7 @@ def diagnose_hang(incident_dir: str | Path, job_id: str | None = None, rank_host
         else:
             a, b = low["rank"], low["peer"]
             subj = f"{rank_ips[a]}-{rank_ips[b]}" if rank_ips and a in rank_ips and b in rank_ips else f"rank{a}-rank{b}"
-            rows.append(dict(detector="xputimer_hang", scope="link", subject=subj, job_id=job_id,
+            rows.append(dict(detector="xputimer.hang", scope="link", subject=subj, job_id=job_id,
                              metric="ring_min_step", value=float(low["step"]), baseline=float(low["median_step"]),
                              severity="critical", team="operations",
                              explanation=f"hang {inc}: all ranks wait in {', '.join(colls)}; the ring connection {name(a)} -> "

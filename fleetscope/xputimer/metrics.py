@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from fleetscope.common import P2P, bus_factor, collective_expr
 from fleetscope.schemas.base import conform
 from fleetscope.xputimer import schemas as S
 
@@ -42,11 +43,10 @@ def prepare(t: pl.DataFrame) -> pl.DataFrame:
     )
     lname = pl.col("name").str.to_lowercase()
     is_comm = (pl.col("kind") == "kernel") & (lname.str.contains(r"^(nccl|rccl|gloo|hccl|mpi):") | pl.col("group").is_not_null())
-    coll = lname.str.replace(r"^[a-z]+:", "").str.replace_all(r"[_\- ]", "")
     return t.with_columns(
         (pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"),
         is_comm.alias("is_comm"),
-        pl.when(is_comm).then(coll).otherwise(None).alias("collective"),
+        pl.when(is_comm).then(collective_expr(pl.col("name"))).otherwise(None).alias("collective"),
     )
 
 
@@ -100,19 +100,12 @@ def kernel_flops(t: pl.DataFrame) -> pl.DataFrame:
 
 
 # -- communication bandwidth ---------------------------------------------------------------------
-def _bus_factor(coll: pl.Expr, n: pl.Expr) -> pl.Expr:
-    n = n.cast(pl.Float64)
-    return (pl.when(coll == "allreduce").then(2 * (n - 1) / n)
-            .when(coll.is_in(["allgather", "reducescatter", "alltoall"])).then((n - 1) / n)
-            .otherwise(1.0))
-
-
 def _sequenced_collectives(t: pl.DataFrame) -> pl.DataFrame:
     """Communication rows of group collectives (not p2p), each with `seq`: its index among the
     rank's calls in that group. Collectives in one group run in the same order on every rank, so
     (capture, group, seq) names one collective instance across ranks."""
     c = prepare(t).filter(pl.col("is_comm") & pl.col("group").is_not_null()
-                          & ~pl.col("collective").is_in(["send", "recv", "isend", "irecv", "sendrecv"]))
+                          & ~pl.col("collective").is_in(P2P))
     return c.sort("issue_ns").with_columns(
         pl.int_range(pl.len(), dtype=pl.Int64).over("capture_id", "rank", "group").alias("seq"))
 
@@ -128,7 +121,7 @@ def comm_instances(t: pl.DataFrame) -> pl.DataFrame:
     gsize = pl.coalesce("group_size", "n_ranks")
     inst = inst.with_columns(
         pl.when(pl.col("dur_ns") > 0).then(pl.col("bytes") * 1e9 / pl.col("dur_ns")).alias("algbw_bps"),
-    ).with_columns((pl.col("algbw_bps") * _bus_factor(pl.col("collective"), gsize)).alias("busbw_bps"))
+    ).with_columns((pl.col("algbw_bps") * bus_factor(pl.col("collective"), gsize)).alias("busbw_bps"))
     # p2p: bytes over the transfer time on each side
     p2p = prepare(t).filter(pl.col("is_comm") & pl.col("collective").is_in(["send", "recv"])).sort("issue_ns")
     if p2p.height:

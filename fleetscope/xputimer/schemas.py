@@ -4,7 +4,6 @@ from __future__ import annotations
 import pandera.polars as pa
 import polars as pl
 
-from fleetscope.schemas.base import register
 
 _S = pa.Column(pl.Utf8)
 _SN = pa.Column(pl.Utf8, nullable=True)
@@ -18,72 +17,72 @@ def _nn(dtype=pl.Float64):
     return pa.Column(dtype, pa.Check.ge(0), nullable=True)
 
 
-STEP_THROUGHPUT = register("xputimer_step_throughput", pa.DataFrameSchema({
+STEP_THROUGHPUT = pa.DataFrameSchema({
     "capture_id": _S, "step": _I, "n_ranks": pa.Column(pl.Int64, pa.Check.ge(1)),
     "start_ns": _I, "end_ns": _I, "step_ns": pa.Column(pl.Int64, pa.Check.ge(0)),
     "steps_per_s": _nn(), "samples_per_s": _nn(),
     "slowest_rank": pa.Column(pl.Int32, nullable=True),
-}, unique=["capture_id", "step"]))
+}, unique=["capture_id", "step"])
 
-JOB_THROUGHPUT = register("xputimer_job_throughput", pa.DataFrameSchema({
+JOB_THROUGHPUT = pa.DataFrameSchema({
     "capture_id": _S, "n_steps": _I, "n_ranks": _I,
     "median_step_ns": _nn(), "p95_step_ns": _nn(), "steps_per_s": _nn(), "samples_per_s": _nn(),
-}, unique=["capture_id"]))
+}, unique=["capture_id"])
 
-KERNEL_FLOPS = register("xputimer_kernel_flops", pa.DataFrameSchema({
+KERNEL_FLOPS = pa.DataFrameSchema({
     "capture_id": _S, "rank": _R, "name": _S, "shape": _SN,
     "n": pa.Column(pl.Int64, pa.Check.ge(1)), "flops_per_call": _nn(),
     "median_flops_per_s": _nn(), "p10_flops_per_s": _nn(),
     "ratio_to_ranks": _F,        # this rank's median / median over ranks of the same kernel+shape
-}, unique=["capture_id", "rank", "name", "shape"]))
+}, unique=["capture_id", "rank", "name", "shape"])
 
-COMM_INSTANCES = register("xputimer_comm_instances", pa.DataFrameSchema({
+COMM_INSTANCES = pa.DataFrameSchema({
     "capture_id": _S, "group": _S, "seq": _I, "collective": _S,
     "n_ranks": _I, "group_size": pa.Column(pl.Int64, nullable=True), "bytes": _nn(pl.Int64),
     "start_ns": _I, "end_ns": _I, "dur_ns": _nn(pl.Int64),
     "algbw_bps": _nn(), "busbw_bps": _nn(), "last_rank": pa.Column(pl.Int32, nullable=True),
-}, unique=["capture_id", "group", "seq"]))
+}, unique=["capture_id", "group", "seq"])
 
-COMM_BANDWIDTH = register("xputimer_comm_bandwidth", pa.DataFrameSchema({
+COMM_BANDWIDTH = pa.DataFrameSchema({
     "capture_id": _S, "group": _S, "collective": _S, "group_size": pa.Column(pl.Int64, nullable=True),
     "bytes": _nn(pl.Int64), "n": _I, "median_busbw_bps": _nn(), "p10_busbw_bps": _nn(), "median_dur_ns": _nn(),
-}, unique=["capture_id", "group", "collective", "bytes"]))
+}, unique=["capture_id", "group", "collective", "bytes"])
 
-ISSUE_LATENCY = register("xputimer_issue_latency", pa.DataFrameSchema({
+ISSUE_LATENCY = pa.DataFrameSchema({
     "capture_id": _S, "rank": _R, "step": _IN, "name": _S, "group": _SN, "seq": _IN,
     "issue_ns": _I, "latency_ns": _nn(pl.Int64), "latency_frac": _nn(),
     "mode": pa.Column(pl.Utf8, pa.Check.isin(["device", "arrival"])),
-}))
+})
 
-ISSUE_LATENCY_SUMMARY = register("xputimer_issue_latency_summary", pa.DataFrameSchema({
+ISSUE_LATENCY_SUMMARY = pa.DataFrameSchema({
     "capture_id": _S, "mode": _S, "n": _I,
     "p10": _nn(), "p25": _nn(), "p50": _nn(), "p75": _nn(), "p90": _nn(),  # of latency_frac
     "ks_vs_history": _F, "p_value": _F,
-}, unique=["capture_id"]))
+}, unique=["capture_id"])
 
-VOID = register("xputimer_void", pa.DataFrameSchema({
+VOID = pa.DataFrameSchema({
     "capture_id": _S, "rank": _R, "step": _I, "t_step_ns": pa.Column(pl.Int64, pa.Check.gt(0)),
     "t_inter_ns": _nn(pl.Int64), "t_minority_ns": _nn(pl.Int64), "v_inter": _nn(), "v_minority": _nn(),
-}, unique=["capture_id", "rank", "step"]))
+}, unique=["capture_id", "rank", "step"])
 
-STAGE_METRICS = register("xputimer_stage_metrics", pa.DataFrameSchema({
+STAGE_METRICS = pa.DataFrameSchema({
     "capture_id": _S, "rank": _R, "stage": pa.Column(pl.Int32, nullable=True), "dp_rank": pa.Column(pl.Int32, nullable=True),
     "n_steps": _I, "compute_ns_per_step": _nn(), "comm_ns_per_step": _nn(), "step_span_ns": _nn(),
     "compute_ratio_to_median": _F,
-}, unique=["capture_id", "rank"]))
+}, unique=["capture_id", "rank"])
 
-ITERATIONS = register("xputimer_iterations", pa.DataFrameSchema({
+ITERATIONS = pa.DataFrameSchema({
     "capture_id": _S, "rank": _R, "iteration": _I, "start_ns": _I, "end_ns": _I,
     "dur_ns": pa.Column(pl.Int64, pa.Check.ge(0)),
-}))
+})
 
-DEGRADATIONS = register("xputimer_degradations", pa.DataFrameSchema({
+DEGRADATIONS = pa.DataFrameSchema({
     "capture_id": _S, "rank": _R, "kind": pa.Column(pl.Utf8, pa.Check.isin(["degraded", "blocked"])),
     "at_ns": _I, "iteration": _IN, "recent_mean_ns": _nn(), "recent_min_ns": _nn(), "ratio": _F,
     "idle_ns": _IN,
-}))
+})
 
-HANG_RANKS = register("xputimer_hang_ranks", pa.DataFrameSchema({
+HANG_RANKS = pa.DataFrameSchema({
     "incident": _S, "rank": _R, "in_collective": pa.Column(pl.Boolean), "collective": _SN,
     "top_function": _SN, "frames": _I, "culprit": pa.Column(pl.Boolean),
-}, unique=["incident", "rank"]))
+}, unique=["incident", "rank"])

@@ -3,7 +3,7 @@ import json
 
 import polars as pl
 
-from fleetscope.flows import analyze_window, export_perfetto
+from fleetscope.flows import analyze_window
 from fleetscope.flows.evaluate import step_errors
 from tests.flows.synth import MS, S, Job, fleet
 
@@ -42,12 +42,11 @@ def test_steps_straddling_window_edges_are_neither_lost_nor_duplicated():
     assert a == b and len(a) > 800
 
 
-def test_perfetto_export(tmp_path):
+def test_perfetto_export():
     flows, topo, _ = fleet(JOBS, 12, background=False)
-    out = analyze_window(flows, topo, 2 * S, 10 * S)
-    job = out["jobs"].sort("n_gpus", descending=True)["job_id"][0]
-    p = export_perfetto(out["step_timelines"], out["_ip_flows"], job, tmp_path / "t.json", topology=topo)
-    tr = json.loads(p.read_text())
+    out = analyze_window(flows, topo, 2 * S, 10 * S, export_timelines=True)
+    job, wid = out["jobs"].sort("n_gpus", descending=True).select("job_id", "window_id").row(0)
+    tr = json.loads(out.artifacts[f"perfetto/{wid}/{job}.json"])
     ev = tr["traceEvents"]
     names = {e["name"] for e in ev if e["ph"] == "X"}
     assert {"DP", "PP send", "PP recv", "compute"} <= names

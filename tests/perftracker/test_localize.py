@@ -13,7 +13,7 @@ from fleetscope.perftracker.localize import (
     differential_counts,
     localize,
     patterns_verdicts,
-    stage_imbalance,
+    stage_differential,
 )
 
 REAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "real"
@@ -81,7 +81,7 @@ def test_healthy_fleet_raises_nothing():
     assert planted == set()
     loc = localize(pats)
     assert loc.filter("abnormal").height == 0
-    v = patterns_verdicts(loc, stage_imbalance(loc))
+    v = patterns_verdicts(loc, stage_differential(loc))
     assert v.filter(pl.col("severity").is_in(["warning", "critical"])).height == 0
 
 

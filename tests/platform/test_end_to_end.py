@@ -57,13 +57,13 @@ def test_run_finds_the_injected_fault_and_writes_reports(simulated, fleet_env):
     fleet = sorted(reports.glob("fleet-*.md"))
     assert fleet and "Worst verdicts by team" in fleet[0].read_text()
     assert len(list(reports.glob("fleet-*-*.png"))) >= 2
-    assert wh.read("verdict_incidents").height >= 1
+    assert wh.read("problems").height >= 1
     # the runs are in the Dagster instance the UI reads
     with DagsterInstance.get() as instance:
         assert len(instance.get_runs()) >= 5
     # the nightly schedules ask for yesterday's windows and the fleet report
     from fleetscope.definitions import defs
-    from fleetscope.jobs.definitions import ALL_SCHEDULES
+    from fleetscope.jobs import ALL_SCHEDULES
     sched = {s.name: s for s in ALL_SCHEDULES}
     windows = jobs["window_id"].unique().to_list()
     day = dt.datetime.strptime(windows[0].split("-", 1)[1][:8], "%Y%m%d").replace(tzinfo=dt.timezone.utc)

@@ -13,7 +13,7 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter, build_sensor_
 
 from tests.paths import REPO
 from fleetscope.definitions import defs
-from fleetscope.jobs.definitions import landing_sensor
+from fleetscope.jobs.sensors import landing_sensor
 
 
 def _flow_file(path: Path, t0: int, n: int = 4):
@@ -120,9 +120,9 @@ def test_daemon_runs_the_sensor_and_its_cursor_survives_a_restart(fleet_env):
 def test_degradation_sensor_files_a_profiling_request_once(fleet_env):
     """The closed loop of PerfTracker 4.1: a degraded job gets a request file its collectors serve."""
     import json as _json
-    from fleetscope.schemas.base import TABLES
+    from fleetscope.tables import TABLES
     from fleetscope.warehouse import Warehouse
-    from fleetscope.jobs.definitions import degradation_sensor
+    from fleetscope.jobs.sensors import degradation_sensor
     landing, warehouse, _ = fleet_env
     wh = Warehouse(warehouse)
     wh.init()

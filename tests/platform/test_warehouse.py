@@ -9,7 +9,6 @@ import time
 import duckdb
 import polars as pl
 
-import fleetscope.schemas.landing  # noqa: F401  (register tables)
 from fleetscope.warehouse import Warehouse, partition_filename
 
 PY = sys.executable

@@ -125,7 +125,6 @@ def fleet(tmp_path_factory):
     bad = _bad_landing_files(landing, int(t0))
     run_cli("run", "--landing", str(landing), "--warehouse", str(warehouse), "--settle-seconds", "0", env=env)
 
-    import fleetscope.schemas.landing  # noqa: F401  (register tables)
     from fleetscope.warehouse import Warehouse
 
     wh = Warehouse(warehouse)

@@ -1,7 +1,7 @@
 import polars as pl
 import pytest
 
-from fleetscope.schemas import TABLES
+from fleetscope.tables import TABLES
 from fleetscope.traces import analyze_capture, read_trace
 from tests.traces.conftest import real
 
@@ -10,11 +10,12 @@ from tests.traces.conftest import real
 def test_analyze_capture_tables_validate(prefix):
     ev = read_trace(real(prefix), "cap").events
     out = analyze_capture(ev, job_id="j")
-    for name, df in out.items():
+    for name, df in out.tables.items():
         TABLES[name].validate(df)
+    TABLES["anomaly_verdicts"].validate(out.verdicts)
     assert out["replays"].height >= 1 and out["graph_tasks"].height > 0
     assert set(out["whatif"]["scenario"].to_list()) == {"gemm_2x", "attention_1.5x", "no_sync"}
     if prefix == "cpu_only":  # no GPU: no GPU-idle verdict for a CPU-only rank
         assert out["anomaly_verdicts"].filter(pl.col("detector") == "traces.gpu_idle").height == 0
-    with pytest.raises(ValueError):
-        analyze_capture(ev.head(0))
+    empty = analyze_capture(ev.head(0))  # nothing to analyse: no tables, and a note that says so
+    assert not empty.tables and empty.verdicts.height == 0 and "no profiler trace events" in empty.notes[0]

@@ -1,7 +1,7 @@
 import polars as pl
 import pytest
 
-from fleetscope.schemas import TABLES
+from fleetscope.tables import TABLES
 from fleetscope.traces.graph import build_graph
 from fleetscope.traces.parse import read_trace
 from tests.traces.conftest import load_json, real

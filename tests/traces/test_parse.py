@@ -5,7 +5,7 @@ import shutil
 import polars as pl
 import pytest
 
-from fleetscope.schemas import TABLES
+from fleetscope.tables import TABLES
 from fleetscope.traces.parse import TraceError, read_capture, read_trace
 from tests.traces.conftest import ALL_TRACES, load_json, real
 

@@ -4,7 +4,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from fleetscope.schemas import TABLES
+from fleetscope.tables import TABLES
 from fleetscope.traces.graph import build_graph
 from fleetscope.traces.parse import read_trace
 from fleetscope.traces.replay import breakdown, replay, simulate_graph

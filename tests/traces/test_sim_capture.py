@@ -35,7 +35,7 @@ def test_sim_capture_parses_links_ranks_and_replays(healthy):
 
 
 def test_healthy_capture_raises_no_warning_and_cpu_bound_does(healthy, tmp_path_factory):
-    from fleetscope.traces.findings import trace_verdicts
+    from fleetscope.traces.verdicts import trace_verdicts
     from fleetscope.traces.whatif import predict
 
     _, ev = healthy

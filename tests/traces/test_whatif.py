@@ -3,7 +3,7 @@ import json
 import polars as pl
 import pytest
 
-from fleetscope.schemas import TABLES
+from fleetscope.tables import TABLES
 from fleetscope.traces.graph import build_graph
 from fleetscope.traces.parse import read_trace
 from fleetscope.traces.whatif import dp_degree, fit_comm_model, iteration_time, predict

@@ -224,12 +224,12 @@ def test_asset_graph_shows_every_group_and_asset(ui):
     # location: require the two nodes checked below; the catalog checks every asset)
     assert {"flows", "topology"} <= set(ingest), ingest
     text = _open(ui, f"/locations/{ui['location']}/asset-groups/ingest", ["flows", "topology", "Latest event"],
-                 "02_ingest_group_graph", height=2600)
+                 "02_ingest_group_graph", height=5000)
     assert "Latest event" in text and "Loading..." not in text
     n_flow_files = len([f for f in (ui["warehouse"].parent / (ui["warehouse"].stem + ".tables") / "flows").glob("*.parquet") if f.stem != "_empty"])
     assert f"{n_flow_files} partitions" in text, f"the flows node does not show its {n_flow_files} partitions"
     # the catalog lists every asset with its description
-    text = _open(ui, "/assets", ["flows", "topology"], "03_asset_catalog", height=3200)
+    text = _open(ui, "/assets", ["flows", "topology"], "03_asset_catalog", height=8000)
     missing = [a for a in assets if a not in text]
     assert not missing, f"assets not on the catalog page: {missing}"
     assert "Switch-mirrored flow records" in text  # the flows asset's description

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pandera.polars as pa
 import polars as pl
 
-from fleetscope.schemas.base import register
 
 _nn = dict(nullable=True)
 
@@ -60,32 +59,29 @@ HW_OUT = pa.DataFrameSchema(
     strict=True,
 )
 
-TRUTH = register(
-    "sim_capture_truth",
-    pa.DataFrameSchema(
-        {
-            "fault_id": pa.Column(pl.Utf8),
-            "kind": pa.Column(pl.Utf8),
-            "scope": pa.Column(pl.Utf8),
-            "subject": pa.Column(pl.Utf8),
-            "start_ns": pa.Column(pl.Int64),
-            "end_ns": pa.Column(pl.Int64),
-            "magnitude": pa.Column(pl.Float64, **_nn),
-            "capture_id": pa.Column(pl.Utf8),
-            "job_id": pa.Column(pl.Utf8),
-            "rank": pa.Column(pl.Int32, **_nn),
-            "host": pa.Column(pl.Utf8, **_nn),
-            "gpu": pa.Column(pl.Utf8, **_nn),
-            "ip": pa.Column(pl.Utf8, **_nn),
-            "stage": pa.Column(pl.Int32, **_nn),
-            "dp_rank": pa.Column(pl.Int32, **_nn),
-            "tp_rank": pa.Column(pl.Int32, **_nn),
-            "function": pa.Column(pl.Utf8, **_nn),
-            "kernel": pa.Column(pl.Utf8, **_nn),
-            "team": pa.Column(pl.Utf8, pa.Check.isin(["algorithm", "infrastructure", "operations"])),
-            "expected": pa.Column(pl.Utf8, **_nn),
-            "mode": pa.Column(pl.Utf8, pa.Check.isin(["rank", "link"]), **_nn),  # hang only
-        },
-        strict=False,
-    ),
+TRUTH = pa.DataFrameSchema(
+    {
+        "fault_id": pa.Column(pl.Utf8),
+        "kind": pa.Column(pl.Utf8),
+        "scope": pa.Column(pl.Utf8),
+        "subject": pa.Column(pl.Utf8),
+        "start_ns": pa.Column(pl.Int64),
+        "end_ns": pa.Column(pl.Int64),
+        "magnitude": pa.Column(pl.Float64, **_nn),
+        "capture_id": pa.Column(pl.Utf8),
+        "job_id": pa.Column(pl.Utf8),
+        "rank": pa.Column(pl.Int32, **_nn),
+        "host": pa.Column(pl.Utf8, **_nn),
+        "gpu": pa.Column(pl.Utf8, **_nn),
+        "ip": pa.Column(pl.Utf8, **_nn),
+        "stage": pa.Column(pl.Int32, **_nn),
+        "dp_rank": pa.Column(pl.Int32, **_nn),
+        "tp_rank": pa.Column(pl.Int32, **_nn),
+        "function": pa.Column(pl.Utf8, **_nn),
+        "kernel": pa.Column(pl.Utf8, **_nn),
+        "team": pa.Column(pl.Utf8, pa.Check.isin(["algorithm", "infrastructure", "operations"])),
+        "expected": pa.Column(pl.Utf8, **_nn),
+        "mode": pa.Column(pl.Utf8, pa.Check.isin(["rank", "link"]), **_nn),  # hang only
+    },
+    strict=False,
 )

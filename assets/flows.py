@@ -1,0 +1,47 @@
+"""LLMPrism over one time window of flows (flow_windows partitions): jobs, job_clusters, comm_pairs,
+step_timelines, flow_background and the flow verdicts, plus a Perfetto trace per job."""
+from dagster import AllPartitionMapping, AssetDep, AssetExecutionContext, MetadataValue, multi_asset
+
+from fleetscope.assets._tables import analysis_specs, materialize_analysis
+from fleetscope.assets.partitions import flow_windows
+from fleetscope.flows import FlowConfig, analyze_window
+from fleetscope.ingest.topology import latest_topology
+from fleetscope.resources import AnalysisSettings, WarehouseResource
+from fleetscope.windows import parse_window_id
+
+TABLES = {
+    "jobs": "Training jobs recognized from flows alone (union-find over communicating NICs, same-host-set merge).",
+    "job_clusters": "Which GPU address (ip) and host belongs to which job, per window.",
+    "comm_pairs": "DP / PP / other label of every communicating GPU pair, with the evidence (LLMPrism Algorithm 2).",
+    "step_timelines": "Reconstructed step boundaries per GPU address (step ends where its DP traffic ends).",
+    "flow_background": "Traffic that is not a job's (outside the topology or aperiodic): evidence, not dropped.",
+}
+_ALL = AllPartitionMapping()
+
+
+def read_window_inputs(wh, window_key: str, margin_s: int):
+    start, end = parse_window_id(window_key)
+    flows = wh.read("flows", where=f"start_ns >= {start - margin_s * 1_000_000_000} AND start_ns < {end}")
+    topo = latest_topology(wh.read("topology"))
+    return flows, topo, start, end
+
+
+@multi_asset(specs=analysis_specs(TABLES, "flows_verdicts", "Flow-based verdicts: slow steps, slow DP groups, degraded "
+                                  "switches and NICs (k-sigma, robust).", partitions_def=flow_windows, group="flows", eager=False,
+                                  deps=[AssetDep("flows", partition_mapping=_ALL), AssetDep("topology", partition_mapping=_ALL)]),
+             can_subset=False)
+def flows_window(context: AssetExecutionContext, warehouse: WarehouseResource, settings: AnalysisSettings):
+    wh = warehouse.get()
+    key = context.partition_key
+    flows, topo, start, end = read_window_inputs(wh, key, settings.window_margin_seconds)
+    context.log.info(f"window {key}: {flows.height} flows (with a {settings.window_margin_seconds} s margin), {topo.height} topology rows")
+    seconds: dict = {}
+    result = analyze_window(flows, topo, start, end, config=FlowConfig(k_sigma=settings.k_sigma), window_id=key,
+                            timings=seconds, export_timelines=True)
+    jobs = result.table("jobs")
+    extra = {"jobs": {"jobs": MetadataValue.json(jobs.select("job_id", "n_gpus", "n_hosts").to_dicts())} if jobs.height else {},
+             "step_timelines": {f"seconds/{k}": MetadataValue.float(round(v, 3)) for k, v in seconds.items()}}
+    yield from materialize_analysis(wh, key, result, TABLES, "flows_verdicts", "flows", extra=extra, artifacts_on="step_timelines")
+
+
+ASSETS = [flows_window]

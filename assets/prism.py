@@ -1,0 +1,36 @@
+"""PRISM over a capture's op-level timings: variability models, hw correlation, step-time
+forecasts (baseline, no_stragglers and the what-if scenarios), CDF plots and verdicts."""
+from dagster import AssetExecutionContext, multi_asset
+
+from fleetscope.assets._capture import capture_hw, capture_info
+from fleetscope.assets._tables import analysis_specs, materialize_analysis
+from fleetscope.assets.partitions import captures
+from fleetscope.prism import analyze_capture
+from fleetscope.resources import WarehouseResource
+
+TABLES = {
+    "variability_models": "Per operation: latency distributions across ranks (spatial) and iterations (temporal), the fitted "
+                          "family with goodness of fit, quantiles.",
+    "variability_hw_correlation": "Correlation of op latencies with SM clock / power / throttling samples.",
+    "step_forecasts": "Predicted step-time distributions: baseline (vs measured, KS), no_stragglers (ideal), slow-node "
+                      "placement, scale-out; CDF plots.",
+    "step_forecast_details": "The scenario sweeps behind the forecasts (placement, sync group size, kernel sensitivity, "
+                             "attribution).",
+}
+
+
+@multi_asset(specs=analysis_specs(TABLES, "prism_verdicts", "Jobs measurably slower than their no_stragglers forecast, "
+                                  "attributed to op type, stage and rank.", partitions_def=captures, group="prism",
+                                  deps=["timings", "hw", "captures"]),
+             can_subset=False)
+def prism_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
+    wh = warehouse.get()
+    key = context.partition_key
+    info = capture_info(wh, key)
+    t = wh.read("timings", partitions=[key])
+    result = analyze_capture(t, hw=capture_hw(wh, t, "start_ns", "end_ns"), capture_id=key, layout=info["layout"],
+                             job_id=info["job_id"])
+    yield from materialize_analysis(wh, key, result, TABLES, "prism_verdicts", "prism", capture_id=key, artifacts_on="step_forecasts")
+
+
+ASSETS = [prism_capture]

@@ -1,0 +1,48 @@
+"""XPUTimer over a capture's timings: throughput, kernel FLOPS, bus bandwidth, issue latency, void
+percentages, stage metrics, degradation (PerfTracker 4.1) and their verdicts."""
+import polars as pl
+from dagster import AssetExecutionContext, multi_asset
+
+from fleetscope.assets._capture import capture_info
+from fleetscope.assets._tables import analysis_specs, materialize_analysis
+from fleetscope.assets.partitions import captures
+from fleetscope.resources import WarehouseResource
+from fleetscope.xputimer import analyze_capture
+
+TABLES = {
+    "xputimer_step_throughput": "Samples (or steps) per second per rank and step.",
+    "xputimer_job_throughput": "Throughput of the whole capture.",
+    "xputimer_kernel_flops": "Achieved FLOP/s per compute kernel shape and rank, against the other ranks and shape expectations.",
+    "xputimer_comm_instances": "Each collective instance across ranks: its effective start (last rank in), duration, bus bandwidth.",
+    "xputimer_comm_bandwidth": "Bus bandwidth per process group, collective and message size.",
+    "xputimer_issue_latency": "Kernel issue latency (GPU start minus CPU launch) samples.",
+    "xputimer_issue_latency_summary": "Issue-latency distribution per capture, against the job's own history (KS).",
+    "xputimer_void": "Void percentages: V_inter (between steps) and V_minority (untraced kernels).",
+    "xputimer_stage_metrics": "Compute and communication per step per rank and pipeline stage.",
+    "xputimer_iterations": "Iterations found from the repeating API sequence (PerfTracker 4.1).",
+    "xputimer_degradations": "Iterations slower than the recent shortest by more than 5 %, or a blocked job.",
+}
+
+
+def job_history(wh, key: str, job_id: str) -> pl.DataFrame | None:
+    """Timings of the same job's earlier captures: the job's own baseline."""
+    caps = wh.read("captures", where=f"job_id = '{job_id}' AND capture_id <> '{key}'")["capture_id"].to_list()
+    if not caps:
+        return None
+    h = wh.read("timings", partitions=caps)
+    return h if h.height else None
+
+
+@multi_asset(specs=analysis_specs(TABLES, "xputimer_verdicts", "XPUTimer verdicts (slow GPUs, misaligned shapes, slow "
+                                  "collectives, issue stalls from GC or synchronization, void time, stage imbalance, "
+                                  "degradation) routed to a team.", partitions_def=captures, group="xputimer", deps=["timings"]),
+             can_subset=False)
+def xputimer_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
+    wh = warehouse.get()
+    key = context.partition_key
+    job = capture_info(wh, key)["job_id"]
+    result = analyze_capture(wh.read("timings", partitions=[key]), history=job_history(wh, key, job), job_id=job)
+    yield from materialize_analysis(wh, key, result, TABLES, "xputimer_verdicts", "xputimer", capture_id=key)
+
+
+ASSETS = [xputimer_capture]
