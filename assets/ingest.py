@@ -10,7 +10,7 @@ from fleetscope.assets._tables import preview, table_schema_metadata
 from fleetscope.assets.partitions import captures, flow_files, flow_windows, hw_files, incidents, topology_files
 from fleetscope.ingest import partitions as ing
 from fleetscope.schemas.landing import CAPTURES, FLOWS, HW, INCIDENTS, RING, STACKS, TIMINGS, TOPOLOGY
-from fleetscope.traces.schemas import TRACE_EVENTS
+from fleetscope.schemas.landing import TRACE_EVENTS
 from fleetscope.windows import windows_touched
 from fleetscope.resources import AnalysisSettings, LandingResource, WarehouseResource
 
@@ -43,7 +43,7 @@ def _log(context: AssetExecutionContext, s: ing.IngestSummary) -> None:
 
 
 @asset(partitions_def=topology_files, group_name="ingest", kinds={"duckdb", "parquet"},
-       description="Cluster topology snapshots (CONTRACT 1.1), one partition per landed file.")
+       description="Cluster topology snapshots (docs/CONTRACT.md 1.1), one partition per landed file.")
 def topology(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
     s = ing.ingest_file(warehouse.get(), landing.root, "topology", context.partition_key)
     _log(context, s)
@@ -51,7 +51,7 @@ def topology(context: AssetExecutionContext, warehouse: WarehouseResource, landi
 
 
 @asset(partitions_def=flow_files, group_name="ingest", kinds={"duckdb", "parquet"},
-       description="Switch-mirrored flow records (CONTRACT 1.2), normalized; registers the time windows it touches.")
+       description="Switch-mirrored flow records (docs/CONTRACT.md 1.2), normalized; registers the time windows it touches.")
 def flows(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource,
           settings: AnalysisSettings) -> MaterializeResult:
     s = ing.ingest_file(warehouse.get(), landing.root, "flows", context.partition_key)
@@ -68,7 +68,7 @@ def flows(context: AssetExecutionContext, warehouse: WarehouseResource, landing:
 
 
 @asset(partitions_def=hw_files, group_name="ingest", kinds={"duckdb", "parquet"},
-       description="GPU hardware samples (CONTRACT 1.5), one partition per landed file.")
+       description="GPU hardware samples (docs/CONTRACT.md 1.5), one partition per landed file.")
 def hw(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
     s = ing.ingest_file(warehouse.get(), landing.root, "hw", context.partition_key)
     _log(context, s)
@@ -76,7 +76,7 @@ def hw(context: AssetExecutionContext, warehouse: WarehouseResource, landing: La
 
 
 @asset(partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
-       description="Lightweight tracer timings and StragglerAnalysis per-op traces of a capture (CONTRACT 1.4).")
+       description="Lightweight tracer timings and StragglerAnalysis per-op traces of a capture (docs/CONTRACT.md 1.4).")
 def timings(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
     wh = warehouse.get()
     s = ing.ingest_timings_capture(wh, landing.root, context.partition_key)

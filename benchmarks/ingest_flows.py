@@ -8,12 +8,10 @@ registration (hashing) + read/normalize/validate/write of every flow file, in on
 import argparse
 import resource
 import shutil
-import sys
 import time
 from pathlib import Path
 
 
-import polars as pl  # noqa: E402
 
 from fleetscope.ingest.partitions import ingest_file  # noqa: E402
 from fleetscope.registry import register_landing  # noqa: E402

@@ -4,7 +4,6 @@ every file registered, what was rejected and why.
     .venv/bin/python -m benchmarks.ingest_real [--workdir /tmp/fleetscope-real]"""
 import argparse
 import shutil
-import sys
 import time
 from pathlib import Path
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from fleetscope.ingest.hw import read_hw  # noqa: E402
 from fleetscope.ingest.timings import read_capture_layout, read_timings  # noqa: E402
 from fleetscope.perftracker.analyze import diagnose_op_capture, diagnose_trace_capture  # noqa: E402
-from fleetscope.traces.parse import read_capture  # noqa: E402
+from fleetscope.ingest.traces import read_capture  # noqa: E402
 
 SCENARIOS = ["healthy", "throttled_racks", "nvlink_down", "slow_dataloader", "cpu_bound_forward", "gc_stall", "slow_stage_worker"]
 REAL = ROOT / ".." / "shared" / "data" / "real" / "straggler_analysis"

@@ -8,9 +8,7 @@ even steps it never saw).
 """
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import polars as pl

@@ -7,8 +7,6 @@ and the per-stage attribution of both.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 

@@ -6,9 +6,7 @@ StragglerAnalysis trace. numpy only. Target: at most 10 s.
 """
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 

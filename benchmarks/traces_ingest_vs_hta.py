@@ -36,7 +36,7 @@ def cpu():
 """
 
 OURS = COMMON + r"""
-from fleetscope.traces.parse import read_trace
+from fleetscope.ingest.traces import read_trace
 read_trace({warm!r}, "warm")
 base = rss_kb()
 t, c = time.perf_counter(), cpu()

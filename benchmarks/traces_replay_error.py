@@ -10,7 +10,6 @@ Target: mean <= 2 % on every real GPU trace.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import polars as pl
 
 REPO = Path(__file__).resolve().parents[1]
 from fleetscope.traces.graph import build_graph  # noqa: E402
-from fleetscope.traces.parse import read_capture, read_trace  # noqa: E402
+from fleetscope.ingest.traces import read_capture, read_trace  # noqa: E402
 from fleetscope.traces.replay import replay  # noqa: E402
 
 REAL = REPO / ".." / "shared" / "data" / "real" / "hta"

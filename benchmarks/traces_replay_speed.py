@@ -9,9 +9,7 @@ kernels form collectives across ranks.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import polars as pl

@@ -6,7 +6,6 @@ the simulator's job scenarios (verdicts and teams against the ground truth).
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path

@@ -16,10 +16,8 @@ import json
 import os
 import socket
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
 
 
@@ -145,7 +143,6 @@ def main(argv=None):
     c_on = statistics.median(d for t_, d in cost if t_)
     c_off = statistics.median(d for t_, d in cost if not t_)
     per_step = statistics.mean(r["bytes"] / r["traced_steps"] for r in res)
-    rows_step = statistics.mean(r["rows"] / r["traced_steps"] for r in res)
     print(f"model: {a.layers}x Linear({a.hidden}) batch {a.batch}, {a.world} ranks gloo, {a.blocks} on + {a.blocks} off "
           f"blocks x {a.block_steps} steps, interleaved ABBA")
     print(f"median step off {m_off * 1e3:.2f} ms, on {m_on * 1e3:.2f} ms -> overhead {overhead * 100:+.2f} % (target <= 1 %)")

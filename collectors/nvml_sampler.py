@@ -1,4 +1,4 @@
-"""NVML hardware sampler (CONTRACT 1.5) into landing/hw/<host>-<start>-<n>.parquet.
+"""NVML hardware sampler (docs/CONTRACT.md 1.5) into landing/hw/<host>-<start>-<n>.parquet.
 
     python -m fleetscope.collectors.nvml_sampler --landing /shared/landing [--rate-hz 10] [--flush-s 60] [--duration-s 0]
 

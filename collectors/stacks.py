@@ -1,4 +1,4 @@
-"""Stack dumps of every rank during a hang, into landing/stacks/<incident>/rank<R>.txt (CONTRACT 1.6).
+"""Stack dumps of every rank during a hang, into landing/stacks/<incident>/rank<R>.txt (docs/CONTRACT.md 1.6).
 
 In the job (started by fleetscope.collectors.tracer.start, or `fleetscope.collectors.stacks.install(landing, rank)`):
 a daemon thread polls `landing/requests/<job_id>.stacks.json` = {"incident": "inc-7"} and, for each

@@ -8,7 +8,7 @@ torch.save) and key kernels (F.linear / matmul family with FLOPs from shapes; to
 collectives with bytes, group and group size; send/recv). On GPU, kernels are timed with CUDA
 events that a background thread polls (the training thread never waits); on CPU, with the wall
 clock around the call. Rows are buffered (bounded) and flushed to
-landing/timings/<capture>/rank<R>-<n>.parquet (CONTRACT 1.4) by the background thread.
+landing/timings/<capture>/rank<R>-<n>.parquet (docs/CONTRACT.md 1.4) by the background thread.
 
 Also starts the on-demand profiler watcher (fleetscope.collectors.profiler_capture) and the stack-dump
 watcher (fleetscope.collectors.stacks) unless told not to. Extra Python APIs to time:

@@ -1,4 +1,4 @@
-"""fleetscope command line (CONTRACT section 3): run, demo, simulate, sql, ui."""
+"""fleetscope command line (docs/CONTRACT.md section 3): run, demo, simulate, sql, ui."""
 from __future__ import annotations
 
 import argparse
@@ -67,7 +67,7 @@ def _summary(warehouse: Path, report, seconds: float) -> int:
 def cmd_run(args) -> int:
     landing, warehouse = _defaults(args)
     if not landing.is_dir():
-        _die(f"landing folder {landing} does not exist (set --landing or FLEETSCOPE_LANDING); see CONTRACT section 1 for its layout")
+        _die(f"landing folder {landing} does not exist (set --landing or FLEETSCOPE_LANDING); see docs/CONTRACT.md section 1 for its layout")
     if warehouse.exists():
         import duckdb
         try:

@@ -1,4 +1,4 @@
-"""The landing zone (CONTRACT section 1): find what landed, identify it by content, group it into
+"""The landing zone (docs/CONTRACT.md section 1): find what landed, identify it by content, group it into
 partitions, and tell new from already-seen, duplicate and still-being-written.
 
 Partition kinds:
@@ -75,16 +75,6 @@ class Partition:
     key: str
     files: list[LandedFile] = field(default_factory=list)
     duplicate_of: str | None = None   # file kinds: an already registered partition with this content
-
-    @property
-    def fingerprint(self) -> str:
-        """Content identity: the file hash, or for a folder the hash of its files' hashes."""
-        if len(self.files) == 1 and self.kind in FILE_KINDS:
-            return self.files[0].sha256
-        h = hashlib.sha256()
-        for f in sorted(self.files, key=lambda f: f.rel):
-            h.update(f"{f.rel}\0{f.sha256}\n".encode())
-        return h.hexdigest()
 
 
 @dataclass

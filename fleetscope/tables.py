@@ -25,7 +25,7 @@ TABLES: dict[str, pa.DataFrameSchema] = {
     "incidents": landing.INCIDENTS,
     "rejected_records": landing.REJECTED,
     "landed_files": landing.LANDED,
-    "trace_events": traces.TRACE_EVENTS,
+    "trace_events": landing.TRACE_EVENTS,
     # flows (LLMPrism)
     "jobs": flows.JOBS,
     "job_clusters": flows.JOB_CLUSTERS,

@@ -1,4 +1,4 @@
-"""The one verdict table every detector writes (CONTRACT section 2, anomaly_verdicts).
+"""The one verdict table every detector writes (docs/CONTRACT.md section 2, anomaly_verdicts).
 
 Detectors build rows with `make_verdicts`; ids are a stable hash of what identifies the finding,
 so the same input always gives the same verdict ids (reruns replace, never duplicate)."""

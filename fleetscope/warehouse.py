@@ -29,7 +29,6 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from fleetscope.schemas.base import empty_frame
-from fleetscope.tables import TABLES
 
 log = logging.getLogger(__name__)
 EMPTY = "_empty"
@@ -49,6 +48,13 @@ class WarehouseLocked(RuntimeError):
     pass
 
 
+def _registry() -> dict:
+    # the table list names every analysis' schemas; imported when needed so that the warehouse
+    # (storage) does not depend on the analyses at import time
+    from fleetscope.tables import TABLES
+    return TABLES
+
+
 class Warehouse:
     def __init__(self, path: str | Path):
         self.path = Path(path).resolve()
@@ -66,7 +72,7 @@ class Warehouse:
         if target.exists():
             return
         if df is None:
-            df = empty_frame(TABLES[table])
+            df = empty_frame(_registry()[table])
         self._atomic_write(df.clear(), target)
 
     def write_partition(self, table: str, key: str, df: pl.DataFrame) -> Path:
@@ -79,15 +85,6 @@ class Warehouse:
     def delete_partition(self, table: str, key: str) -> None:
         p = self.table_dir(table) / f"{partition_filename(key)}.parquet"
         p.unlink(missing_ok=True)
-
-    def delete_partitions(self, table: str, prefix: str) -> int:
-        """Remove every partition whose file name starts with prefix (a detector's old verdicts)."""
-        n = 0
-        for p in self.table_dir(table).glob(f"{partition_filename(prefix)}*.parquet"):
-            if p.stem != EMPTY:
-                p.unlink(missing_ok=True)
-                n += 1
-        return n
 
     @staticmethod
     def _atomic_write(df: pl.DataFrame, target: Path) -> None:
@@ -146,7 +143,8 @@ class Warehouse:
         raise AssertionError("unreachable")
 
     def _empty(self, table: str) -> pl.DataFrame:
-        return empty_frame(TABLES[table]) if table in TABLES else pl.DataFrame()
+        tables = _registry()
+        return empty_frame(tables[table]) if table in tables else pl.DataFrame()
 
     def row_counts(self) -> dict[str, int]:
         out = {}
@@ -181,7 +179,7 @@ class Warehouse:
     def init(self) -> None:
         """Create every registered table's placeholder and publish the views."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        for t in TABLES:
+        for t in _registry():
             self.ensure_table(t)
         self.publish_views()
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # README command 2: set everything up (including torch for the collectors and the Debian packages
-# the browser and real-traffic tests use), then run the whole test suite.
+# the browser and real-traffic tests use), lint with ruff, then run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --with-collectors --with-system
+.venv/bin/ruff check .
 exec .venv/bin/python -m pytest -q -rs "$@"

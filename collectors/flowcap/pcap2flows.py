@@ -14,7 +14,6 @@ import argparse
 import struct
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 
 _MAGIC = {0xA1B2C3D4: ("<", 1000), 0xD4C3B2A1: (">", 1000), 0xA1B23C4D: ("<", 1), 0x4D3CB2A1: (">", 1)}
@@ -79,7 +78,7 @@ def read_pcap(path: str | Path) -> pl.DataFrame:
 
 def packets_to_flows(packets: pl.DataFrame, idle_gap_ns: int = 1_000_000, switch: str | None = None) -> pl.DataFrame:
     """Data packets -> one flow record per burst of a 5-tuple (a new burst after idle_gap_ns of
-    silence). Columns per CONTRACT 1.2: start_ns, end_ns, duration_ns, src_ip, dst_ip, bytes,
+    silence). Columns per docs/CONTRACT.md 1.2: start_ns, end_ns, duration_ns, src_ip, dst_ip, bytes,
     packets, src_port, dst_port, path."""
     key = ["src_ip", "dst_ip", "proto", "src_port", "dst_port"]
     p = packets.filter(pl.col("payload") > 0).sort([*key, "ts_ns"])
@@ -97,7 +96,7 @@ def write_flows(flows: pl.DataFrame, out: str | Path) -> Path:
     out = Path(out)
     if out.suffix == ".parquet":
         flows.write_parquet(out)
-    else:  # csv: path joined by '>' as CONTRACT 1.2 allows
+    else:  # csv: path joined by '>' as docs/CONTRACT.md 1.2 allows
         flows.with_columns(path=pl.col("path").list.join(">")).write_csv(out)
     return out
 

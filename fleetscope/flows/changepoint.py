@@ -68,7 +68,6 @@ def split_steps(group: np.ndarray, gaps: np.ndarray, params: SplitParams = Split
     first[1:] = group[1:] != group[:-1]
     starts = np.flatnonzero(first)
     lengths = np.diff(np.append(starts, n))
-    pos = np.arange(n) - np.repeat(starts, lengths)
     # a flow that starts before the earlier ones ended (parallel channels, concurrent buckets)
     # is inside a burst: no information about step boundaries, never a change point
     valid = ~first & (np.nan_to_num(gaps, nan=0.0) > params.min_gap_ns)

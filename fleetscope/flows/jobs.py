@@ -65,10 +65,6 @@ def pair_summary(seg_flows: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
     return out.with_columns(periodic=pl.col("n_recurring") >= cfg.min_pair_flows).sort("ip_a", "ip_b")
 
 
-def pair_step_ends(seg_flows: pl.DataFrame) -> pl.DataFrame:
-    return seg_flows.group_by("ip_a", "ip_b", "seg").agg(end=pl.col("end_ns").max())
-
-
 def job_id_for(ips: list[str]) -> str:
     return "job-" + hashlib.sha1(",".join(sorted(ips)).encode()).hexdigest()[:12]
 

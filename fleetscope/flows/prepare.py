@@ -11,7 +11,7 @@ TOPO_REQUIRED = ["ip", "host"]
 
 
 def check_flows(flows: pl.DataFrame) -> pl.DataFrame:
-    """Normalized flows (CONTRACT 1.2) -> start_ns, end_ns, src_ip, dst_ip, bytes, src_port,
+    """Normalized flows (docs/CONTRACT.md 1.2) -> start_ns, end_ns, src_ip, dst_ip, bytes, src_port,
     dst_port, src_qp, dst_qp, path. Raises ValueError naming the problem for missing columns or
     rows that break the contract (the ingestion quarantines those; here they mean a caller bug)."""
     missing = [c for c in FLOW_REQUIRED if c not in flows.columns]
@@ -40,7 +40,7 @@ def check_flows(flows: pl.DataFrame) -> pl.DataFrame:
     ).row(0, named=True)
     problems = {k: v for k, v in bad.items() if v}
     if problems:
-        raise ValueError(f"flows break CONTRACT 1.2 (rows per problem): {problems}; ingest them with "
+        raise ValueError(f"flows break docs/CONTRACT.md 1.2 (rows per problem): {problems}; ingest them with "
                          "fleetscope.ingest.flows.read_flows, which quarantines such rows")
     return df
 

@@ -1,4 +1,4 @@
-"""Pandera schemas of the flow-analytics tables (CONTRACT section 2: jobs, job_clusters, comm_pairs,
+"""Pandera schemas of the flow-analytics tables (docs/CONTRACT.md section 2: jobs, job_clusters, comm_pairs,
 step_timelines). Contract columns come first; the rest are additions (evidence, spans)."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Flow records (CONTRACT 1.2): end_ns or duration_ns, path as list or 'a>b>c' string."""
+"""Flow records (docs/CONTRACT.md 1.2): end_ns or duration_ns, path as list or 'a>b>c' string."""
 from __future__ import annotations
 
 from pathlib import Path

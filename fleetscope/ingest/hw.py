@@ -1,4 +1,4 @@
-"""GPU hardware samples (CONTRACT 1.5)."""
+"""GPU hardware samples (docs/CONTRACT.md 1.5)."""
 from __future__ import annotations
 
 from pathlib import Path

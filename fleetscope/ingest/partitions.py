@@ -150,8 +150,8 @@ def capture_record(landing: Path, key: str, n_trace: int, n_timing: int) -> pl.D
 
 
 def ingest_traces_capture(wh: Warehouse, landing: Path, key: str) -> IngestSummary:
-    """Profiler traces of one capture -> trace_events (parsing by fleetscope.traces.parse)."""
-    from fleetscope.traces.parse import TraceError, read_trace
+    """Profiler traces of one capture -> trace_events (parsing by fleetscope.ingest.traces)."""
+    from fleetscope.ingest.traces import TraceError, read_trace
 
     files, rejected = _folder(landing, "traces", key)
     files = [f for f in files if f.path.name.endswith((".json", ".json.gz")) and f.path.name != "capture.json"]
@@ -212,7 +212,7 @@ def ingest_incident(wh: Warehouse, landing: Path, key: str) -> IngestSummary:
         except (ValueError, TypeError) as exc:
             s.files_rejected += 1
             s.rows_in, s.rows_rejected = 1, 1
-            rejected.append(_rejections("incidents", key, rel, file_reason=f"incident request not usable: {exc}; see CONTRACT 1.7", sha=sha))
+            rejected.append(_rejections("incidents", key, rel, file_reason=f"incident request not usable: {exc}; see docs/CONTRACT.md 1.7", sha=sha))
     files, dup_rej = _folder(landing, "stacks", key)
     rejected += dup_rej
     stack_rows, ring_rows = [], []

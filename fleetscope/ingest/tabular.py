@@ -182,7 +182,7 @@ def ingest_table(
     cols = set(frame.columns) - {ROW}
     missing = [c for c in required if c not in cols]
     if missing:
-        raise IngestError(f"missing required column(s) {missing}; found {sorted(cols)}. Rename or add them (see CONTRACT section 1)")
+        raise IngestError(f"missing required column(s) {missing}; found {sorted(cols)}. Rename or add them (see docs/CONTRACT.md section 1)")
     known = set(schema.columns) | {"end_ns", "duration_ns"}
     extra = sorted(cols - known)
     if extra:

@@ -1,4 +1,4 @@
-"""Lightweight tracer timings (CONTRACT 1.4), and ByteDance StragglerAnalysis per-op traces
+"""Lightweight tracer timings (docs/CONTRACT.md 1.4), and ByteDance StragglerAnalysis per-op traces
 (trace-*.parquet + meta-*.yaml, times in seconds) normalized into the same table."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Topology snapshots (CONTRACT 1.1)."""
+"""Topology snapshots (docs/CONTRACT.md 1.1)."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -181,7 +181,6 @@ def _call_stacks(cpu: pl.DataFrame) -> pl.DataFrame:
     pos = np.arange(n)
     # per thread: depth_i = (events before i on the thread) - (events on the thread ending at or
     # before s_i); with positive durations every such event precedes i in the sort order
-    tstart = np.searchsorted(thread, thread, side="left")
     depth = np.empty(n, np.int64)
     for t in np.unique(thread):  # few threads per capture
         lo, hi = np.searchsorted(thread, [t, t + 1])
@@ -312,7 +311,7 @@ def critical_path(events: pl.DataFrame, window: tuple[int, int] | None = None) -
 
 
 def op_category(name: pl.Expr, kind: pl.Expr) -> pl.Expr:
-    """Category of a timings row (CONTRACT 1.4): kernels by name (nccl:* collectives, memcpy /
+    """Category of a timings row (docs/CONTRACT.md 1.4): kernels by name (nccl:* collectives, memcpy /
     memset memory, else compute); api calls are CPU functions; framework ops by Megatron-style
     names (*-compute and optimizer are compute; send/recv/all-reduce/all-gather/reduce-scatter
     are communication; clip-main-grad is dominated by the grad-norm all-reduce across the
@@ -330,7 +329,7 @@ def op_category(name: pl.Expr, kind: pl.Expr) -> pl.Expr:
 
 
 def classify_timings(timings: pl.DataFrame) -> pl.DataFrame:
-    """Normalized timings (CONTRACT 1.4, e.g. StragglerAnalysis op traces) -> classified events
+    """Normalized timings (docs/CONTRACT.md 1.4, e.g. StragglerAnalysis op traces) -> classified events
     for critical_pieces: ops (and kernels / api calls) are the functions, by name."""
     _check_columns(timings, ["rank", "kind", "name", "start_ns", "end_ns"], "timings")
     t = timings.filter(pl.col("end_ns") > pl.col("start_ns"))

@@ -81,12 +81,6 @@ class LocalizeError(ValueError):
 # distances (numpy)
 
 
-def expectation_distance(x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Per-dimension distance outside [lo, hi] (x: n x 3, NaN = unknown -> 0)."""
-    d = np.maximum(np.maximum(lo - x, x - hi), 0.0)
-    return np.where(np.isnan(d), 0.0, d)
-
-
 def differential_counts(xn, group_bounds: np.ndarray, theta: float, sample_size: int, seed: int,
                         chunk: int = 1 << 15) -> tuple[np.ndarray, np.ndarray]:
     """d_diff for rows sorted by group (group g = rows group_bounds[g]:group_bounds[g+1]) of

@@ -87,7 +87,7 @@ def _trace_utilization(pieces: pl.DataFrame, cfg: PatternConfig) -> pl.DataFrame
 
 
 def hw_utilization(hw: pl.DataFrame, cfg: PatternConfig = PatternConfig()) -> pl.DataFrame:
-    """hw samples (CONTRACT 1.5) -> (host, gpu, ts_ns, sm, memory, nvlink, pcie, nic, cpu), each
+    """hw samples (docs/CONTRACT.md 1.5) -> (host, gpu, ts_ns, sm, memory, nvlink, pcie, nic, cpu), each
     a utilization in [0, 1] or null. SM utilization is util_gpu_pct scaled by the clock ratio
     sm_clock/sm_clock_max: a throttled GPU stays 100 % busy at a lower clock, so busy-ness
     alone would hide it. Link utilization is (tx + rx) over the peak (configured, or the

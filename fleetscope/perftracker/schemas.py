@@ -14,7 +14,7 @@ _unit = pa.Check.in_range(0.0, 1.0)
 
 BEHAVIOR_PATTERNS = pa.DataFrameSchema(
     {
-        # CONTRACT columns
+        # docs/CONTRACT.mdcolumns
         "capture_id": pa.Column(pl.Utf8),
         "rank": pa.Column(pl.Int32),
         "function": pa.Column(pl.Utf8),  # kernel / op name, or the full call stack of a CPU function

@@ -1,4 +1,4 @@
-"""Step-time forecasts (CONTRACT step_forecasts) and the PRISM what-if scenarios, per capture.
+"""Step-time forecasts (docs/CONTRACT.mdstep_forecasts) and the PRISM what-if scenarios, per capture.
 
 The Monte Carlo model of a capture (`StepModel`) samples every op slot of the step structure
 (fleetscope.prism.structure) as

@@ -211,21 +211,6 @@ def temporal_ratios(g: JobGraph) -> tuple[np.ndarray, np.ndarray]:
     return typ, ratio
 
 
-def op_temporal_models(g: JobGraph) -> dict[str, Dist]:
-    """Selected temporal (ratio) model per slot name: what the Monte Carlo samples from."""
-    typ, ratio = temporal_ratios(g)
-    names = g.slot_names()
-    out = {}
-    for nm in np.unique(names):
-        sel = (names == nm) & scaled_slots(g, typ)
-        if not sel.any():
-            out[nm] = Dist("constant", {"value": 1.0})
-            continue
-        fits = fit_families(ratio[sel].ravel())
-        out[nm] = fits[select(fits)][0]
-    return out
-
-
 VARIABILITY_COLUMNS = {
     "capture_id": pl.Utf8, "op_name": pl.Utf8, "dimension": pl.Utf8, "unit": pl.Utf8, "family": pl.Utf8,
     "selected": pl.Boolean, "n": pl.Int64, "mean": pl.Float64, "std": pl.Float64, "cv": pl.Float64,

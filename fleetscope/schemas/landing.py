@@ -1,4 +1,4 @@
-"""Schemas of the ingested landing tables (CONTRACT section 1), normalized."""
+"""Schemas of the ingested landing tables (docs/CONTRACT.md section 1), normalized."""
 import pandera.polars as pa
 import polars as pl
 
@@ -146,3 +146,51 @@ LANDED = pa.DataFrameSchema({
     "duplicate_of": pa.Column(pl.Utf8, nullable=True),
     "registered_ns": pa.Column(pl.Int64),
 })
+
+
+def _c(dtype, nullable=False, *checks):
+    return pa.Column(dtype, list(checks) or None, nullable=nullable)
+
+
+# profiler event categories, normalized by fleetscope.ingest.traces
+TRACE_CATEGORIES = ["cpu_op", "python_function", "user_annotation", "gpu_user_annotation", "cuda_runtime", "cuda_driver",
+                    "kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "other"]
+
+
+# docs/CONTRACT.md 2.1 "trace_events"; the columns after pg_name are fleetscope.traces
+# additions (nullable) that the execution graph needs.
+TRACE_EVENTS = pa.DataFrameSchema(
+    {
+        "capture_id": _c(pl.Utf8),
+        "rank": _c(pl.Int32, False, pa.Check.ge(0)),
+        "source_file": _c(pl.Utf8),
+        "event_id": _c(pl.Int64, False, pa.Check.ge(0)),
+        "cat": _c(pl.Utf8, False, pa.Check.isin(TRACE_CATEGORIES)),
+        "name": _c(pl.Utf8),
+        "pid": _c(pl.Utf8, True),
+        "tid": _c(pl.Utf8, True),
+        "ts_ns": _c(pl.Int64),
+        "dur_ns": _c(pl.Int64, False, pa.Check.ge(0)),
+        "end_ns": _c(pl.Int64),
+        "device": _c(pl.Int32, True),
+        "stream": _c(pl.Int64, True),
+        "correlation": _c(pl.Int64, True),
+        "external_id": _c(pl.Int64, True),
+        "is_comm": _c(pl.Boolean),
+        "collective": _c(pl.Utf8, True),
+        "msg_bytes": _c(pl.Int64, True),
+        "group_size": _c(pl.Int32, True),
+        "group_ranks": _c(pl.Utf8, True),
+        "pg_name": _c(pl.Utf8, True),
+        # additions
+        "ph": _c(pl.Utf8, True),  # X (complete) or i (instant)
+        "sequence_number": _c(pl.Int64, True),  # autograd sequence number (fwd op <-> bwd op)
+        "fwd_thread_id": _c(pl.Int64, True),
+        "sync_kind": _c(pl.Utf8, True),  # cuda_sync: Stream Sync, Event Sync, Context Sync, Wait Event
+        "wait_on_stream": _c(pl.Int64, True),
+        "wait_on_event_corr": _c(pl.Int64, True),  # correlation of the cudaEventRecord waited on
+        "out_msg_bytes": _c(pl.Int64, True),
+        "dtype": _c(pl.Utf8, True),
+    },
+    strict=False,
+)

@@ -126,7 +126,7 @@ def run_job(job: JobSpec, job_idx: int, fab: Fabric, faults: list[Fault], window
     nominal = job.nominal_step_ns()
     end = W1 if job.stop_ns is None else min(W1, job.stop_ns)
     K = max(1, int(np.ceil((end - job.start_ns) / (0.6 * nominal))) + 2)
-    P, T, D, m = job.pp, job.tp, job.dp, job.n_microbatches
+    P, T, D = job.pp, job.tp, job.dp
     R = job.rank_gpu(*np.meshgrid(np.arange(T), np.arange(D), np.arange(P), indexing="ij"))  # (T, D, P)
     slot_gpus = R.transpose(1, 2, 0)                        # (D, P, T)
     ring_src, ring_dst = dp_rings(job)                      # (P, T, NH)

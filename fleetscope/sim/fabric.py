@@ -74,7 +74,7 @@ class Fabric:
         return ((self.n_groups + 7) // 8) * 4
 
     def topology(self) -> pl.DataFrame:
-        """CONTRACT 1.1 topology rows, one per GPU NIC."""
+        """docs/CONTRACT.md 1.1 topology rows, one per GPU NIC."""
         g = np.arange(self.n_gpus)
         h = g // GPUS_PER_HOST
         hosts = self.host_name

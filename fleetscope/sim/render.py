@@ -1,4 +1,4 @@
-"""Render the modelled execution as switch-mirrored flow records (CONTRACT 1.2), with the noise
+"""Render the modelled execution as switch-mirrored flow records (docs/CONTRACT.md 1.2), with the noise
 real collectors add (DESIGN.md "Realistic traffic"):
 
 - one ERSPAN collector per 8 leaf groups x 2 rails; each writes one file per minute, in its own

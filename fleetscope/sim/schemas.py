@@ -1,5 +1,5 @@
-"""Pandera schemas of the simulator's ground truth (CONTRACT 3) and of the flow records it renders
-(CONTRACT 1.2 columns before the per-collector format split)."""
+"""Pandera schemas of the simulator's ground truth (docs/CONTRACT.md 3) and of the flow records it renders
+(docs/CONTRACT.md 1.2 columns before the per-collector format split)."""
 from __future__ import annotations
 
 import pandera.polars as pa

@@ -1,9 +1,9 @@
 """`simulate`: model a fleet's execution, then render it as a landing folder plus ground truth.
 
-out_dir/landing/topology/topology.csv     CONTRACT 1.1
-out_dir/landing/flows/erspan-cNNN-<minute>.{parquet,csv.gz}   CONTRACT 1.2, one per collector per minute
+out_dir/landing/topology/topology.csv     docs/CONTRACT.md 1.1
+out_dir/landing/flows/erspan-cNNN-<minute>.{parquet,csv.gz}   docs/CONTRACT.md 1.2, one per collector per minute
 out_dir/landing/traces|timings|hw/...      from fleetscope.sim.capture when it is installed
-out_dir/ground_truth/jobs.csv, pairs.csv, steps.csv, faults.csv   CONTRACT 3
+out_dir/ground_truth/jobs.csv, pairs.csv, steps.csv, faults.csv   docs/CONTRACT.md 3
 out_dir/ground_truth/job_layout.csv, background.csv             extra: layouts, out-of-topology ips
 """
 from __future__ import annotations
@@ -190,7 +190,6 @@ def _truth_steps(job_flows: pl.DataFrame, runs, job_ids, fab, window) -> pl.Data
 
 def _truth_pairs(flows: pl.DataFrame, job_ids, fab) -> pl.DataFrame:
     g = flows.group_by("job", "src", "dst", "kind").agg(n=pl.len())
-    ips = pl.Series(fab.ip)
     g = g.with_columns(s=_lookup(fab.ip, g["src"]), d=_lookup(fab.ip, g["dst"]))
     g = g.with_columns(ip_a=pl.min_horizontal("s", "d"), ip_b=pl.max_horizontal("s", "d"))
     out = g.group_by("ip_a", "ip_b", "job", "kind").agg(n_flows=pl.col("n").sum())
@@ -241,7 +240,6 @@ def _affected(f, flows: pl.DataFrame, job_ids, fab) -> str | None:
 
 
 def _validate_rendered(df: pl.DataFrame, fab) -> None:
-    ips = pl.Series(fab.ip)
     view = df.select("start_ns", "duration_ns", src_ip=_lookup(fab.ip, df["src"]),
                      dst_ip=_lookup(fab.ip, df["dst"]), bytes="bytes", packets="packets",
                      src_port="src_port", dst_port="dst_port", src_qp="src_qp", dst_qp="dst_qp", path=pl.lit("x"))

@@ -1,6 +1,6 @@
-"""Lumos (issue 4): profiler trace ingestion, execution graphs, replay and what-if analysis.
+"""Lumos: execution graphs from profiler traces, replay and what-if analysis.
 
-    read_trace / read_capture  -> trace_events            (parse.py)
+    read_trace / read_capture  -> trace_events            (fleetscope.ingest.traces)
     trace_collectives / trace_iterations / trace_syncs    (tables.py)
     build_graph                -> graph_tasks, graph_edges (graph.py)
     replay                     -> replays, replay_sm_util, Chrome trace (replay.py)
@@ -9,7 +9,7 @@
     analyze_capture            -> Analysis: all of the above for one capture (analyze.py)
 """
 from fleetscope.traces.graph import Graph, build_graph  # noqa: F401
-from fleetscope.traces.parse import TraceError, TraceFile, read_capture, read_trace  # noqa: F401
+from fleetscope.ingest.traces import TraceError, TraceFile, read_capture, read_trace  # noqa: F401
 from fleetscope.traces.replay import ReplayResult, export_chrome_trace, replay, simulate_graph  # noqa: F401
 from fleetscope.traces.tables import trace_collectives, trace_iterations, trace_syncs  # noqa: F401
 from fleetscope.traces.whatif import DEFAULT_SCENARIOS, fit_comm_model, predict  # noqa: F401

@@ -271,7 +271,7 @@ def breakdown(kind_comm: np.ndarray, s: np.ndarray, e: np.ndarray, w0: int, w1: 
 @dataclass
 class ReplayResult:
     tasks: pl.DataFrame  # graph tasks + sim_start_ns, sim_end_ns
-    replays: pl.DataFrame  # CONTRACT replays + iteration (+ actual_* breakdown)
+    replays: pl.DataFrame  # docs/CONTRACT.mdreplays + iteration (+ actual_* breakdown)
     sm_util: pl.DataFrame  # replay_sm_util
     order_fallback: bool = False
 

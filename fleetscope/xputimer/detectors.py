@@ -233,26 +233,6 @@ def issue_stall_rows(t: pl.DataFrame, history_t: pl.DataFrame | None, job_id: st
                                    f"{r['ks_vs_history']:.2f}; median {cmed:.3f} vs {hmed:.3f} of a step): {cause}.",
                        evidence=ev))
     return rows, summ
-    h_gc, h_sync = _api_share(history_t, "gc"), _api_per_step(history_t, "cuda.synchronize")
-    for r in summ.filter((pl.col("ks_vs_history") > d_threshold) & (pl.col("p_value") < p_threshold)).iter_rows(named=True):
-        cur = t.filter(pl.col("capture_id") == r["capture_id"]) if "capture_id" in t.columns else t
-        gc_share, n_sync = _api_share(cur, "gc"), _api_per_step(cur, "cuda.synchronize")
-        hmed = float(history_lat["latency_frac"].median())
-        ev = {"ks": r["ks_vs_history"], "p_value": r["p_value"], "p50": r["p50"], "history_p50": hmed,
-              "gc_share": gc_share, "history_gc_share": h_gc, "sync_per_step": n_sync, "history_sync_per_step": h_sync}
-        if gc_share > 0.01 and gc_share > gc_factor * max(h_gc, 1e-4):
-            team, cause = "infrastructure", (f"Python GC stalls the issuing thread (GC takes {gc_share:.1%} of step time vs "
-                                             f"{h_gc:.1%} in healthy runs): manage GC in the framework (gc.freeze, scheduled collections)")
-        else:
-            extra = f"; cuda.synchronize calls per step {n_sync:.1f} vs {h_sync:.1f}" if n_sync > h_sync else ""
-            team, cause = "algorithm", f"unnecessary synchronization in the training step stalls kernel issue{extra} (timers, .item(), prints of device values)"
-        rows.append(_v(scope="job", subject=_job(r["capture_id"], job_id), job_id=_job(r["capture_id"], job_id),
-                       capture_id=r["capture_id"], metric="issue_latency_ks", value=r["ks_vs_history"], baseline=d_threshold,
-                       severity="warning", team=team,
-                       explanation=f"kernel-issue latency distribution differs from this job's healthy history "
-                                   f"(KS {r['ks_vs_history']:.2f}, median {r['p50']:.3f} vs {hmed:.3f} of a step): {cause}.",
-                       evidence=ev))
-    return rows, summ
 
 
 def gc_stall_rows(t: pl.DataFrame, job_id: str | None = None, max_share: float = 0.03) -> list[dict]:

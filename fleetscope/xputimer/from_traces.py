@@ -1,4 +1,4 @@
-"""The XPUTimer metrics over profiler traces: trace_events (fleetscope.traces.parse) -> the same
+"""The XPUTimer metrics over profiler traces: trace_events (fleetscope.ingest.traces) -> the same
 timings frame the tracer writes, where the traces carry the same facts:
 
 - GPU kernels: start/end on the device, issue = the launching CUDA runtime call (same correlation

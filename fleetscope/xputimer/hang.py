@@ -1,4 +1,4 @@
-"""Hang diagnosis (XPUTimer 5.1) over landing/stacks/<incident>/ (CONTRACT 1.6).
+"""Hang diagnosis (XPUTimer 5.1) over landing/stacks/<incident>/ (docs/CONTRACT.md 1.6).
 
 1. Call-stack analysis: each rank's main-thread stack (py-spy dump or faulthandler text) is inside
    a collective or not. Ranks not inside a collective while others wait in one are the culprits
@@ -92,7 +92,7 @@ def stack_ranks(incident_dir: str | Path) -> pl.DataFrame:
     for f in files:
         m = re.match(r"rank(\d+)\.txt$", f.name)
         if not m:
-            raise ValueError(f"{f}: stack dump names must be rank<R>.txt (CONTRACT 1.6)")
+            raise ValueError(f"{f}: stack dump names must be rank<R>.txt (docs/CONTRACT.md 1.6)")
         th = main_thread(parse_stack_dump(f.read_text(errors="replace")))
         frames = th["frames"] if th else []
         coll = collective_frame(frames)

@@ -1,5 +1,5 @@
 """XPUTimer aggregated metrics (section 5.2) over the normalized timings frame
-(fleetscope.ingest.timings.read_timings; CONTRACT 1.4 columns + capture_id), vectorized in polars:
+(fleetscope.ingest.timings.read_timings; docs/CONTRACT.md 1.4 columns + capture_id), vectorized in polars:
 
 - step_throughput / job_throughput: step time and rate per step and per capture (job);
 - kernel_flops: per-kernel, per-shape achieved FLOP/s per rank, with the ratio to the other ranks;
@@ -32,7 +32,7 @@ def prepare(t: pl.DataFrame) -> pl.DataFrame:
     `allreduce`, `send`), capture_id when absent. Rejects a frame without the required columns."""
     missing = {"rank", "kind", "name", "start_ns", "end_ns"} - set(t.columns)
     if missing:
-        raise ValueError(f"timings frame lacks required column(s) {sorted(missing)} (CONTRACT 1.4)")
+        raise ValueError(f"timings frame lacks required column(s) {sorted(missing)} (docs/CONTRACT.md 1.4)")
     t = t.with_columns(
         _col(t, "capture_id", pl.Utf8).fill_null("capture"),
         _col(t, "issue_ns", pl.Int64).fill_null(pl.col("start_ns")).alias("issue_ns"),

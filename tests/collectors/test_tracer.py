@@ -88,7 +88,7 @@ def test_env_traced_python_api(hang_run):
 
 
 def test_profiler_capture_on_request(hang_run):
-    from fleetscope.traces.parse import read_trace
+    from fleetscope.ingest.traces import read_trace
 
     landing, req = hang_run
     folder = landing / "traces" / "hang-prof"

@@ -4,7 +4,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from fleetscope.flows import FlowConfig, analyze_window
+from fleetscope.flows import analyze_window
 from fleetscope.flows.evaluate import comm_type_accuracy, job_sets_exact
 from tests.flows.synth import MS, S, Job, fleet
 

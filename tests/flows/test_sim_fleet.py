@@ -1,7 +1,6 @@
 """End to end on the fleet simulator (fleetscope.sim): landed files -> ingestion -> flow analytics,
 scored against its ground truth, which the analysis never sees."""
 import json
-import sys
 from pathlib import Path
 
 import polars as pl

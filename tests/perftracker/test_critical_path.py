@@ -94,7 +94,7 @@ def test_real_hta_trace_matches_brute_force_priority():
     """At random instants of a real A100 trace, the functions the vectorized sweep puts on the
     critical path are exactly the ones a brute-force scan of all events says: the active events of
     the highest active priority (CPU functions: the innermost active one on the training thread)."""
-    from fleetscope.traces.parse import read_trace
+    from fleetscope.ingest.traces import read_trace
 
     ev = read_trace(REAL / "hta" / "nccl_parser_config__nccl_data.json.gz", "nccl", None).events
     cls = classify_events(ev)

@@ -10,7 +10,7 @@ sim = pytest.importorskip("fleetscope.sim.capture")
 from fleetscope.ingest.hw import read_hw  # noqa: E402
 from fleetscope.ingest.timings import read_capture_layout, read_timings  # noqa: E402
 from fleetscope.perftracker.analyze import diagnose_trace_capture  # noqa: E402
-from fleetscope.traces.parse import read_capture  # noqa: E402
+from fleetscope.ingest.traces import read_capture  # noqa: E402
 
 
 def _diagnose(tmp_path, scenario):

@@ -3,7 +3,6 @@ trace (known problem: the last pipeline stage is too long) and on simulated jobs
 truth the code never sees."""
 import json
 
-import numpy as np
 import polars as pl
 import pytest
 

@@ -65,7 +65,7 @@ def test_kernel_models_from_real_profiler_traces():
     from pathlib import Path
 
     from fleetscope.prism.variability import kernel_variability_models, trace_kernel_executions
-    from fleetscope.traces.parse import read_trace
+    from fleetscope.ingest.traces import read_trace
 
     hta = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "real" / "hta"
     ev = pl.concat([read_trace(hta / "timeline_analysis__sampled_rank-0.json.gz", "hta").events,

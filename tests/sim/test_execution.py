@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from fleetscope.sim.execution import one_f_one_b, one_f_one_b_order
-from fleetscope.sim.fabric import build_fabric
 from fleetscope.sim.jobs import _buckets, dp_rings, make_job
 
 
@@ -53,7 +52,6 @@ def test_1f1b_a_slow_stage_stretches_the_step():
 
 
 def test_dp_rings_are_rail_aligned_and_cover_every_member():
-    fab = build_fabric(64)
     rng = np.random.default_rng(0)
     w = (0, 60_000_000_000)
     for cfg, gph, off in [((2, 2, 4), 4, 0), ((4, 2, 2), 4, 4), ((4, 1, 4), 8, 0), ((8, 2, 3), 8, 0)]:

@@ -30,7 +30,7 @@ def test_healthy_fleet_has_no_faults_and_the_faulty_one_lists_each(healthy256, f
     assert set(f["kind"]) == set(KINDS)
     assert f["fault_id"].n_unique() == f.height
     assert (f["end_ns"] > f["start_ns"]).all()
-    # CONTRACT scopes / subjects: an ip for gpu and link, a switch id, a host name
+    # docs/CONTRACT.mdscopes / subjects: an ip for gpu and link, a switch id, a host name
     topo = pl.read_csv(faulty256.landing / "topology" / "topology.csv")
     for r in f.iter_rows(named=True):
         if r["scope"] in ("gpu", "link"):

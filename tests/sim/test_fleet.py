@@ -1,4 +1,4 @@
-"""The simulated fleet: CONTRACT columns, normalization variety, determinism, ground truth consistent
+"""The simulated fleet: docs/CONTRACT.mdcolumns, normalization variety, determinism, ground truth consistent
 with the rendered flows and with the jobs' parallel layout."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Simulated captures: trace structure like the real HTA traces, timings per CONTRACT 1.4, hw samples,
+"""Simulated captures: trace structure like the real HTA traces, timings per docs/CONTRACT.md 1.4, hw samples,
 each fault changing what it should and nothing else, determinism, bad input."""
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_nccl_args_match_real_trace(healthy):
 
 
 def test_traces_parse_with_the_trace_reader(healthy):
-    parse = pytest.importorskip("fleetscope.traces.parse")
+    parse = pytest.importorskip("fleetscope.ingest.traces")
     land, _, t, job = healthy
     df = parse.read_capture(land / "traces" / "cap", "cap")
     assert sorted(df["rank"].unique().to_list()) == [0, 5, 9]
@@ -179,7 +179,7 @@ def test_deterministic_by_seed(tmp_path):
     job = small_job()
     a = render_capture(tmp_path / "a", "cap", job, [fault("gc_stall", job.job_id, job, scope="job")], 3, trace_ranks=[1])
     b = render_capture(tmp_path / "b", "cap", job, [fault("gc_stall", job.job_id, job, scope="job")], 3, trace_ranks=[1])
-    c = render_capture(tmp_path / "c", "cap", job, [fault("gc_stall", job.job_id, job, scope="job")], 4, trace_ranks=[1])
+    render_capture(tmp_path / "c", "cap", job, [fault("gc_stall", job.job_id, job, scope="job")], 4, trace_ranks=[1])
     assert a == b
     for rel in ("traces/cap/rank1.json.gz", "timings/cap/rank1.parquet"):
         assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes()

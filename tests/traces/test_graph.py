@@ -3,7 +3,7 @@ import pytest
 
 from fleetscope.tables import TABLES
 from fleetscope.traces.graph import build_graph
-from fleetscope.traces.parse import read_trace
+from fleetscope.ingest.traces import read_trace
 from tests.traces.conftest import load_json, real
 
 

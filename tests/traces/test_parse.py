@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 
 from fleetscope.tables import TABLES
-from fleetscope.traces.parse import TraceError, read_capture, read_trace
+from fleetscope.ingest.traces import TraceError, read_capture, read_trace
 from tests.traces.conftest import ALL_TRACES, load_json, real
 
 _CAT = {"cpu_op": "cpu_op", "user_annotation": "user_annotation", "cuda_runtime": "cuda_runtime", "kernel": "kernel",
@@ -137,7 +137,7 @@ def test_bad_files(tmp_path):
 
 
 def test_small_blocks_give_the_same_events(monkeypatch):
-    import fleetscope.traces.parse as P
+    import fleetscope.ingest.traces as P
 
     path = real("nccl_parser_config")
     ref = read_trace(path, "c").events
@@ -182,7 +182,7 @@ def test_derived_tables():
 
 @pytest.mark.parametrize("indent", [None, 1, 4])
 def test_scanner_handles_strings_with_json_syntax_and_layouts(tmp_path, indent, monkeypatch):
-    import fleetscope.traces.parse as P
+    import fleetscope.ingest.traces as P
 
     names = ['void k<{lambda()#1}>(float [4], "q\\\\")', "a}b]c,{", 'esc \\"}{\\" x', "tab\there", "ünïcode ✓"]
     events = [{"ph": "X", "cat": "kernel", "name": n, "pid": 0, "tid": 7, "ts": 1000 + i, "dur": 2,

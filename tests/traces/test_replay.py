@@ -6,7 +6,7 @@ import pytest
 
 from fleetscope.tables import TABLES
 from fleetscope.traces.graph import build_graph
-from fleetscope.traces.parse import read_trace
+from fleetscope.ingest.traces import read_trace
 from fleetscope.traces.replay import breakdown, replay, simulate_graph
 from tests.traces import synth
 from tests.traces.conftest import GPU_TRACES

@@ -3,7 +3,7 @@ import polars as pl
 import pytest
 
 from fleetscope.traces.graph import build_graph
-from fleetscope.traces.parse import read_capture
+from fleetscope.ingest.traces import read_capture
 from fleetscope.traces.replay import replay
 
 capture = pytest.importorskip("fleetscope.sim.capture")

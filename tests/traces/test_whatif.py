@@ -5,7 +5,7 @@ import pytest
 
 from fleetscope.tables import TABLES
 from fleetscope.traces.graph import build_graph
-from fleetscope.traces.parse import read_trace
+from fleetscope.ingest.traces import read_trace
 from fleetscope.traces.whatif import dp_degree, fit_comm_model, iteration_time, predict
 from tests.traces import synth
 

@@ -44,7 +44,7 @@ def render_capture(landing_dir: Path, capture_id: str, job: CaptureJob, faults: 
 
 def render_hw(landing_dir: Path, gpus, faults: list[dict], start_ns: int, end_ns: int, seed: int,
               period_ns: int = 1_000_000_000) -> None:
-    """NVML-style samples (CONTRACT 1.5) for the GPUs (polars frame host, gpu, ip) into landing/hw/."""
+    """NVML-style samples (docs/CONTRACT.md 1.5) for the GPUs (polars frame host, gpu, ip) into landing/hw/."""
     from fleetscope.sim.capture.hw import render_hw as _r
 
     _r(landing_dir, gpus, faults, start_ns, end_ns, seed, period_ns)

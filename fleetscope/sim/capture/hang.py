@@ -1,4 +1,4 @@
-"""Stack dumps of a hung job (CONTRACT 1.6, py-spy dump text) and the incident request (1.7).
+"""Stack dumps of a hung job (docs/CONTRACT.md 1.6, py-spy dump text) and the incident request (1.7).
 
 Two ways a job hangs:
 - mode "rank": one rank is stuck outside the collective (here: in the data loader's socket read, a

@@ -1,4 +1,4 @@
-"""NVML-style GPU samples (CONTRACT 1.5) whose clocks, throttle reasons, utilization and link
+"""NVML-style GPU samples (docs/CONTRACT.md 1.5) whose clocks, throttle reasons, utilization and link
 throughput match the faults: a throttled GPU runs a lower SM clock with the NVML thermal / power
 throttle bits set and lower SM utilization; a GPU whose NVLink is down moves its intra-host traffic
 over PCIe (NVLink zero, PCIe up). Vectorized over (gpu x sample)."""

@@ -103,7 +103,7 @@ class Rec:
     args: dict = field(default_factory=dict)
     step: int = -1
     microbatch: int = -1
-    # timings (CONTRACT 1.4)
+    # timings (docs/CONTRACT.md 1.4)
     tkind: str | None = None     # kernel | api | op
     tname: str | None = None
     flops: float | None = None

@@ -1,4 +1,4 @@
-"""Render a simulated job (model.JobSim records) as PyTorch-profiler traces (CONTRACT 1.3),
+"""Render a simulated job (model.JobSim records) as PyTorch-profiler traces (docs/CONTRACT.md 1.3),
 lightweight-tracer timings (1.4) and ground-truth rows."""
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def write_trace(path: Path, sim: M.JobSim, rank: int, capture_id: str, events: l
 
 # ------------------------------------------------------------------------------------------ timings
 def timings_frame(sim: M.JobSim) -> pl.DataFrame:
-    """All CONTRACT 1.4 rows of the job (every rank), kernels + api + op rows."""
+    """All docs/CONTRACT.md 1.4 rows of the job (every rank), kernels + api + op rows."""
     L = sim.layout
     stage_of, dp_of, tp_of = L.coords()
     cols: dict[str, list] = {k: [] for k in ("rank", "kind", "name", "issue_ns", "start_ns", "end_ns", "stream", "flops", "bytes",

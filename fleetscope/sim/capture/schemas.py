@@ -1,4 +1,4 @@
-"""Schemas of what the capture renderer writes: CONTRACT 1.4 timings files, 1.5 hw samples (landing
+"""Schemas of what the capture renderer writes: docs/CONTRACT.md 1.4 timings files, 1.5 hw samples (landing
 formats, validated before writing, not warehouse tables) and the ground-truth rows it returns
 (registered as `sim_capture_truth`)."""
 from __future__ import annotations

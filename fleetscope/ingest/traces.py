@@ -25,7 +25,7 @@ import polars as pl
 
 from fleetscope.common import collective_expr
 from fleetscope.schemas.base import conform
-from fleetscope.traces.schemas import TRACE_EVENTS
+from fleetscope.schemas.landing import TRACE_EVENTS
 
 BLOCK_BYTES = 2 << 20  # decompressed text per parse block
 

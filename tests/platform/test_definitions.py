@@ -1,0 +1,145 @@
+"""The code location as a whole: the definitions load, every job resolves, every asset key is the
+table it writes, every asset materializes on empty inputs, and the imports run one way
+(landing -> ingest -> analyses -> verdicts -> wiring)."""
+from __future__ import annotations
+
+import ast
+import json
+import tomllib
+from pathlib import Path
+
+from dagster import AssetKey, DagsterInstance
+
+from fleetscope.definitions import defs
+from fleetscope.tables import TABLES
+from tests.paths import REPO
+
+# assets that are not tables: reports people read, and each analysis' slice of anomaly_verdicts
+NOT_TABLES = {"incident_report", "fleet_report", "flows_verdicts", "traces_verdicts", "perftracker_verdicts",
+              "xputimer_verdicts", "prism_verdicts", "hang_verdicts"}
+# tables without an asset of their name: written in slices by every ingest asset or detector, or by
+# the landing registration (no Dagster step)
+NO_ASSET = {"rejected_records", "anomaly_verdicts", "landed_files"}
+
+
+def _asset_keys() -> set[str]:
+    return {k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys()}
+
+
+def test_definitions_load_and_every_job_resolves():
+    defs.validate_loadable(defs)
+    repo = defs.get_repository_def()
+    jobs = {j.name for j in repo.get_all_jobs()} - {"__ASSET_JOB"}
+    assert {"ingest_topology", "ingest_flows", "ingest_hw", "capture_analysis", "incident_analysis",
+            "flow_window_analysis", "fleet_analysis", "incident_report_job"} <= jobs
+    for name in jobs:
+        assert defs.resolve_job_def(name).name == name
+    assert {s.name for s in repo.sensor_defs} - {"default_automation_condition_sensor"} == {"landing_sensor", "flow_window_sensor", "incident_sensor",
+                                                  "critical_verdict_sensor", "degradation_sensor"}
+    assert {s.name for s in repo.schedule_defs} == {"nightly_window_schedule", "nightly_fleet_schedule"}
+
+
+def test_every_asset_is_the_table_it_writes():
+    keys = _asset_keys()
+    assert keys - NOT_TABLES <= set(TABLES), f"assets that are no table: {sorted(keys - NOT_TABLES - set(TABLES))}"
+    assert set(TABLES) - NO_ASSET <= keys, f"tables without an asset: {sorted(set(TABLES) - NO_ASSET - keys)}"
+
+
+def _empty_landing(landing: Path) -> None:
+    """One file of every landing kind, each with a header and no rows (quarantined: nothing to
+    ingest), a capture folder with only its capture.json, and an incident request with no stacks."""
+    for kind, header in (("topology", "ip,host\n"), ("flows", "start_ns,duration_ns,src_ip,dst_ip,bytes\n"),
+                         ("hw", "ts_ns,host,gpu\n")):
+        (landing / kind).mkdir(parents=True)
+        (landing / kind / f"{kind}.csv").write_text(header)
+    (landing / "traces" / "cap0").mkdir(parents=True)
+    (landing / "traces" / "cap0" / "capture.json").write_text(json.dumps({"job_id": "job0"}))
+    (landing / "incidents").mkdir()
+    (landing / "incidents" / "inc0.json").write_text(json.dumps({"kind": "hang", "job_id": "job0"}))
+
+
+def test_every_asset_materializes_on_empty_inputs(fleet_env):
+    landing, warehouse, _ = fleet_env
+    _empty_landing(landing)
+    from fleetscope.jobs.runner import run_all
+    from fleetscope.warehouse import Warehouse
+
+    with DagsterInstance.get() as instance:  # a window no flow falls into: its analysis has nothing to do
+        instance.add_dynamic_partitions("flow_windows", ["w60s-20261121T120000Z"])
+    report = run_all(landing, warehouse, settle_s=0, log=lambda *_: None)
+    assert report.runs and not report.failed, report.failed
+    with DagsterInstance.get() as instance:
+        unmaterialized = [k for k in _asset_keys() if instance.get_latest_materialization_event(AssetKey(k)) is None]
+    assert not unmaterialized, f"assets never materialized on empty inputs: {unmaterialized}"
+    wh = Warehouse(warehouse)
+    for table in TABLES:  # everything written validates against its schema, and holds no invented rows
+        df = wh.read(table)
+        TABLES[table].validate(df)
+    assert wh.read("jobs").height == 0 and wh.read("anomaly_verdicts").height == 0
+    assert set(wh.read("rejected_records")["source_kind"].to_list()) >= {"topology", "flows", "hw"}
+
+
+# -- the imports run one way ---------------------------------------------------------------------
+WIRING = ("fleetscope.assets", "fleetscope.jobs", "fleetscope.resources", "fleetscope.definitions", "fleetscope.cli")
+ANALYSES = ("flows", "traces", "perftracker", "xputimer", "prism")
+
+
+def _module_imports() -> dict[str, set[str]]:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    dirs = pyproject["tool"]["setuptools"]["package-dir"]
+    out = {}
+    for pkg, folder in dirs.items():
+        for p in (REPO / folder).glob("*.py"):
+            name = pkg if p.stem == "__init__" else f"{pkg}.{p.stem}"
+            mods = set()
+            for n in ast.walk(ast.parse(p.read_text())):
+                if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+                    mods.add(n.module)
+                elif isinstance(n, ast.Import):
+                    mods.update(a.name for a in n.names)
+            out[name] = {m for m in mods if m.startswith("fleetscope")}
+    for p in (REPO / "fleetscope").rglob("*.py"):  # subpackages under the library folder
+        rel = p.relative_to(REPO).with_suffix("")
+        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
+        if name not in out:
+            tree = ast.parse(p.read_text())
+            out[name] = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and n.level == 0
+                         and n.module.startswith("fleetscope")} | \
+                {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names if a.name.startswith("fleetscope")}
+    return out
+
+
+def _area(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_imports_run_one_way():
+    imports = _module_imports()
+    bad = []
+    for mod, deps in imports.items():
+        wiring = mod.startswith(WIRING)
+        for dep in deps:
+            if not wiring and dep.startswith(WIRING):
+                bad.append(f"library {mod} imports the wiring {dep}")
+            if _area(mod) in ANALYSES and _area(dep) in ANALYSES + ("sim",) and _area(dep) != _area(mod):
+                bad.append(f"analysis {mod} imports another analysis or the simulator: {dep}")
+            if _area(mod) in ("ingest", "landing", "registry", "warehouse", "schemas", "verdicts", "common", "windows") \
+                    and _area(dep) in ANALYSES:
+                bad.append(f"{mod} (below the analyses) imports the analysis {dep}")
+            if mod.startswith("fleetscope.collectors") and not dep.startswith("fleetscope.collectors"):
+                bad.append(f"collector {mod} (runs inside training jobs) imports the platform: {dep}")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_package_is_installed():
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    found = set()
+    for pkg, folder in dirs.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(REPO / folder)
+            name = ".".join([pkg, *rel.parts]) if rel.parts else pkg
+            if not any(name.startswith(p + ".") or name == p for p in dirs if p != pkg and len(p) > len(pkg)):
+                found.add(name)
+    assert found <= listed, f"packages not in pyproject's list (not installed): {sorted(found - listed)}"
