@@ -180,7 +180,11 @@ class Recorder:
             self._teardown()
             for s, h in old.items():
                 signal.signal(s, h)
-            if not ok:
+            if not ok:  # no half recording that looks valid; the logs stay for a post-mortem
+                for pcap in self.tmp.glob("*.pcap"):
+                    pcap.unlink()
+                for sub in (self.landing, self.truth):
+                    shutil.rmtree(sub, ignore_errors=True)
                 self.log(f"[recorder] failed; logs kept in {self.tmp}")
         summary = self._write(time.monotonic() - t_start)
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -199,6 +203,11 @@ class Recorder:
                                           "--delay-ms", str(self.fault["delay_ms"])], "nfqdelay.out")
             self.aux.append(p)
             self._wait_line("nfqdelay.out", "ready", p, 60)
+
+    def addr_leaf(self) -> dict[str, str]:
+        """Every address in the fabric and its leaf."""
+        out = {h.ip: h.leaf for h in self.fab.hosts}
+        return out | ({self.svc_monitor_ip(): self.svc.leaf} if self.background else {})
 
     def svc_monitor_ip(self) -> str:
         a, b, c, d = self.svc.ip.split(".")
@@ -242,7 +251,7 @@ class Recorder:
 
     def _capture(self):
         for leaf in self.leaves:
-            src = " or ".join(f"src host {h.ip}" for h in self.fab.hosts if h.leaf == leaf)
+            src = " or ".join(f"src host {ip}" for ip, lf in self.addr_leaf().items() if lf == leaf)
             # each packet once, where it enters the fabric: at its own leaf, from its own hosts
             args = ["tcpdump", "-i", leaf, "-w", str(self.tmp / f"{leaf}.pcap"), "-s", "96", "-U", "-n", "-B", "16384",
                     "--time-stamp-precision=nano", f"ip and ({src})"]
@@ -377,7 +386,7 @@ class Recorder:
     def _flows(self) -> tuple[pl.DataFrame, dict]:
         from fleetscope.collectors.flowcap import packets_to_flows, read_pcap
 
-        leaf_of = {h.ip: h.leaf for h in self.fab.hosts} | {self.svc_monitor_ip(): self.svc.leaf}
+        leaf_of = self.addr_leaf()
         leaf_df = pl.DataFrame({"ip": list(leaf_of), "leaf": list(leaf_of.values())})
         parts, stats = [], {}
         (self.landing / "flows").mkdir(parents=True, exist_ok=True)
@@ -386,8 +395,10 @@ class Recorder:
             err = (self.tmp / f"tcpdump-{leaf}.out").read_text(errors="replace")
             stats[leaf] = {"pcap_bytes": pcap.stat().st_size,
                            "tcpdump": " / ".join(x.strip() for x in err.splitlines() if "packets" in x)}
+            t = time.perf_counter()
             pk = read_pcap(pcap)
             stats[leaf]["packets"] = pk.height
+            stats[leaf]["read_pcap_s"] = round(time.perf_counter() - t, 2)
             pcap.unlink()   # ~100 MB a minute: only the flow records are kept
             f = packets_to_flows(pk, idle_gap_ns=1_000_000)
             # path: the ingress leaf, then the spine and the egress leaf when it leaves the leaf
@@ -400,6 +411,9 @@ class Recorder:
             f.write_parquet(self.landing / "flows" / f"{leaf}-{_stamp(self.T0)}.parquet", compression="zstd")
             stats[leaf]["flows"] = f.height
             parts.append(f)
+        nfq = self.tmp / "nfqdelay.out"
+        if nfq.exists():   # how many frames the delay queue held (0 would mean no delay took effect)
+            stats["nfqdelay"] = nfq.read_text(errors="replace").strip().splitlines()[-1]
         return pl.concat(parts).sort("start_ns"), stats
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
+import importlib
 import io
 import json
 import os
@@ -195,11 +196,11 @@ class Rank:
     def _profile_step_end(self):
         if self.prof is None:
             return
-        self.prof.step()
         self.prof_left -= 1
         if self.prof_left > 0:
+            self.prof.step()   # closes ProfilerStep#n, opens #n+1
             return
-        self.prof.stop()
+        self.prof.stop()       # (a last step() would open an empty ProfilerStep#n+1)
         out = self.landing / "traces" / self.prof_capture
         self._capture_json(out)
         # Kineto's own file name (host_pid.ms.pt.trace.json): the rank is in distributedInfo only
@@ -409,6 +410,11 @@ def main(argv=None) -> int:
     ap.add_argument("--hard-deadline-ns", type=int, required=True)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)  # six ranks share two cores: one intra-op thread each
+    # import what setup() and the windows need now: lazy imports (DDP, the profiler, the tracer)
+    # take seconds on a busy box and would delay the job inside the capture
+    for mod in ("torch.nn.parallel", "torch.profiler", "fleetscope.collectors.tracer"):
+        importlib.import_module(mod)
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # the first optimizer imports torch._dynamo (~1 s)
     r = Rank(a)
     r.log.write("event", event="ready", step=None, start_ns=now(), end_ns=now(), host=a.host, pid=os.getpid())
     # torch is imported: wait for the recorder's go (the capture runs), so launch and connection
@@ -423,7 +429,9 @@ def main(argv=None) -> int:
     dist.init_process_group("gloo", init_method=f"tcp://{a.master}:{a.port}", rank=a.rank, world_size=a.world,
                             timeout=timedelta(seconds=90))
     r.log.write("event", event="init_process_group", step=None, start_ns=t0, end_ns=now())
+    t0 = now()
     r.setup()
+    r.log.write("event", event="setup", step=None, start_ns=t0, end_ns=now())
     if a.ckpt_load_s > 0:
         t0 = now()
         got = storage_get(_addr(a.storage), a.ckpt_load_bytes) if a.storage else 0
