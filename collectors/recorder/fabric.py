@@ -64,6 +64,7 @@ class Host:
     leaf: str
     ns: str = ""
     port: str = ""  # the switch-side veth of its link
+    monitor_ip: str = ""  # infrastructure server only: the prober's second address
 
 
 class Fabric:

@@ -99,6 +99,7 @@ def make_plan(scenario: str, seconds: float, seed: int):
     hosts = [Host(names[i], ips[i], leaves[i // 3]) for i in range(6)]
     l0, l1 = rng.sample(hosts[:3], 3), rng.sample(hosts[3:], 3)
     svc = Host("infra01", ips[6], rng.choice(leaves))
+    svc.monitor_ip = ips[7]   # a second address on the infrastructure server: the monitor
     # A's DP pairs cross the spine, its PP pairs stay in a leaf; B's DP pair crosses too
     A = Job(f"job{rng.randint(1000, 9999)}", "tenant-a", 2, 2, [l0[0], l1[0], l0[1], l1[1]],
             ["--micro", "4", "--fwd-ms", "50", "--bwd-ms", "90", "--ckpt-save-step", str(max(7, int(0.2 * seconds / 0.8)))],
@@ -186,8 +187,14 @@ class Recorder:
                 for sub in (self.landing, self.truth):
                     shutil.rmtree(sub, ignore_errors=True)
                 self.log(f"[recorder] failed; logs kept in {self.tmp}")
-        summary = self._write(time.monotonic() - t_start)
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        try:
+            summary = self._write(time.monotonic() - t_start)
+        except BaseException:
+            for sub in (self.landing, self.truth):
+                shutil.rmtree(sub, ignore_errors=True)
+            raise
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
         return summary
 
     def _start_aux(self):
@@ -210,8 +217,7 @@ class Recorder:
         return out | ({self.svc_monitor_ip(): self.svc.leaf} if self.background else {})
 
     def svc_monitor_ip(self) -> str:
-        a, b, c, d = self.svc.ip.split(".")
-        return f"{a}.{b}.{c}.{int(d) % 250 + 2}"  # a second address: the monitor is another server
+        return self.svc.monitor_ip
 
     def _launch(self):
         deadline = now() + int((self.seconds + 240) * 1e9)   # ranks give up on their own after this

@@ -168,9 +168,10 @@ class Rank:
                     ft.stop()
                     self.ops.flush(self.landing / "timings" / self.capture)
                 self.capture = w["capture"]
+                # before ft.start: the tracer writes its own capture.json only where there is none
+                self._capture_json(self.landing / "timings" / self.capture)
                 ft.start(landing_dir=self.landing, capture=self.capture, rank=self.a.rank, job_id=self.a.job,
                          profiler=False, stacks=False, layout=self.layout, flush_interval_s=10.0)
-                self._capture_json(self.landing / "timings" / self.capture)
                 self.log.write("window", capture=self.capture, step=step, t_ns=now())
             if w.get("profile_step") == step and self.prof is None:
                 # a schedule makes the profiler annotate ProfilerStep#<n>; step_num = the training
@@ -186,12 +187,10 @@ class Rank:
 
     def _capture_json(self, d: Path):
         d.mkdir(parents=True, exist_ok=True)
-        cj = d / "capture.json"
-        if not cj.exists():
-            tmp = d / f".capture.json.{self.a.rank}"
-            tmp.write_text(json.dumps({"job_id": self.a.job, "parallel": {"dp": self.dp, "pp": self.a.pp, "tp": 1},
-                                       "note": "fleetscope recorder (real gloo job in network namespaces)"}))
-            os.replace(tmp, cj)
+        tmp = d / f".capture.json.{self.a.rank}"   # every rank writes the same content, atomically
+        tmp.write_text(json.dumps({"job_id": self.a.job, "parallel": {"dp": self.dp, "pp": self.a.pp, "tp": 1},
+                                   "note": "fleetscope recorder (real gloo job in network namespaces)"}))
+        os.replace(tmp, d / "capture.json")
 
     def _profile_step_end(self):
         if self.prof is None:
