@@ -47,3 +47,42 @@ def test_the_fault_shows_in_the_jobs_own_step_times(scenario):
         during = s.filter((pl.col("compute_start_ns") >= f["start_ns"]) & (pl.col("end_ns") <= f["end_ns"]))["dur"].median()
         before = s.filter(pl.col("end_ns") < f["start_ns"])["dur"].median()
         assert during > 1.2 * before, (job, during / 1e6, before / 1e6)
+
+
+def _csv_edit(path, fn):
+    fn(pl.read_csv(path, infer_schema_length=None)).write_csv(path)
+
+
+def _retitle_profiler_step(root):
+    import gzip
+
+    p = sorted((root / "landing" / "traces").glob("*/*.json.gz"))[0]
+    t = json.loads(gzip.decompress(p.read_bytes()))
+    for e in t["traceEvents"]:
+        if str(e.get("name", "")).startswith("ProfilerStep#"):
+            e["name"] = f"ProfilerStep#{int(e['name'][13:]) + 1}"   # this rank's steps no longer match its peers'
+            break
+    p.write_bytes(gzip.compress(json.dumps(t).encode()))
+
+
+MUTATIONS = {
+    "pp_pair_labelled_dp": lambda r: _csv_edit(r / "ground_truth" / "pairs.csv", lambda d: d.with_columns(
+        comm_type=pl.when(pl.col("comm_type") == "PP").then(pl.lit("DP")).otherwise("comm_type"))),
+    "fault_before_capture": lambda r: _csv_edit(r / "ground_truth" / "faults.csv", lambda d: d.with_columns(
+        start_ns=pl.col("start_ns") - 60_000_000_000)),
+    "step_missing": lambda r: _csv_edit(r / "ground_truth" / "steps.csv", lambda d: d.filter(
+        ~((pl.col("ip") == d["ip"][0]) & (pl.col("step") == d["step"][0] + 3)))),
+    "profiler_steps_misaligned": _retitle_profiler_step,
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_the_checks_catch_a_broken_recording(tmp_path, mutation):
+    import shutil
+
+    root = tmp_path / "rec"
+    shutil.copytree(RECORDINGS / "straggler", root)
+    check_recording(root)
+    MUTATIONS[mutation](root)
+    with pytest.raises(AssertionError):
+        check_recording(root)
