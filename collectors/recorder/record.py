@@ -29,7 +29,7 @@ from pathlib import Path
 
 import polars as pl
 
-from fleetscope.collectors.recorder.fabric import Fabric, Host, clean_stale, sh
+from fleetscope.collectors.recorder.fabric import Fabric, Host, clean_stale
 
 SCENARIOS = ("healthy", "straggler", "slow_link", "congested_uplink")
 # what each scenario injects: (kind, scope, team) in the simulator's vocabulary (CONTRACT 3)
@@ -132,11 +132,13 @@ class Recorder:
         self.events: list[dict] = []       # what the recorder itself did, with times (fault injection)
         self.dumps: dict[str, subprocess.Popen] = {}
         self.aux: list[subprocess.Popen] = []
+        self._fhs: list = []
         self.T0 = self.T1 = None
 
     # -- helpers -----------------------------------------------------------------------------
     def _popen(self, ns: str, args: list[str], out_name: str) -> subprocess.Popen:
         fh = open(self.tmp / out_name, "wb")
+        self._fhs.append(fh)
         env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
         return subprocess.Popen(["ip", "netns", "exec", ns, *args], stdout=fh, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
@@ -376,6 +378,8 @@ class Recorder:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
         self.fab.down()
+        for fh in self._fhs:
+            fh.close()
 
     # -- outputs -------------------------------------------------------------------------------
     def _write(self, wall_s: float) -> dict:
