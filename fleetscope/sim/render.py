@@ -1,182 +1,402 @@
-"""Render the modelled execution as switch-mirrored flow records (CONTRACT 1.2), with the noise
-real collectors add (DESIGN.md "Realistic traffic"):
+"""Render the modelled traffic as the records real switch-mirroring collectors export (CONTRACT 1.2),
+with each collector's own conventions (fleetscope.sim.conventions):
 
-- one ERSPAN collector per 8 leaf groups x 2 rails; each writes one file per minute, in its own
-  format: parquet with duration_ns and path as a list, parquet with end_ns and a `>` path string,
-  or gzipped CSV with end_ns and a `>` path string;
-- ~1% of records missing, ~0.5% split in two by a retransmission (same 5-tuple, bytes split,
-  a gap between the parts), a constant clock skew per collector of tens of microseconds;
-- background storage / checkpoint traffic and monitoring scrapes between GPU NICs and servers
-  outside the topology, aperiodic (Poisson arrivals, heavy-tailed sizes): not a job.
+- which collector mirrors a flow: the one serving the sender's leaf (and with mirror=both also the
+  receiver's: the flow is exported twice, with two clocks);
+- record cutting: one record per transfer (`bucket`), per message of `message_bytes` (`message`,
+  at most `message_cap` per transfer), idle-timeout flowlets merging consecutive transfers of one
+  5-tuple (`flowlet`), or records cut every `active_timeout_ns` (`active_timeout`);
+- retransmission splits (more of them on a NIC with bit errors), lost records, a clock offset and
+  drift per collector;
+- files: each collector rolls files every `file_span_s` seconds in its own format (parquet of any
+  codec, csv or csv.gz in an RFC 4180 dialect: quoted header and fields, CRLF, a BOM), its own
+  columns (duration_ns, end_ns or both; path as a list or an `a>b>c` string; optional and extra
+  columns; any order); one file arrives late (part of a period's records in a second file written
+  last), one is sent twice (a byte-identical copy under another name).
 """
 from __future__ import annotations
 
 import gzip
+import io
+import os
+import shutil
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
+from fleetscope.sim.background import KIND_CHECKPOINT, KIND_CONTROL, KIND_MONITOR, KIND_PROBE, KIND_STORAGE
+from fleetscope.sim.execution import flow_hash
 from fleetscope.sim.fabric import Fabric
 
-KIND_STORAGE, KIND_MONITOR = 2, 3
-FLOW_COLUMNS = ["start_ns", "duration_ns", "end_ns", "src_ip", "dst_ip", "bytes", "packets", "src_port", "dst_port",
-                "src_qp", "dst_qp", "path"]
-MISSING_RATE = 0.01
-SPLIT_RATE = 0.005
-MAX_SKEW_NS = 50_000
 MTU = 4096
+CONTRACT_ORDER = ["start_ns", "duration_ns", "end_ns", "src_ip", "dst_ip", "bytes", "packets", "src_port", "dst_port",
+                  "src_qp", "dst_qp", "path"]
+BOM = b"\xef\xbb\xbf"
 
 
-def background_flows(fab: Fabric, window: tuple[int, int], rng: np.random.Generator) -> dict:
-    """Storage reads / checkpoint writes over RDMA and monitoring scrapes (TCP)."""
-    W0, W1 = window
-    minutes = (W1 - W0) / 60e9
-    n_storage = fab.n_bg - 2
-    # storage: ~1.5 transfers per host per minute, Poisson in time, lognormal sizes
-    n_s = int(rng.poisson(1.5 * fab.n_hosts * minutes + 10))
-    gpu = rng.integers(0, fab.n_gpus, n_s)
-    srv = fab.n_gpus + rng.integers(0, n_storage, n_s)
-    write = rng.random(n_s) < 0.7                  # checkpoint writes GPU -> storage, else reads
-    size = np.clip(rng.lognormal(np.log(2e8), 1.3, n_s), 64e3, 8e9).astype(np.int64)
-    rate = rng.uniform(5e9, 20e9, n_s)
-    # monitoring: ~4 scrapes per host per minute to the host's first NIC, small
-    n_m = int(rng.poisson(4 * fab.n_hosts * minutes + 4))
-    mhost = rng.integers(0, fab.n_hosts, n_m)
-    mon = fab.n_gpus + n_storage + rng.integers(0, 2, n_m)
-    msize = rng.integers(2_000, 40_000, n_m)
-    src = np.concatenate([np.where(write, gpu, srv), mon])
-    dst = np.concatenate([np.where(write, srv, gpu), mhost * 8])
-    start = np.concatenate([rng.uniform(W0, W1, n_s), rng.uniform(W0, W1, n_m)]).astype(np.int64)
-    dur = np.concatenate([size / rate * 1e9, rng.uniform(5e4, 5e5, n_m)]).astype(np.int64)
-    return {"job": np.full(src.size, -1, np.int32), "kind": np.concatenate([np.full(n_s, KIND_STORAGE, np.int8), np.full(n_m, KIND_MONITOR, np.int8)]),
-            "step": np.full(src.size, -1, np.int64), "src": src.astype(np.int32), "dst": dst.astype(np.int32),
-            "start": start, "dur": np.maximum(dur, 1), "bytes": np.concatenate([size, msize]).astype(np.int64),
-            "ch": np.zeros(src.size, np.int8)}
+# ---- transport: ports and queue pairs ---------------------------------------------------------------------
+
+def transport(kind: np.ndarray, probe_transport: str) -> np.ndarray:
+    """0 = RoCEv2 (UDP 4791, queue pairs), 1 = TCP, 2 = UDP."""
+    t = np.zeros(kind.shape, np.int8)
+    t[(kind == KIND_CONTROL) | (kind == KIND_MONITOR)] = 1
+    if probe_transport != "rdma_ud":
+        t[kind == KIND_PROBE] = 1 if probe_transport == "tcp" else 2
+    return t
 
 
-def _mix(*xs: np.ndarray) -> np.ndarray:
-    h = np.zeros(len(xs[0]), np.uint64)
-    for i, x in enumerate(xs):
-        h = (h ^ (x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15 + i))) * np.uint64(0xBF58476D1CE4E5B9)
-        h ^= h >> np.uint64(31)
-    return h
-
-
-def add_collector_noise(df: pl.DataFrame, fab: Fabric, rng: np.random.Generator) -> pl.DataFrame:
-    """Columns job, kind, step, src, dst, start, dur, bytes, ch (true times) -> the records the
-    collectors export: collector, start_ns, duration_ns, src, dst, bytes, packets, ports, qps."""
-    n = df.height
+def add_identity(df: pl.DataFrame, probe_transport: str) -> pl.DataFrame:
+    """Flow hash, ports and queue pairs of each (true) transfer."""
     src, dst = df["src"].to_numpy(), df["dst"].to_numpy()
-    ch, kind = df["ch"].to_numpy(), df["kind"].to_numpy()
-    h1 = _mix(src, dst, ch, kind)
-    h2 = _mix(dst, src, ch, kind + 11)
-    rdma = kind != KIND_MONITOR
-    skew = rng.integers(-MAX_SKEW_NS, MAX_SKEW_NS + 1, fab.n_collectors())
-    coll = fab.collector_of(src, dst)
-    df = df.with_columns(
-        collector=pl.Series(coll.astype(np.int32)),
-        src_qp=pl.Series(np.where(rdma, (h1 & np.uint64(0xFFFFFF)).astype(np.int64) | 1, -1)),
+    ch, qp, kind = df["ch"].to_numpy(), df["qp"].to_numpy(), df["kind"].to_numpy()
+    h = flow_hash(src, dst, ch, qp, kind)
+    h2 = flow_hash(dst, src, ch, qp, kind + 11)
+    tr = transport(kind, probe_transport)
+    rdma = tr == 0
+    dport = np.select([rdma, kind == KIND_CONTROL, kind == KIND_MONITOR, tr == 1], [4791, 29500, 9100, 8080], 33434)
+    sport = np.where(kind == KIND_MONITOR, 40000 + (h >> np.uint64(40)) % np.uint64(20000),
+                     49152 + (h >> np.uint64(24)) % np.uint64(16384)).astype(np.int64)
+    return df.with_columns(
+        fh=pl.Series(h.view(np.int64)), tr=pl.Series(tr),
+        src_qp=pl.Series(np.where(rdma, (h & np.uint64(0xFFFFFF)).astype(np.int64) | 1, -1)),
         dst_qp=pl.Series(np.where(rdma, (h2 & np.uint64(0xFFFFFF)).astype(np.int64) | 1, -1)),
-        src_port=pl.Series((49152 + (h1 >> np.uint64(24)) % np.uint64(16384)).astype(np.int64)),
-        dst_port=pl.Series(np.where(rdma, 4791, 9100).astype(np.int64)),
-    ).with_columns(
-        pl.when(pl.col("src_qp") < 0).then(None).otherwise(pl.col("src_qp")).alias("src_qp"),
-        pl.when(pl.col("dst_qp") < 0).then(None).otherwise(pl.col("dst_qp")).alias("dst_qp"),
+        src_port=pl.Series(sport), dst_port=pl.Series(dport.astype(np.int64)),
     )
-    keep = rng.random(n) >= MISSING_RATE
-    split = (rng.random(n) < SPLIT_RATE) & keep
-    frac = rng.uniform(0.2, 0.8, n)
-    gap = rng.uniform(20e3, 200e3, n)
-    dur = df["dur"].to_numpy()
+
+
+# ---- collector noise and cutting ----------------------------------------------------------------------------
+
+def collector_records(df: pl.DataFrame, fab: Fabric, cc: dict, rng: np.random.Generator,
+                      retrans_mult: dict[int, float] | None = None) -> pl.DataFrame:
+    """True transfers (columns job, kind, step, src, dst, ch, qp, start, dur, busy, bytes, fh, tr, ports,
+    qps) -> the records the collectors export: + collector, start_ns, duration_ns (clock of the collector)."""
+    src, dst = df["src"].to_numpy(), df["dst"].to_numpy()
+    a, b = fab.collectors_of(src, dst)
+    df = df.with_columns(collector=pl.Series(a.astype(np.int16)))
+    if (b >= 0).any():
+        df = pl.concat([df, df.filter(pl.Series(b >= 0)).with_columns(collector=pl.Series(b[b >= 0].astype(np.int16)))])
+    # retransmission splits: the same 5-tuple twice, a gap between the parts
+    n = df.height
+    p = np.full(n, cc["retrans_rate"])
+    if retrans_mult:
+        s, d = df["src"].to_numpy(), df["dst"].to_numpy()
+        for e, mlt in retrans_mult.items():
+            p = np.where((s == e) | (d == e), np.minimum(0.5, p * mlt), p)
+    split = rng.random(n) < p
+    if split.any():
+        frac = rng.uniform(0.2, 0.8, n)
+        gap = rng.uniform(20e3, 200e3, n)
+        dur, byt, busy = df["dur"].to_numpy(), df["bytes"].to_numpy(), df["busy"].to_numpy()
+        d1 = np.maximum(1, frac * dur - gap).astype(np.int64)
+        b1 = np.maximum(1, frac * byt).astype(np.int64)
+        first = df.with_columns(dur=pl.Series(np.where(split, d1, dur)), bytes=pl.Series(np.where(split, b1, byt)),
+                                busy=pl.Series(np.where(split, np.minimum(busy, d1), busy)))
+        idx = np.nonzero(split)[0]
+        off = (frac[idx] * dur[idx]).astype(np.int64)
+        second = df[idx].with_columns(
+            start=pl.Series(df["start"].to_numpy()[idx] + off),
+            dur=pl.Series(np.maximum(1, dur[idx] - off)),
+            busy=pl.Series(np.maximum(1, np.minimum(busy[idx], dur[idx] - off))),
+            bytes=pl.Series(np.maximum(1, byt[idx] - b1[idx])))
+        df = pl.concat([first, second])
+    # record cutting, per collector
+    cut = np.array([c["cutting"] for c in cc["per_collector"]])
+    mode = cut[df["collector"].to_numpy()]
+    parts = []
+    for m in np.unique(mode):
+        sub = df.filter(pl.Series(mode == m))
+        if m == "message":
+            sub = _cut_messages(sub, cc["message_bytes"], cc["message_cap"])
+        elif m == "active_timeout":
+            sub = _cut_active(sub, cc["active_timeout_ns"])
+        elif m == "flowlet":
+            sub = _merge_flowlets(sub, cc["flowlet_idle_ns"])
+        parts.append(sub)
+    df = pl.concat(parts) if len(parts) > 1 else parts[0]
+    # lost records
+    df = df.filter(pl.Series(rng.random(df.height) >= cc["loss_rate"]))
+    # the collector's clock: offset and drift
+    skew = np.array([c["skew_ns"] for c in cc["per_collector"]], np.int64)
+    drift = np.array([c["drift_ppm"] for c in cc["per_collector"]], np.float64)
+    col = df["collector"].to_numpy()
+    st = df["start"].to_numpy()
+    t0 = int(st.min()) if st.size else 0
+    off = skew[col] + ((st - t0) * drift[col] * 1e-6).astype(np.int64)
     byt = df["bytes"].to_numpy()
-    first_dur = np.maximum(1, frac * dur - gap).astype(np.int64)
-    first_bytes = np.maximum(1, (frac * byt)).astype(np.int64)
-    base = df.with_columns(
-        dur=pl.Series(np.where(split, first_dur, dur)),
-        bytes=pl.Series(np.where(split, first_bytes, byt)),
-    ).filter(pl.Series(keep))
-    sidx = np.nonzero(split)[0]
-    second = df[sidx].with_columns(
-        start=pl.Series(df["start"].to_numpy()[sidx] + (frac[sidx] * dur[sidx]).astype(np.int64)),
-        dur=pl.Series(np.maximum(1, dur[sidx] - (frac[sidx] * dur[sidx]).astype(np.int64))),
-        bytes=pl.Series(np.maximum(1, byt[sidx] - first_bytes[sidx])),
-    )
-    out = pl.concat([base, second])
-    extra_pk = (out["bytes"].to_numpy() // (MTU * 2000)).astype(np.int64)   # a few retransmitted packets
-    out = out.with_columns(
-        start_ns=pl.col("start") + pl.Series(skew[out["collector"].to_numpy()]),
-        duration_ns=pl.col("dur"),
-        packets=(pl.col("bytes") + MTU - 1) // MTU + pl.Series(extra_pk),
-    )
-    return out
+    extra = (byt // (MTU * 2000)).astype(np.int64)           # a few retransmitted packets on big transfers
+    return df.with_columns(start_ns=pl.Series(st + off), duration_ns=pl.col("dur"),
+                           packets=pl.Series((byt + MTU - 1) // MTU + extra))
 
 
-def path_strings(fab: Fabric, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    """Per flow an index into a list of distinct `leaf>spine>leaf` strings. The spine follows from
-    the source leaf, so (source leaf, destination leaf) names a path: a dense O(n) mapping."""
-    ls, sp, ld = fab.path_switches(src, dst)
+def _repeat_frame(df: pl.DataFrame, n: np.ndarray) -> tuple[pl.DataFrame, np.ndarray]:
+    idx = np.repeat(np.arange(df.height), n)
+    pos = np.arange(idx.size) - np.repeat(np.cumsum(n) - n, n)
+    return df[idx], pos
+
+
+def _cut_messages(df: pl.DataFrame, msg: int, cap: int) -> pl.DataFrame:
+    """RDMA transfers as messages: n = min(cap, ceil(bytes / msg)) records spread over the transfer,
+    each lasting its share of the time the link was busy (on a paced ring hop: short, with gaps),
+    the last ending where the transfer ends."""
+    byt = df["bytes"].to_numpy()
+    n = np.where(df["tr"].to_numpy() == 0, np.clip((byt + msg - 1) // msg, 1, max(1, int(cap))), 1).astype(np.int64)
+    dur, busy, st = df["dur"].to_numpy(), df["busy"].to_numpy(), df["start"].to_numpy()
+    rep, pos = _repeat_frame(df, n)
+    nn = np.repeat(n, n)
+    d = np.repeat(dur, n)
+    b = np.repeat(busy, n)
+    B = np.repeat(byt, n)
+    piece = np.minimum(np.maximum(1, b // nn), np.maximum(1, d // nn))
+    # message i ends when its ring step completes (i+1)/n of the way through the transfer
+    start = np.repeat(st, n) + ((pos + 1) * d // nn - piece).astype(np.int64)
+    nb = B // nn + np.where(pos == nn - 1, B % nn, 0)
+    return rep.with_columns(start=pl.Series(start), dur=pl.Series(piece), busy=pl.Series(piece),
+                            bytes=pl.Series(np.maximum(1, nb)))
+
+
+def _cut_active(df: pl.DataFrame, timeout: int) -> pl.DataFrame:
+    """Records cut every `timeout` ns of a long transfer (an exporter's active timeout)."""
+    dur = df["dur"].to_numpy()
+    n = np.clip((dur + timeout - 1) // timeout, 1, 10_000).astype(np.int64)
+    if (n == 1).all():
+        return df
+    byt, busy, st = df["bytes"].to_numpy(), df["busy"].to_numpy(), df["start"].to_numpy()
+    rep, pos = _repeat_frame(df, n)
+    nn = np.repeat(n, n)
+    d = np.repeat(dur, n)
+    B = np.repeat(byt, n)
+    s0 = np.repeat(st, n) + pos * timeout
+    d_i = np.where(pos == nn - 1, d - pos * timeout, timeout)
+    nb = B // nn + np.where(pos == nn - 1, B % nn, 0)
+    return rep.with_columns(start=pl.Series(s0), dur=pl.Series(np.maximum(1, d_i)),
+                            busy=pl.Series(np.maximum(1, np.minimum(np.repeat(busy, n) // nn, d_i))),
+                            bytes=pl.Series(np.maximum(1, nb)))
+
+
+def _merge_flowlets(df: pl.DataFrame, idle: int) -> pl.DataFrame:
+    """Consecutive transfers of one 5-tuple (at one collector) whose gap is below the idle timeout
+    become one record: its bytes are the sum, it spans first start to last end."""
+    if df.height == 0:
+        return df
+    d = df.with_columns(end=pl.col("start") + pl.col("dur")).sort("collector", "fh", "start")
+    prev_end = pl.col("end").cum_max().shift(1).over("collector", "fh")
+    d = d.with_columns(new=(prev_end.is_null() | ((pl.col("start") - prev_end) > idle)))
+    d = d.with_columns(seg=pl.col("new").cum_sum())
+    keep = [c for c in d.columns if c not in ("start", "dur", "busy", "bytes", "end", "new", "seg")]
+    g = d.group_by("seg", maintain_order=True).agg(
+        [pl.col(c).first() for c in keep] + [pl.col("start").min(), pl.col("end").max(), pl.col("busy").sum(),
+                                             pl.col("bytes").sum()])
+    g = g.with_columns(dur=pl.max_horizontal(pl.col("end") - pl.col("start"), pl.lit(1)))
+    g = g.with_columns(busy=pl.min_horizontal("busy", "dur"))
+    return g.select(df.columns)
+
+
+# ---- paths -------------------------------------------------------------------------------------------------
+
+def path_strings(fab: Fabric, src: np.ndarray, dst: np.ndarray, fh: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Per record an index into a list of distinct `leaf>spine>leaf` strings."""
+    ls, sp, ld = fab.path_switches(src, dst, fh.view(np.uint64))
     nsw = len(fab.switch_name)
-    code = fab.leaf[src].astype(np.int64) * nsw + fab.leaf[dst]
-    present = np.zeros(nsw * nsw, bool)
-    present[code] = True
-    uniq = np.flatnonzero(present)
-    index = np.cumsum(present) - 1
+    code = (ls.astype(np.int64) * (nsw + 1) + (sp + 1)) * (nsw + 1) + (ld + 1)
+    uniq, inv = np.unique(code, return_inverse=True)
     names = fab.switch_name
     out = []
     for c in uniq:
-        a, d = divmod(int(c), nsw)
-        out.append(names[a] if a == d else f"{names[a]}>{names[fab.spine_of_leaf(a)]}>{names[d]}")
-    return index[code], out
+        rest, d1 = divmod(int(c), nsw + 1)
+        a, s1 = divmod(rest, nsw + 1)
+        out.append(names[a] if s1 == 0 else f"{names[a]}>{names[s1 - 1]}>{names[d1 - 1]}")
+    return inv, out
 
 
-def write_flow_files(df: pl.DataFrame, fab: Fabric, flows_dir: Path, window_start: int) -> list[Path]:
-    """One file per collector per minute, rows in time order; the collector's index picks its export
-    format. Sorting and partitioning run on integer columns; strings are gathered per file."""
+# ---- files --------------------------------------------------------------------------------------------------
+
+def _extra(name: str, part: pl.DataFrame, coll: dict, fab: Fabric) -> pl.Series:
+    tr = part["tr"].to_numpy()
+    src = part["src"].to_numpy()
+    if name == "exporter":
+        return pl.Series(name, np.full(part.height, coll["name"]))
+    if name == "vlan":
+        return pl.Series(name, (100 + src % 8).astype(np.int64))
+    if name == "dscp":
+        return pl.Series(name, np.where(tr == 0, 26, 0).astype(np.int64))
+    if name == "ip_proto":
+        return pl.Series(name, np.where(tr == 1, 6, 17).astype(np.int64))
+    if name == "tcp_flags":
+        return part.select(pl.when(pl.col("tr") == 1).then(pl.lit(24, pl.Int64)).otherwise(None).alias(name))[name]
+    if name == "ingress_if":
+        return pl.Series(name, np.char.add("Ethernet1/", (fab.host_idx[src] % 32 + 1).astype(str)))
+    if name == "sampling_rate":
+        return pl.Series(name, np.ones(part.height, np.int64))
+    if name == "ttl":
+        return pl.Series(name, np.full(part.height, 64, np.int64))
+    raise ValueError(name)
+
+
+def _frame_for(part: pl.DataFrame, coll: dict, fab: Fabric, ip: pl.Series, paths: pl.Series, plist: pl.Series) -> pl.DataFrame:
+    cols: dict[str, pl.Series] = {"start_ns": part["start_ns"]}
+    if coll["time_columns"] in ("duration", "both"):
+        cols["duration_ns"] = part["duration_ns"]
+    if coll["time_columns"] in ("end", "both"):
+        cols["end_ns"] = (part["start_ns"] + part["duration_ns"]).alias("end_ns")
+    cols["src_ip"] = ip.gather(part["src"].cast(pl.Int64)).alias("src_ip")
+    cols["dst_ip"] = ip.gather(part["dst"].cast(pl.Int64)).alias("dst_ip")
+    cols["bytes"] = part["bytes"]
+    for c in ("packets", "src_port", "dst_port", "src_qp", "dst_qp"):
+        if c in coll["optional_columns"]:
+            s = part[c]
+            if c in ("src_qp", "dst_qp") and (s < 0).any():   # TCP / UDP records have no queue pair
+                s = part.select(pl.when(pl.col(c) < 0).then(None).otherwise(pl.col(c)).alias(c))[c]
+            cols[c] = s.alias(c)
+    pidx = part["pidx"].cast(pl.Int64)
+    cols["path"] = (plist if coll["path_style"] == "list" else paths).gather(pidx).alias("path")
+    for e in coll["extra_columns"]:
+        cols[e] = _extra(e, part, coll, fab)
+    out = pl.DataFrame(list(cols.values()))
+    order = list(out.columns)
+    if coll["shuffle_columns"]:
+        r = np.random.default_rng([coll["collector"], 77, len(order)])
+        order = [order[i] for i in r.permutation(len(order))]
+    return out.select(order)
+
+
+def csv_bytes(df: pl.DataFrame, dialect: dict) -> bytes:
+    """RFC 4180 text as exporters write it: optional BOM, quoted header names, fields quoted
+    minimally / always / when not numeric, LF or CRLF."""
+    lt = dialect["line_terminator"]
+    if df.schema.get("path") is not None and isinstance(df.schema["path"], pl.List):
+        df = df.with_columns(pl.col("path").list.join(">"))
+    hq = dialect["header_quoted"] or dialect["quote_style"] == "always"
+    head = ",".join(f'"{c}"' if hq else c for c in df.columns) + lt
+    body = df.write_csv(include_header=False, quote_style=dialect["quote_style"], line_terminator=lt)
+    return (BOM if dialect["bom"] else b"") + head.encode() + body.encode()
+
+
+def write_table(df: pl.DataFrame, path: Path, fmt: str, codec: str | None, dialect: dict | None) -> None:
+    if fmt == "parquet":
+        df.write_parquet(path, compression=codec or "zstd")
+    elif fmt == "csv":
+        path.write_bytes(csv_bytes(df, dialect))
+    else:
+        raw = csv_bytes(df, dialect)
+        # mtime=0 and no name in the gzip header: same seed, same bytes
+        with open(path, "wb") as fh, gzip.GzipFile(filename="", mode="wb", fileobj=fh, compresslevel=1, mtime=0) as gz:
+            gz.write(raw)
+
+
+def _ext(fmt: str) -> str:
+    return {"parquet": ".parquet", "csv": ".csv", "csv.gz": ".csv.gz"}[fmt]
+
+
+def _stem(coll: dict, t0_ns: int) -> str:
+    t = datetime.fromtimestamp(t0_ns / 1e9, tz=timezone.utc)
+    return coll["naming"].format(c=coll["name"], t=t, epoch=t0_ns // 1_000_000_000)
+
+
+def write_flow_files(df: pl.DataFrame, fab: Fabric, flows_dir: Path, cc: dict, rng: np.random.Generator) -> list[dict]:
+    """Files per collector per period in each collector's format; returns one row per written file."""
     flows_dir.mkdir(parents=True, exist_ok=True)
     src, dst = df["src"].to_numpy(), df["dst"].to_numpy()
-    inv, paths = path_strings(fab, src, dst)
-    minute = (df["start"].to_numpy() - window_start) // 60_000_000_000
+    inv, paths = path_strings(fab, src, dst, df["fh"].to_numpy())
+    colls = cc["per_collector"]
+    span = np.array([c["file_span_s"] for c in colls], np.int64) * 1_000_000_000
     coll = df["collector"].to_numpy().astype(np.int64)
-    key = coll * (int(minute.max()) + 1 if minute.size else 1) + minute
-    order = np.lexsort((dst, src, df["start_ns"].to_numpy(), key))        # stable: same seed, same bytes
+    st = df["start_ns"].to_numpy()
+    period = st // span[coll]
+    pmin = int(period.min()) if period.size else 0
+    key = coll * (int(period.max()) - pmin + 1 if period.size else 1) + (period - pmin)
+    order = np.lexsort((dst, src, st, key))            # stable: same seed, same bytes
+    d = df.with_columns(pidx=pl.Series(inv.astype(np.int64)))[order]
     key = key[order]
-    cols = ["start_ns", "duration_ns", "bytes", "packets", "src_port", "dst_port", "src_qp", "dst_qp"]
-    num = df.select(cols)[order]
-    src, dst, inv, coll, minute = src[order], dst[order], inv[order], coll[order], minute[order]
     ip = pl.Series(fab.ip)
-    pstr = pl.Series(paths, dtype=pl.Utf8)
+    pstr = pl.Series("path", paths, dtype=pl.Utf8)
     plist = pstr.str.split(">")
     bounds = np.flatnonzero(np.diff(key)) + 1
-    written = []
-    for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [key.size]])):
-        if hi <= lo:
-            continue
-        c, mnt = int(coll[lo]), int(minute[lo])
-        t = datetime.fromtimestamp((window_start + mnt * 60_000_000_000) / 1e9, tz=timezone.utc)
-        stem = f"erspan-c{c:03d}-{t:%Y%m%dT%H%M}"
-        fmt = c % 4
-        part = num[int(lo):int(hi)]
-        sip = ip.gather(pl.Series(src[lo:hi].astype(np.int64))).alias("src_ip")
-        dip = ip.gather(pl.Series(dst[lo:hi].astype(np.int64))).alias("dst_ip")
-        pidx = pl.Series(inv[lo:hi].astype(np.int64))
-        if fmt in (0, 1):       # duration and a list path
-            out = part.select("start_ns", "duration_ns").with_columns(sip, dip).hstack(
-                part.select(cols[2:])).with_columns(plist.gather(pidx).alias("path"))
-            p = flows_dir / f"{stem}.parquet"
-            out.write_parquet(p, compression="zstd", compression_level=1)
-        else:                   # end time and a `>` path string
-            out = part.select("start_ns", end_ns=pl.col("start_ns") + pl.col("duration_ns")).with_columns(sip, dip).hstack(
-                part.select(cols[2:] if fmt == 2 else ["bytes", "packets", "dst_port", "src_qp", "dst_qp"])
-            ).with_columns(pstr.gather(pidx).alias("path"))
-            if fmt == 2:
-                p = flows_dir / f"{stem}.parquet"
-                out.write_parquet(p, compression="zstd", compression_level=1)
-            else:
-                p = flows_dir / f"{stem}.csv.gz"
-                # mtime=0 and no name in the gzip header: same seed, same bytes
-                with open(p, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=1, mtime=0) as fh:
-                    out.write_csv(fh)
-        written.append(p)
-    return sorted(written)
+    lo_hi = [(int(a), int(b)) for a, b in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [key.size]])) if b > a]
+    # the late file: the tail of one period's records, delivered in a second file written last
+    late_at = int(rng.integers(0, len(lo_hi))) if (cc["late_file"] and lo_hi) else -1
+    rows = []
+    for i, (lo, hi) in enumerate(lo_hi):
+        part = d[lo:hi]
+        c = colls[int(part["collector"][0])]
+        p0 = int(part["start_ns"][0] // (c["file_span_s"] * 1_000_000_000)) * c["file_span_s"] * 1_000_000_000
+        stem = _stem(c, p0)
+        chunks = [(part, stem, "regular")]
+        if i == late_at and part.height >= 20:
+            cut_at = int(part.height * rng.uniform(0.7, 0.95))
+            chunks = [(part[:cut_at], stem, "regular"), (part[cut_at:], stem + rng.choice(["-late", ".part2", "-1"]), "late")]
+        for ch_df, name, role in chunks:
+            p = flows_dir / (name + _ext(c["format"]))
+            write_table(_frame_for(ch_df, c, fab, ip, pstr, plist), p, c["format"], c["codec"], c["dialect"])
+            rows.append({"file": f"flows/{p.name}", "kind": "flows", "collector": c["collector"], "format": c["format"],
+                         "codec": c["codec"], "dialect": None if c["dialect"] is None else repr(sorted(c["dialect"].items())),
+                         "time_columns": c["time_columns"], "path_style": c["path_style"], "cutting": c["cutting"],
+                         "n_records": ch_df.height, "first_start_ns": int(ch_df["start_ns"].min()),
+                         "last_start_ns": int(ch_df["start_ns"].max()), "role": role, "duplicate_of": None})
+    # one file sent twice: a byte-identical copy under another name
+    regular = [r for r in rows if r["role"] == "regular"]
+    if cc["duplicate_file"] and regular:
+        r = regular[int(rng.integers(0, len(regular)))]
+        srcp = flows_dir / Path(r["file"]).name
+        ext = _ext(r["format"])
+        stem = srcp.name[: -len(ext)]
+        dup = flows_dir / cc["duplicate_naming"].format(stem=stem, ext=ext)
+        shutil.copyfile(srcp, dup)
+        rows.append(r | {"file": f"flows/{dup.name}", "role": "duplicate", "duplicate_of": r["file"]})
+    _set_mtimes(flows_dir.parent, rows)
+    return rows
+
+
+def _set_mtimes(landing: Path, rows: list[dict]) -> None:
+    """Files land in time order a few minutes ago; the late file lands last (now)."""
+    now = time.time()
+    order = sorted(range(len(rows)), key=lambda i: (rows[i]["role"] == "late", rows[i]["last_start_ns"], rows[i]["file"]))
+    for rank, i in enumerate(order):
+        t = now - 600 + 600 * rank / max(1, len(order))
+        if rows[i]["role"] == "late":
+            t = now
+        os.utime(landing / rows[i]["file"], (t, t))
+
+
+def write_topology(fab: Fabric, topo_dir: Path, tc: dict) -> list[dict]:
+    """The topology in its own dialect: optional columns dropped or kept, extra columns, any order,
+    service hosts listed (in the same file or their own) or not."""
+    topo_dir.mkdir(parents=True, exist_ok=True)
+    full = fab.topology(service_hosts=tc["service_hosts"])
+    cols = ["ip", "host"]
+    if tc["has_gpu"]:
+        cols.append("gpu")
+    cols.append("leaf")
+    if tc["has_spine"]:
+        cols.append("spine")
+    if tc["has_rail"]:
+        cols.append("rail")
+    if tc["has_rack_pod"]:
+        cols += ["rack", "pod"]
+    cols += list(tc["extra_columns"])
+    if tc["shuffle_columns"]:
+        r = np.random.default_rng([fab.seed, 62])
+        cols = [cols[i] for i in r.permutation(len(cols))]
+    df = full.select(cols)
+    ext = ".parquet" if tc["format"] == "parquet" else ".csv"
+    out = []
+    frames = [("topology", df)]
+    if tc["service_hosts"] and tc["service_file"] == "separate":
+        frames = [("topology", df.head(fab.n_gpus)), ("service-hosts", df.slice(fab.n_gpus))]
+    for name, fr in frames:
+        p = topo_dir / (name + ext)
+        write_table(fr, p, tc["format"], tc["codec"], tc["dialect"])
+        out.append({"file": f"topology/{p.name}", "kind": "topology", "collector": None, "format": tc["format"],
+                    "codec": tc["codec"], "dialect": None if tc["dialect"] is None else repr(sorted(tc["dialect"].items())),
+                    "time_columns": None, "path_style": None, "cutting": None, "n_records": fr.height,
+                    "first_start_ns": None, "last_start_ns": None, "role": "regular", "duplicate_of": None})
+    return out
+
+
+def read_csv_text(raw: bytes) -> pl.DataFrame:
+    """Parse RFC 4180 bytes (any of the dialects above) with every field as text (for tests)."""
+    if raw.startswith(BOM):
+        raw = raw[len(BOM):]
+    return pl.read_csv(io.BytesIO(raw), infer_schema=False)
