@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from fleetscope.sim.fabric import GPUS_PER_HOST, Fabric
+from fleetscope.sim.fabric import GPUS_PER_HOST, Fabric, flow_hash
 from fleetscope.sim.jobs import NS, JobSpec
 
 KIND_STORAGE, KIND_MONITOR, KIND_PROBE, KIND_CONTROL, KIND_CHECKPOINT = 2, 3, 4, 5, 6
 ROLE = {KIND_STORAGE: "storage", KIND_MONITOR: "monitoring", KIND_PROBE: "probe", KIND_CONTROL: "control",
         KIND_CHECKPOINT: "checkpoint"}
-COLUMNS = ("job", "kind", "step", "src", "dst", "ch", "qp", "start", "dur", "busy", "bytes")
+COLUMNS = ("job", "kind", "step", "src", "dst", "fh", "start", "dur", "busy", "bytes")
 
 
 class _Acc:
@@ -41,8 +41,7 @@ class _Acc:
         self.parts["step"].append(np.full(n, -1, np.int64))
         self.parts["src"].append(src.astype(np.int32).reshape(-1))
         self.parts["dst"].append(np.broadcast_to(np.asarray(dst), (n,)).astype(np.int32))
-        self.parts["ch"].append(np.broadcast_to(np.asarray(ch, np.int16), (n,)))
-        self.parts["qp"].append(np.zeros(n, np.int8))
+        self.parts["fh"].append(flow_hash(src.reshape(-1), np.broadcast_to(np.asarray(dst), (n,)), ch, 0, kind).view(np.int64))
         self.parts["start"].append(np.broadcast_to(np.asarray(start), (n,)).astype(np.int64))
         self.parts["dur"].append(dur)
         self.parts["busy"].append(dur)

@@ -28,7 +28,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from fleetscope.sim.fabric import NIC_BW, Fabric, mix
+from fleetscope.sim.fabric import NIC_BW, Fabric, flow_hash
 from fleetscope.sim.faults import COMPUTE, NETWORK, Fault
 from fleetscope.sim.jobs import BWD_RATIO, JobSpec, dp_plan, pp_pairs
 
@@ -38,12 +38,7 @@ BUCKET_GAP_NS = 15_000
 PP_LAT_NS = 8_000
 
 KIND_PP, KIND_DP = 0, 1
-FLOW_COLUMNS = ("k", "kind", "src", "dst", "ch", "qp", "start", "dur", "busy", "bytes")
-
-
-def flow_hash(src, dst, ch, qp, kind) -> np.ndarray:
-    """Identity of one queue pair's flow (its 5-tuple): ports, QP numbers and ECMP spines derive from it."""
-    return mix(src, dst, ch, qp, kind)
+FLOW_COLUMNS = ("k", "kind", "src", "dst", "fh", "start", "dur", "busy", "bytes")
 
 
 @lru_cache(maxsize=64)
@@ -279,15 +274,16 @@ def _execute(job: JobSpec, job_idx: int, fab: Fabric, faults: list[Fault], activ
 
     cols: dict[str, list] = {c: [] for c in FLOW_COLUMNS}
 
-    def emit(kind, src, dst, ch, qp, start, dur, busy, nbytes, kk):
-        shape = np.broadcast_shapes(np.shape(src), np.shape(start), np.shape(kk), np.shape(dur), np.shape(qp))
+    def emit(kind, src, dst, fh, start, dur, busy, nbytes, kk):
+        """Records of one transfer pattern; fh (the 5-tuple hash) is computed on the small identity
+        shape and broadcast like src and dst."""
+        shape = np.broadcast_shapes(np.shape(src), np.shape(start), np.shape(kk), np.shape(dur), np.shape(fh))
         n = int(np.prod(shape))
         cols["k"].append(np.broadcast_to(kk, shape).reshape(-1).astype(np.int32))
         cols["kind"].append(np.full(n, kind, np.int8))
         cols["src"].append(np.broadcast_to(src, shape).reshape(-1).astype(np.int32))
         cols["dst"].append(np.broadcast_to(dst, shape).reshape(-1).astype(np.int32))
-        cols["ch"].append(np.broadcast_to(ch, shape).reshape(-1).astype(np.int16))
-        cols["qp"].append(np.broadcast_to(qp, shape).reshape(-1).astype(np.int8))
+        cols["fh"].append(np.broadcast_to(fh.view(np.int64), shape).reshape(-1))
         cols["start"].append(np.broadcast_to(start, shape).reshape(-1).astype(np.int64))
         d = np.maximum(np.broadcast_to(dur, shape), 1).reshape(-1).astype(np.int64)
         cols["dur"].append(d)
@@ -335,8 +331,10 @@ def _execute(job: JobSpec, job_idx: int, fab: Fabric, faults: list[Fault], activ
         db = dur_b.transpose(3, 0, 1, 2, 4, 5)
         k6 = kk[None, None, :, None, None, None]
         nb = np.maximum(1, act[None, :, :, None, None, None] // X)
-        emit(KIND_PP, src, dst, parts // Q, parts % Q, Fe[:-1][..., None, None] + LAUNCH_NS, df, df, nb, k6)
-        emit(KIND_PP, dst, src, parts // Q, parts % Q, Be[1:][..., None, None] + LAUNCH_NS, db, db, nb, k6)
+        emit(KIND_PP, src, dst, flow_hash(src, dst, parts // Q, parts % Q, KIND_PP), Fe[:-1][..., None, None] + LAUNCH_NS,
+             df, df, nb, k6)
+        emit(KIND_PP, dst, src, flow_hash(dst, src, parts // Q, parts % Q, KIND_PP), Be[1:][..., None, None] + LAUNCH_NS,
+             db, db, nb, k6)
 
     # ---- DP collectives --------------------------------------------------------------------------
     C = job.channels
@@ -392,7 +390,7 @@ def _execute(job: JobSpec, job_idx: int, fab: Fabric, faults: list[Fault], activ
             span = ring[..., None, None] - jit + rng.uniform(0, 3_000, (K, T, C, H, Q))
             if tree:       # the broadcast half trails the reduce half by the tree's depth
                 fst = fst + phase[None, None, None, :, None].astype(np.float64) * (depth * RING_ALPHA_NS)
-            emit(KIND_DP, src_q[None], dst_q[None], ch_q[None], qp_q[None], fst, span, own,
+            emit(KIND_DP, src_q[None], dst_q[None], fh[None], fst, span, own,
                  max(1, int(round(bytes_ch / Q))), kk[:, None, None, None, None])
             return (fst + span).max(axis=(2, 3, 4))
 

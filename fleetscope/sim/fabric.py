@@ -41,6 +41,11 @@ def mix(*xs) -> np.ndarray:
     return h
 
 
+def flow_hash(src, dst, ch, qp, kind) -> np.ndarray:
+    """Identity of one queue pair's flow (its 5-tuple): ports, QP numbers and ECMP spines derive from it."""
+    return mix(src, dst, ch, qp, kind)
+
+
 @dataclass
 class Fabric:
     n_gpus: int

@@ -134,6 +134,8 @@ def choose_faults(spec: str | None, jobs: list[JobSpec], fab: Fabric, rng: np.ra
     """Draw a subject, a time span and a magnitude for each requested fault. Each fault goes to a
     different job where possible (jobs running through the whole window first, in random order)."""
     want = _expand_random(parse_spec(spec), rng)
+    # a hang ends its job's traffic: place it first, and keep the other faults off its job where possible
+    want = [w for w in want if w[0] == "hang"] + [w for w in want if w[0] != "hang"]
     if not want:
         return []
     if not jobs:
@@ -150,12 +152,14 @@ def choose_faults(spec: str | None, jobs: list[JobSpec], fab: Fabric, rng: np.ra
     faults: list[Fault] = []
     switches_used: set[int] = set()
 
+    hung: set[int] = set()
+
     def next_job(ok=lambda j: True) -> int:
         for i in pref:
             if i not in used and ok(jobs[i]):
                 used.append(i)
                 return i
-        cand = [i for i in pref if ok(jobs[i])] or pref
+        cand = [i for i in pref if ok(jobs[i]) and i not in hung] or [i for i in pref if ok(jobs[i])] or pref
         return cand[len(faults) % len(cand)]
 
     for kind, count in want:
@@ -167,6 +171,8 @@ def choose_faults(spec: str | None, jobs: list[JobSpec], fab: Fabric, rng: np.ra
             start, end = _window_time(rng, window, 0.2 if kind in ("slow_gpu", "degraded_nic", "straggler") else 0.0)
             g_mask = np.zeros(fab.n_gpus, bool)
             f = Fault(fid, kind, scope, "", start, end, 0.0, job_idx=ji, job_id=job.job_id)
+            if kind == "hang":
+                hung.add(ji)
             if kind in ("slow_gpu", "straggler", "gc_stall", "hang"):
                 g = int(rng.choice(job.gpus))
                 g_mask[g] = True

@@ -28,7 +28,6 @@ import numpy as np
 import polars as pl
 
 from fleetscope.sim.background import KIND_CHECKPOINT, KIND_CONTROL, KIND_MONITOR, KIND_PROBE, KIND_STORAGE
-from fleetscope.sim.execution import flow_hash
 from fleetscope.sim.fabric import Fabric
 
 MTU = 4096
@@ -48,31 +47,26 @@ def transport(kind: np.ndarray, probe_transport: str) -> np.ndarray:
     return t
 
 
-def add_identity(df: pl.DataFrame, probe_transport: str) -> pl.DataFrame:
-    """Flow hash, ports and queue pairs of each (true) transfer."""
-    src, dst = df["src"].to_numpy(), df["dst"].to_numpy()
-    ch, qp, kind = df["ch"].to_numpy(), df["qp"].to_numpy(), df["kind"].to_numpy()
-    h = flow_hash(src, dst, ch, qp, kind)
-    h2 = flow_hash(dst, src, ch, qp, kind + 11)
+def identity(fh: np.ndarray, kind: np.ndarray, probe_transport: str) -> dict[str, np.ndarray]:
+    """Transport, ports and queue pair numbers of records, from their 5-tuple hash: RoCEv2 hashes a
+    source port per queue pair; TCP and UDP records have no queue pair (-1)."""
+    h = fh.view(np.uint64)
     tr = transport(kind, probe_transport)
     rdma = tr == 0
     dport = np.select([rdma, kind == KIND_CONTROL, kind == KIND_MONITOR, tr == 1], [4791, 29500, 9100, 8080], 33434)
     sport = np.where(kind == KIND_MONITOR, 40000 + (h >> np.uint64(40)) % np.uint64(20000),
                      49152 + (h >> np.uint64(24)) % np.uint64(16384)).astype(np.int64)
-    return df.with_columns(
-        fh=pl.Series(h.view(np.int64)), tr=pl.Series(tr),
-        src_qp=pl.Series(np.where(rdma, (h & np.uint64(0xFFFFFF)).astype(np.int64) | 1, -1)),
-        dst_qp=pl.Series(np.where(rdma, (h2 & np.uint64(0xFFFFFF)).astype(np.int64) | 1, -1)),
-        src_port=pl.Series(sport), dst_port=pl.Series(dport.astype(np.int64)),
-    )
+    return {"tr": tr, "src_port": sport, "dst_port": dport.astype(np.int64),
+            "src_qp": np.where(rdma, (h & np.uint64(0xFFFFFF)).astype(np.int64) | 1, -1),
+            "dst_qp": np.where(rdma, ((h >> np.uint64(32)) & np.uint64(0xFFFFFF)).astype(np.int64) | 1, -1)}
 
 
 # ---- collector noise and cutting ----------------------------------------------------------------------------
 
 def collector_records(df: pl.DataFrame, fab: Fabric, cc: dict, rng: np.random.Generator,
-                      retrans_mult: dict[int, float] | None = None) -> pl.DataFrame:
-    """True transfers (columns job, kind, step, src, dst, ch, qp, start, dur, busy, bytes, fh, tr, ports,
-    qps) -> the records the collectors export: + collector, start_ns, duration_ns (clock of the collector)."""
+                      retrans_mult: dict[int, float] | None = None, probe_transport: str = "rdma_ud") -> pl.DataFrame:
+    """True transfers (columns kind, src, dst, fh, start, dur, busy, bytes) -> the records the
+    collectors export: + collector, start_ns, duration_ns (clock of the collector), packets."""
     src, dst = df["src"].to_numpy(), df["dst"].to_numpy()
     a, b = fab.collectors_of(src, dst)
     df = df.with_columns(collector=pl.Series(a.astype(np.int16)))
@@ -103,13 +97,14 @@ def collector_records(df: pl.DataFrame, fab: Fabric, cc: dict, rng: np.random.Ge
             bytes=pl.Series(np.maximum(1, byt[idx] - b1[idx])))
         df = pl.concat([first, second])
     # record cutting, per collector
-    cut = np.array([c["cutting"] for c in cc["per_collector"]])
-    mode = cut[df["collector"].to_numpy()]
+    cut = [c["cutting"] for c in cc["per_collector"]]
+    col = df["collector"].to_numpy()
     parts = []
-    for m in np.unique(mode):
-        sub = df.filter(pl.Series(mode == m))
+    for m in sorted(set(cut)):
+        ids = [i for i, c in enumerate(cut) if c == m]
+        sub = df.filter(pl.Series(np.isin(col, ids))) if len(ids) < len(cut) else df
         if m == "message":
-            sub = _cut_messages(sub, cc["message_bytes"], cc["message_cap"])
+            sub = _cut_messages(sub, cc["message_bytes"], cc["message_cap"], probe_transport)
         elif m == "active_timeout":
             sub = _cut_active(sub, cc["active_timeout_ns"])
         elif m == "flowlet":
@@ -137,12 +132,13 @@ def _repeat_frame(df: pl.DataFrame, n: np.ndarray) -> tuple[pl.DataFrame, np.nda
     return df[idx], pos
 
 
-def _cut_messages(df: pl.DataFrame, msg: int, cap: int) -> pl.DataFrame:
+def _cut_messages(df: pl.DataFrame, msg: int, cap: int, probe_transport: str = "rdma_ud") -> pl.DataFrame:
     """RDMA transfers as messages: n = min(cap, ceil(bytes / msg)) records spread over the transfer,
     each lasting its share of the time the link was busy (on a paced ring hop: short, with gaps),
     the last ending where the transfer ends."""
     byt = df["bytes"].to_numpy()
-    n = np.where(df["tr"].to_numpy() == 0, np.clip((byt + msg - 1) // msg, 1, max(1, int(cap))), 1).astype(np.int64)
+    rdma = transport(df["kind"].to_numpy(), probe_transport) == 0
+    n = np.where(rdma, np.clip((byt + msg - 1) // msg, 1, max(1, int(cap))), 1).astype(np.int64)
     dur, busy, st = df["dur"].to_numpy(), df["busy"].to_numpy(), df["start"].to_numpy()
     rep, pos = _repeat_frame(df, n)
     nn = np.repeat(n, n)
@@ -213,8 +209,7 @@ def path_strings(fab: Fabric, src: np.ndarray, dst: np.ndarray, fh: np.ndarray) 
 
 # ---- files --------------------------------------------------------------------------------------------------
 
-def _extra(name: str, part: pl.DataFrame, coll: dict, fab: Fabric) -> pl.Series:
-    tr = part["tr"].to_numpy()
+def _extra(name: str, part: pl.DataFrame, coll: dict, fab: Fabric, tr: np.ndarray) -> pl.Series:
     src = part["src"].to_numpy()
     if name == "exporter":
         return pl.Series(name, np.full(part.height, coll["name"]))
@@ -225,7 +220,7 @@ def _extra(name: str, part: pl.DataFrame, coll: dict, fab: Fabric) -> pl.Series:
     if name == "ip_proto":
         return pl.Series(name, np.where(tr == 1, 6, 17).astype(np.int64))
     if name == "tcp_flags":
-        return part.select(pl.when(pl.col("tr") == 1).then(pl.lit(24, pl.Int64)).otherwise(None).alias(name))[name]
+        return pl.select(pl.when(pl.Series(tr) == 1).then(pl.lit(24, pl.Int64)).otherwise(None).alias(name))[name]
     if name == "ingress_if":
         return pl.Series(name, np.char.add("Ethernet1/", (fab.host_idx[src] % 32 + 1).astype(str)))
     if name == "sampling_rate":
@@ -235,7 +230,9 @@ def _extra(name: str, part: pl.DataFrame, coll: dict, fab: Fabric) -> pl.Series:
     raise ValueError(name)
 
 
-def _frame_for(part: pl.DataFrame, coll: dict, fab: Fabric, ip: pl.Series, paths: pl.Series, plist: pl.Series) -> pl.DataFrame:
+def _frame_for(part: pl.DataFrame, coll: dict, fab: Fabric, ip: pl.Series, paths: pl.Series, plist: pl.Series,
+               probe_transport: str) -> pl.DataFrame:
+    ident = identity(part["fh"].to_numpy(), part["kind"].to_numpy(), probe_transport)
     cols: dict[str, pl.Series] = {"start_ns": part["start_ns"]}
     if coll["time_columns"] in ("duration", "both"):
         cols["duration_ns"] = part["duration_ns"]
@@ -245,15 +242,19 @@ def _frame_for(part: pl.DataFrame, coll: dict, fab: Fabric, ip: pl.Series, paths
     cols["dst_ip"] = ip.gather(part["dst"].cast(pl.Int64)).alias("dst_ip")
     cols["bytes"] = part["bytes"]
     for c in ("packets", "src_port", "dst_port", "src_qp", "dst_qp"):
-        if c in coll["optional_columns"]:
-            s = part[c]
-            if c in ("src_qp", "dst_qp") and (s < 0).any():   # TCP / UDP records have no queue pair
-                s = part.select(pl.when(pl.col(c) < 0).then(None).otherwise(pl.col(c)).alias(c))[c]
-            cols[c] = s.alias(c)
+        if c not in coll["optional_columns"]:
+            continue
+        if c == "packets":
+            cols[c] = part["packets"]
+        elif c in ("src_qp", "dst_qp"):            # TCP / UDP records have no queue pair
+            v = ident[c]
+            cols[c] = pl.Series(c, v).set(pl.Series(v < 0), None) if (v < 0).any() else pl.Series(c, v)
+        else:
+            cols[c] = pl.Series(c, ident[c])
     pidx = part["pidx"].cast(pl.Int64)
     cols["path"] = (plist if coll["path_style"] == "list" else paths).gather(pidx).alias("path")
     for e in coll["extra_columns"]:
-        cols[e] = _extra(e, part, coll, fab)
+        cols[e] = _extra(e, part, coll, fab, ident["tr"])
     out = pl.DataFrame(list(cols.values()))
     order = list(out.columns)
     if coll["shuffle_columns"]:
@@ -295,7 +296,8 @@ def _stem(coll: dict, t0_ns: int) -> str:
     return coll["naming"].format(c=coll["name"], t=t, epoch=t0_ns // 1_000_000_000)
 
 
-def write_flow_files(df: pl.DataFrame, fab: Fabric, flows_dir: Path, cc: dict, rng: np.random.Generator) -> list[dict]:
+def write_flow_files(df: pl.DataFrame, fab: Fabric, flows_dir: Path, cc: dict, rng: np.random.Generator,
+                     probe_transport: str = "rdma_ud") -> list[dict]:
     """Files per collector per period in each collector's format; returns one row per written file."""
     flows_dir.mkdir(parents=True, exist_ok=True)
     src, dst = df["src"].to_numpy(), df["dst"].to_numpy()
@@ -307,7 +309,7 @@ def write_flow_files(df: pl.DataFrame, fab: Fabric, flows_dir: Path, cc: dict, r
     period = st // span[coll]
     pmin = int(period.min()) if period.size else 0
     key = coll * (int(period.max()) - pmin + 1 if period.size else 1) + (period - pmin)
-    order = np.lexsort((dst, src, st, key))            # stable: same seed, same bytes
+    order = np.lexsort((st, key))                      # stable: same seed, same bytes
     d = df.with_columns(pidx=pl.Series(inv.astype(np.int64)))[order]
     key = key[order]
     ip = pl.Series(fab.ip)
@@ -329,7 +331,7 @@ def write_flow_files(df: pl.DataFrame, fab: Fabric, flows_dir: Path, cc: dict, r
             chunks = [(part[:cut_at], stem, "regular"), (part[cut_at:], stem + rng.choice(["-late", ".part2", "-1"]), "late")]
         for ch_df, name, role in chunks:
             p = flows_dir / (name + _ext(c["format"]))
-            write_table(_frame_for(ch_df, c, fab, ip, pstr, plist), p, c["format"], c["codec"], c["dialect"])
+            write_table(_frame_for(ch_df, c, fab, ip, pstr, plist, probe_transport), p, c["format"], c["codec"], c["dialect"])
             rows.append({"file": f"flows/{p.name}", "kind": "flows", "collector": c["collector"], "format": c["format"],
                          "codec": c["codec"], "dialect": None if c["dialect"] is None else repr(sorted(c["dialect"].items())),
                          "time_columns": c["time_columns"], "path_style": c["path_style"], "cutting": c["cutting"],

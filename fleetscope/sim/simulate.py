@@ -30,11 +30,11 @@ from fleetscope.schemas.base import conform, empty_frame
 from fleetscope.sim import schemas as S
 from fleetscope.sim.background import ROLE, background_flows
 from fleetscope.sim.conventions import draw_conventions
-from fleetscope.sim.execution import KIND_DP, KIND_PP, flow_hash, run_job
+from fleetscope.sim.execution import KIND_DP, KIND_PP, run_job
 from fleetscope.sim.fabric import GPUS_PER_HOST, build_fabric
 from fleetscope.sim.faults import choose_faults
 from fleetscope.sim.jobs import place_jobs, records_per_minute
-from fleetscope.sim.render import add_identity, collector_records, write_flow_files, write_topology
+from fleetscope.sim.render import collector_records, identity, transport, write_flow_files, write_topology
 
 DEFAULT_START_NS = int(datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc).timestamp()) * 1_000_000_000
 VALIDATE_SAMPLE = 200_000
@@ -95,9 +95,9 @@ def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 
 
     # ---- model the execution -----------------------------------------------------------------
     runs = [run_job(j, i, fab, fault_list, window, seed) for i, j in enumerate(job_list)]
-    cols = ("job", "kind", "step", "src", "dst", "ch", "qp", "start", "dur", "busy", "bytes")
-    schema = {"job": pl.Int32, "kind": pl.Int8, "step": pl.Int64, "src": pl.Int32, "dst": pl.Int32, "ch": pl.Int16,
-              "qp": pl.Int8, "start": pl.Int64, "dur": pl.Int64, "busy": pl.Int64, "bytes": pl.Int64}
+    cols = ("job", "kind", "step", "src", "dst", "fh", "start", "dur", "busy", "bytes")
+    schema = {"job": pl.Int32, "kind": pl.Int8, "step": pl.Int64, "src": pl.Int32, "dst": pl.Int32, "fh": pl.Int64,
+              "start": pl.Int64, "dur": pl.Int64, "busy": pl.Int64, "bytes": pl.Int64}
     parts = []
     for i, r in enumerate(runs):
         f = r.flows
@@ -136,15 +136,18 @@ def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 
     background = _truth_background(bg, job_ids, fab)
 
     # ---- render the records ------------------------------------------------------------------
-    allf = add_identity(pl.concat([in_win, bg]), conv["background"]["probe_transport"])
+    rcols = ["kind", "src", "dst", "fh", "start", "dur", "busy", "bytes"]
+    allf = pl.concat([in_win.select(rcols), bg.select(rcols)])
     n_true = allf.height
     del in_win
     _fit_cutting_budget(allf, conv, budget)
     retrans = {int(f.endpoint): f.retrans_mult for f in fault_list if f.kind == "degraded_nic" and f.retrans_mult > 1}
-    noisy = collector_records(allf, fab, conv["collectors"], np.random.default_rng([seed, 4]), retrans)
+    noisy = collector_records(allf, fab, conv["collectors"], np.random.default_rng([seed, 4]), retrans,
+                              conv["background"]["probe_transport"])
     del allf
-    _validate_rendered(noisy.head(VALIDATE_SAMPLE), fab)
-    file_rows = write_flow_files(noisy, fab, landing / "flows", conv["collectors"], np.random.default_rng([seed, 5]))
+    _validate_rendered(noisy.head(VALIDATE_SAMPLE), fab, conv["background"]["probe_transport"])
+    file_rows = write_flow_files(noisy, fab, landing / "flows", conv["collectors"], np.random.default_rng([seed, 5]),
+                                 conv["background"]["probe_transport"])
     n_records = noisy.height
     del noisy
     file_rows += write_topology(fab, landing / "topology", conv["topology"])
@@ -192,20 +195,26 @@ def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 
 
 
 def _fit_job_budget(jobs, conv: dict, budget: float, minutes: float) -> None:
-    """Keep the fleet's record count near what collectors really export: on big fleets, lower the
-    queue pairs and then the channels per NIC of the busiest jobs (recorded in job_layout.csv)."""
+    """Keep the fleet's record count near what collectors really export (a few hundred records per
+    GPU-minute): on big fleets, lower the queue pairs, then the channels per NIC, then the number of
+    gradient buckets (bigger buckets, as users of big models configure) of the busiest jobs. The
+    values used land in job_layout.csv."""
     mirror = 2.0 if conv["collectors"]["mirror"] == "both" else 1.0
     est = np.array([records_per_minute(j) * minutes * mirror for j in jobs], float)
     order = np.argsort(-est)
-    for attr in ("qps", "channels"):
+    for attr in ("qps", "channels", "buckets", "buckets", "buckets", "buckets"):
         for i in order:
-            if est.sum() <= 0.7 * budget:
+            if est.sum() <= 0.8 * budget:
                 return
             j = jobs[i]
             if attr == "qps" and j.qps > 1:
                 j.qps = 1
             elif attr == "channels" and j.channels > len(j.nic_slots):
                 j.channels = len(j.nic_slots)
+            elif attr == "buckets" and j.buckets.size > 3:
+                b = j.buckets
+                merged = b[: b.size // 2 * 2].reshape(-1, 2).sum(axis=1)
+                j.buckets = np.concatenate([merged, b[b.size // 2 * 2:]]).astype(np.int64)
             est[i] = records_per_minute(j) * minutes * mirror
 
 
@@ -216,7 +225,7 @@ def _fit_cutting_budget(allf: pl.DataFrame, conv: dict, budget: float) -> None:
     cuts = {c["cutting"] for c in cc["per_collector"]}
     n = allf.height * (2.0 if cc["mirror"] == "both" else 1.0)
     room = max(1.0, budget / max(n, 1.0))
-    rdma = allf["tr"].to_numpy() == 0
+    rdma = transport(allf["kind"].to_numpy(), conv["background"]["probe_transport"]) == 0
     byt = allf["bytes"].to_numpy()
     if "message" in cuts:
         cap = int(cc["message_cap"])
@@ -391,8 +400,7 @@ def _affected(f, flows: pl.DataFrame, job_ids, fab) -> str | None:
         sel = jf.filter(((pl.col("src") == f.endpoint) | (pl.col("dst") == f.endpoint)))
     elif f.kind == "congested_switch":
         src, dst = jf["src"].to_numpy(), jf["dst"].to_numpy()
-        fh = flow_hash(src, dst, jf["ch"].to_numpy(), jf["qp"].to_numpy(), jf["kind"].to_numpy())
-        ls, sp, ld = fab.path_switches(src, dst, fh)
+        ls, sp, ld = fab.path_switches(src, dst, jf["fh"].to_numpy().view(np.uint64))
         sel = jf.filter(pl.Series((ls == f.switch) | (sp == f.switch) | (ld == f.switch)))
     elif f.gpu_mask is not None:
         sel = jf.filter(pl.Series(f.gpu_mask[jf["src"].to_numpy()]))
@@ -433,13 +441,14 @@ def _median_step(run, f, window) -> float | None:
     return float(np.mean(d[ok])) if ok.any() else None
 
 
-def _validate_rendered(df: pl.DataFrame, fab) -> None:
+def _validate_rendered(df: pl.DataFrame, fab, probe_transport: str) -> None:
+    ident = identity(df["fh"].to_numpy(), df["kind"].to_numpy(), probe_transport)
     view = df.select("start_ns", "duration_ns", src_ip=_lookup(fab.ip, df["src"]),
-                     dst_ip=_lookup(fab.ip, df["dst"]), bytes="bytes", packets="packets",
-                     src_port="src_port", dst_port="dst_port",
-                     src_qp=pl.when(pl.col("src_qp") < 0).then(None).otherwise(pl.col("src_qp")),
-                     dst_qp=pl.when(pl.col("dst_qp") < 0).then(None).otherwise(pl.col("dst_qp")), path=pl.lit("x"))
-    S.SIM_FLOWS.validate(view)
+                     dst_ip=_lookup(fab.ip, df["dst"]), bytes="bytes", packets="packets").with_columns(
+        src_port=pl.Series(ident["src_port"]), dst_port=pl.Series(ident["dst_port"]),
+        src_qp=pl.Series(ident["src_qp"]), dst_qp=pl.Series(ident["dst_qp"]), path=pl.lit("x"))
+    S.SIM_FLOWS.validate(view.with_columns(pl.when(pl.col(c) < 0).then(None).otherwise(pl.col(c)).alias(c)
+                                           for c in ("src_qp", "dst_qp")))
 
 
 def _captures(landing, job_list, runs, fab, fault_rows, seed, window, steps):

@@ -41,7 +41,8 @@ def test_healthy_fleet_has_no_faults_and_the_faulty_one_lists_each(healthy256, f
                                   "congested_switch", "degraded_nic", "flapping_link", "nic_overload"])
 def test_a_fault_slows_a_job_it_touches_once_it_starts(healthy256, faulty256, kind):
     r = _fault(faulty256, kind)
-    jobs = [j for j in (r["affected_jobs"] or r["job_id"] or "").split("|") if j]
+    hung = _fault(faulty256, "hang")["job_id"]
+    jobs = [j for j in (r["affected_jobs"] or r["job_id"] or "").split("|") if j and j != hung]
     assert jobs
     lo, hi = faulty256.window
     ratios = []
@@ -128,7 +129,7 @@ def test_hang_stops_the_job(faulty256, healthy256):
     pairs = faulty256.truth("pairs").filter(pl.col("job_id") == job)
     f = faulty256.flows().with_columns(ip_a=pl.min_horizontal("src_ip", "dst_ip"), ip_b=pl.max_horizontal("src_ip", "dst_ip"))
     f = f.join(pairs.select("ip_a", "ip_b"), on=["ip_a", "ip_b"], how="semi")
-    assert f["start_ns"].max() < r["start_ns"] + 200_000      # nothing after the hang (but skew)
+    assert f.height == 0 or f["start_ns"].max() < r["start_ns"] + 200_000      # nothing after the hang (but skew)
     steps = faulty256.truth("steps").filter(pl.col("job_id") == job)
     assert steps.height == 0 or steps["end_ns"].max() < r["start_ns"]
     assert healthy256.truth("steps").filter((pl.col("job_id") == job) & (pl.col("end_ns") > r["start_ns"])).height > 0
