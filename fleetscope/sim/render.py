@@ -352,13 +352,14 @@ def write_flow_files(df: pl.DataFrame, fab: Fabric, flows_dir: Path, cc: dict, r
 
 
 def _set_mtimes(landing: Path, rows: list[dict]) -> None:
-    """Files land in time order a few minutes ago; the late file lands last (now)."""
+    """Files land in time order over the last ten minutes; the late file lands last (a few seconds
+    ago: settled, so a run right after the simulation sees it, as the newest file)."""
     now = time.time()
     order = sorted(range(len(rows)), key=lambda i: (rows[i]["role"] == "late", rows[i]["last_start_ns"], rows[i]["file"]))
     for rank, i in enumerate(order):
-        t = now - 600 + 600 * rank / max(1, len(order))
+        t = now - 600 + 590 * rank / max(1, len(order))
         if rows[i]["role"] == "late":
-            t = now
+            t = now - 5
         os.utime(landing / rows[i]["file"], (t, t))
 
 

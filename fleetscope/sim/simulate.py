@@ -45,6 +45,9 @@ TRUTH_FILES = ("jobs.csv", "job_layout.csv", "pairs.csv", "steps.csv", "faults.c
                "background_hosts.csv", "files.csv", "conventions.json", "summary.json", "capture_faults.csv")
 
 
+MIN_BUDGET = 1_500_000      # records per minute any fleet may make (small fleets: every convention at full strength)
+
+
 def record_budget(n_gpus: int) -> float:
     """Flow records per GPU-minute the generator aims to stay under (real collectors at this
     granularity export a few hundred per GPU-minute; big fleets keep the generation tractable)."""
@@ -89,7 +92,7 @@ def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 
     conv = draw_conventions(seed, gpus, conventions)
     fab = build_fabric(gpus, conv, seed)
     job_list, idle_hosts = place_jobs(fab, jobs, np.random.default_rng([seed, 1]), window, conv, hard_cases=hard_cases)
-    budget = record_budget(gpus) * gpus * minutes
+    budget = max(record_budget(gpus) * gpus, MIN_BUDGET) * minutes
     _fit_job_budget(job_list, conv, budget, minutes)
     fault_list = choose_faults(faults, job_list, fab, np.random.default_rng([seed, 2]), window)
 
