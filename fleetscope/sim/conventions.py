@@ -120,6 +120,7 @@ def draw_conventions(seed: int, n_gpus: int, overrides: dict | None = None) -> d
         "padded_bucket_share": float(_pick(rng, [0.0, 0.2])),
         "p2p_channels": _pick(rng, [[1], [1, 2], [2]]),
         "placement": _pick(rng, ["contiguous", "fragmented"], [0.6, 0.4]),
+        "tcp_share": float(_pick(rng, [0.0, 0.1, 0.2])),         # jobs on NCCL's socket transport (no RDMA, no QPs)
     }
     life = {
         "shared_host_pair": bool(rng.random() < 0.75),  # one tenant, two jobs on the same hosts, split by GPU

@@ -30,12 +30,13 @@ import numpy as np
 
 from fleetscope.sim.fabric import NIC_BW, Fabric, flow_hash
 from fleetscope.sim.faults import COMPUTE, NETWORK, Fault
-from fleetscope.sim.jobs import BWD_RATIO, JobSpec, dp_plan, pp_pairs
+from fleetscope.sim.jobs import AUTO_TREE_BYTES, BWD_RATIO, JobSpec, dp_plan, pp_pairs
 
 LAUNCH_NS = 5_000        # kernel launch / doorbell before a flow's first packet
 RING_ALPHA_NS = 6_000    # per ring step latency
 BUCKET_GAP_NS = 15_000
 PP_LAT_NS = 8_000
+SOCKET_EFFICIENCY = 0.4  # NCCL's socket transport reaches a fraction of the NIC's RDMA bandwidth
 
 KIND_PP, KIND_DP = 0, 1
 FLOW_COLUMNS = ("k", "kind", "src", "dst", "fh", "start", "dur", "busy", "bytes")
@@ -153,7 +154,6 @@ def run_job(job: JobSpec, job_idx: int, fab: Fabric, faults: list[Fault], window
         K = min(K, max(1, int((job.stop_ns - job.start_ns) // nominal) + 1))
     mine = [f for f in faults if _touches(f, job, job_idx)]
     hang = next((f for f in mine if f.kind == "hang"), None)
-    plans = [dp_plan(job, s) for s in range(job.pp)]
 
     step_start = job.start_ns + np.arange(K) * nominal
     active = None
@@ -163,7 +163,7 @@ def run_job(job: JobSpec, job_idx: int, fab: Fabric, faults: list[Fault], window
         if active is not None and np.array_equal(new_active, active) and not any(f.flaps for f in mine):
             break
         active = new_active
-        res = _execute(job, job_idx, fab, mine, active, K, plans, seed, step_start)
+        res = _execute(job, job_idx, fab, mine, active, K, seed, step_start)
         new_start = job.start_ns + np.concatenate([[0], np.cumsum(res["step_dur"][:-1])]).astype(np.int64)
         if np.array_equal(new_start, step_start):
             break
@@ -230,7 +230,7 @@ def _events(job: JobSpec, step_start, step_end, steps, complete, window) -> list
 
 
 def _execute(job: JobSpec, job_idx: int, fab: Fabric, faults: list[Fault], active: np.ndarray, K: int,
-             plans: list[dict], seed: int, step_start: np.ndarray) -> dict:
+             seed: int, step_start: np.ndarray) -> dict:
     P, T, D, m = job.pp, job.tp, job.dp, job.n_microbatches
     rng = np.random.default_rng([seed, 7, job_idx])        # same draws in every fixed-point pass
     net_idx = [i for i, f in enumerate(faults) if f.kind in ("degraded_nic", "congested_switch")]
@@ -353,44 +353,59 @@ def _execute(job: JobSpec, job_idx: int, fab: Fabric, faults: list[Fault], activ
             if st.any():
                 flap_stall.append((f.endpoint, st))
 
-    for s in range(P):
-        pl_ = plans[s]
+    bw = NIC_BW * (SOCKET_EFFICIENCY if job.transport == "tcp" else 1.0)
+
+    def route(s, algo):
+        """Everything about stage s's hops under one algorithm that does not depend on the bucket."""
+        pl_ = dp_plan(job, s, algo)
         src, dst, phase = pl_["src"], pl_["dst"], pl_["phase"]          # (T, C, H)
         H = src.shape[2]
-        tree = job.algo == "tree" and N // job.local >= 3
-        depth = int(np.ceil(np.log2(N // job.local + 1))) if tree else 0
+        tree = algo == "tree" and N // job.local >= 3
         # concurrent channels per NIC (tx and rx): the NIC's bandwidth is shared among them
         u_s, c_s = np.unique(src, return_counts=True)
         u_d, c_d = np.unique(dst, return_counts=True)
         load = np.maximum(c_s[np.searchsorted(u_s, src)], c_d[np.searchsorted(u_d, dst)])
-        bw_ch = NIC_BW / load                                                    # (T, C, H)
         src_q = np.broadcast_to(src[..., None], src.shape + (Q,))
         dst_q = np.broadcast_to(dst[..., None], dst.shape + (Q,))
         ch_q = np.broadcast_to(np.arange(C)[None, :, None, None], src_q.shape)
         qp_q = np.broadcast_to(np.arange(Q), src_q.shape)
         fh = flow_hash(src_q, dst_q, ch_q, qp_q, KIND_DP).reshape(src_q.shape)
-        fac = link_factor(fab, net, src_q, dst_q, net_active, fh)                # (K, T, C, H, Q)
         stall = np.zeros((K, T, C, H))
         for e, st in flap_stall:
             hit = (src == e) | (dst == e)
             if hit.any():
                 stall += st[:, None, None, None] * hit[None]
+        return {"src_q": src_q, "dst_q": dst_q, "fh": fh, "bw_ch": bw / load, "phase": phase, "tree": tree,
+                "depth": int(np.ceil(np.log2(N // job.local + 1))) if tree else 0, "stall": stall, "H": H,
+                "fac": link_factor(fab, net, src_q, dst_q, net_active, fh)}               # (K, T, C, H, Q)
+
+    for s in range(P):
+        routes = {"ring": route(s, "ring")}
+        if job.algo in ("tree", "auto"):
+            routes["tree"] = route(s, "tree")
         state = {"first": True}
 
-        def collective(start_kt, frac_wire, nbytes, alpha_steps):
+        def collective(start_kt, frac_wire, nbytes, alpha_steps, allreduce=False):
             """One collective on every TP group of stage s: records (K, T, C, H, Q); returns end (K, T)."""
+            algo = "ring"
+            if allreduce and job.algo == "tree" or (job.algo == "auto" and allreduce and nbytes < AUTO_TREE_BYTES):
+                algo = "tree"
+            r = routes[algo]
+            if r["tree"]:          # each channel's share goes up and down every tree edge
+                frac_wire, alpha_steps = 1.0, 2 * r["depth"]
             bytes_ch = frac_wire * nbytes / C
-            own = bytes_ch / (bw_ch[None, ..., None] * fac) * 1e9                 # (K, T, C, H, Q)
+            H = r["H"]
+            own = bytes_ch / (r["bw_ch"][None, ..., None] * r["fac"]) * 1e9                # (K, T, C, H, Q)
             if state["first"] and flap_stall:
-                own = own + stall[..., None]
+                own = own + r["stall"][..., None]
                 state["first"] = False
             ring = own.max(axis=(3, 4)) + alpha_steps * RING_ALPHA_NS             # (K, T, C): paced by the slowest hop
             jit = rng.uniform(0, 4_000, (K, T, C, H, Q))
             fst = start_kt[:, :, None, None, None] + LAUNCH_NS + jit
             span = ring[..., None, None] - jit + rng.uniform(0, 3_000, (K, T, C, H, Q))
-            if tree:       # the broadcast half trails the reduce half by the tree's depth
-                fst = fst + phase[None, None, None, :, None].astype(np.float64) * (depth * RING_ALPHA_NS)
-            emit(KIND_DP, src_q[None], dst_q[None], fh[None], fst, span, own,
+            if r["tree"]:       # the broadcast half trails the reduce half by the tree's depth
+                fst = fst + r["phase"][None, None, None, :, None].astype(np.float64) * (r["depth"] * RING_ALPHA_NS)
+            emit(KIND_DP, r["src_q"][None], r["dst_q"][None], r["fh"][None], fst, span, own,
                  max(1, int(round(bytes_ch / Q))), kk[:, None, None, None, None])
             return (fst + span).max(axis=(2, 3, 4))
 
@@ -416,16 +431,15 @@ def _execute(job: JobSpec, job_idx: int, fab: Fabric, faults: list[Fault], activ
         bst, bd = Bs[s, m - 1], Be[s, m - 1] - Bs[s, m - 1]        # last backward of the stage (K, D)
         cum = np.cumsum(sizes) / sizes.sum()
         prev_end = np.full((K, T), -np.inf)
-        if tree:
-            wire, steps_a = 1.0, 2 * depth
-        elif job.dp_style == "zero":
+        if job.dp_style == "zero":
             wire, steps_a = (N - 1) / N, N - 1
         else:
             wire, steps_a = 2 * (N - 1) / N, 2 * (N - 1)
         for b, nb in enumerate(sizes):
             ready = (bst + cum[b] * bd).max(axis=1) if job.overlap else Be[s, m - 1].max(axis=1)
             first_ready = np.minimum(first_ready, ready)
-            prev_end = collective(np.maximum(ready[:, None], prev_end) + BUCKET_GAP_NS, wire, nb, steps_a)
+            prev_end = collective(np.maximum(ready[:, None], prev_end) + BUCKET_GAP_NS, wire, nb, steps_a,
+                                  allreduce=job.dp_style != "zero")
         if job.dp_style == "zero":
             # sharded optimizer step, then all-gather of the updated parameters
             ag_ready = prev_end.max(axis=1) + job.optimizer_ns * max(0.25, 1.0 / D)

@@ -23,6 +23,7 @@ from fleetscope.sim.fabric import GPUS_PER_HOST, NIC_BW, Fabric
 NS = 1_000_000_000
 BWD_RATIO = 2.0
 MAX_BUCKETS = 40
+AUTO_TREE_BYTES = 16 << 20
 
 
 @dataclass
@@ -46,7 +47,7 @@ class JobSpec:
     start_ns: int               # compute start of its first simulated step (may precede the window)
     first_step: int
     overlap: bool = True        # buckets reduced while the backward runs
-    algo: str = "ring"          # ring | tree
+    algo: str = "ring"          # ring | tree | auto (trees below AUTO_TREE_BYTES per call, rings above)
     qps: int = 1                # queue pairs per connection
     nic_slots: tuple = (0,)     # local member indices whose NICs carry the DP channels
     cross_rail: bool = False
@@ -64,6 +65,7 @@ class JobSpec:
     checkpoints: dict = field(default_factory=dict)   # step index -> pause after it (ns)
     stalls: dict = field(default_factory=dict)        # step index -> dataloader stall before it (ns)
     nic_overload: bool = False         # fault: every channel of a host through one NIC
+    transport: str = "rdma"            # rdma (RoCEv2) | tcp (NCCL socket transport: TCP connections, no QPs)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -95,9 +97,11 @@ class JobSpec:
         return (gpu // GPUS_PER_HOST) * GPUS_PER_HOST + self.gpu_offset
 
 
-def dp_plan(job: JobSpec, s: int) -> dict:
+def dp_plan(job: JobSpec, s: int, algo: str | None = None) -> dict:
     """Inter-host hops of stage s's DP collectives: src/dst NICs of shape (T, C, H) (H hops per
-    channel), the hop's phase (tree: 0 up, 1 down) and the member GPUs per (T, n_hosts, local)."""
+    channel), the hop's phase (tree: 0 up, 1 down) and the member GPUs per (T, n_hosts, local).
+    algo: ring or tree (default: the job's; `auto` jobs use both, by collective size)."""
+    algo = algo or ("ring" if job.algo == "auto" else job.algo)
     T, D, L, C = job.tp, job.dp, job.local, job.channels
     n_h = D // L
     t, d = np.meshgrid(np.arange(T), np.arange(D), indexing="ij")
@@ -106,7 +110,7 @@ def dp_plan(job: JobSpec, s: int) -> dict:
     c = np.arange(C)
     e_out = slots[c % len(slots)]
     e_in = slots[(c + 1) % len(slots)] if (job.cross_rail and len(slots) > 1) else e_out
-    if job.algo == "tree" and n_h >= 3:
+    if algo == "tree" and n_h >= 3:
         i = np.arange(1, n_h)
         par = (i - 1) // 2
         # tree A on the host order, tree B on the mirrored order (NCCL's double binary tree)
@@ -225,7 +229,11 @@ def make_job(job_id: str, tenant: str, hosts: np.ndarray, gph: int, gpu_offset: 
         cap = max(int(max(4e7, 1e6 * dp)) * 4, grad // MAX_BUCKETS)
         k = max(2, int(round(grad / cap)))
         grad, buckets, equal = k * cap, np.full(k, cap, dtype=np.int64), True
-    algo = "tree" if (n_h >= 4 and style in ("ddp", "megatron") and rng.random() < jc["tree_share"]) else "ring"
+    # NCCL's algorithm: rings; double binary trees (NCCL_ALGO=Tree); or its own choice per call
+    # (trees for small all-reduces, rings for big ones)
+    algo = "ring"
+    if n_h >= 4 and style in ("ddp", "megatron") and rng.random() < jc["tree_share"]:
+        algo = str(rng.choice(["tree", "auto"]))
     seq = int(rng.choice([2048, 4096, 8192]))
     hidden = int(rng.choice([2048, 4096, 5120, 8192]))
     mbs = int(rng.choice([1, 1, 2]))
@@ -238,7 +246,7 @@ def make_job(job_id: str, tenant: str, hosts: np.ndarray, gph: int, gpu_offset: 
         cross_rail=bool(len(slots) > 1 and rng.random() < jc["cross_rail_share"]),
         bidir=bool(rng.random() < jc["bidir_share"]), p2p_channels=int(rng.choice(jc["p2p_channels"])),
         variable_seq=bool(pp > 1 and rng.random() < jc["variable_seq_share"]), equal_buckets=equal,
-        target_step_ns=int(target),
+        target_step_ns=int(target), transport="tcp" if rng.random() < jc.get("tcp_share", 0.0) else "rdma",
     )
     j.start_ns = int(window[0] - rng.uniform(0.2, 1.0) * j.nominal_step_ns())
     return j
@@ -383,7 +391,7 @@ def records_per_minute(j: JobSpec, msg_factor: float = 1.0) -> float:
     """Rough count of flow records the job's traffic makes per minute (for the record budget)."""
     T, P, D, L, C, Q, m = j.tp, j.pp, j.dp, j.local, j.channels, j.qps, j.n_microbatches
     n_h = D // L
-    hops = 2 * (n_h - 1) if (j.algo == "tree" and n_h >= 3) else n_h
+    hops = 2 * (n_h - 1) if (j.algo in ("tree", "auto") and n_h >= 3) else n_h
     if j.dp_style == "fsdp":
         n_coll = len(j.buckets) * (2 * m + 1)
     else:

@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 from fleetscope.sim.background import KIND_CHECKPOINT, KIND_CONTROL, KIND_MONITOR, KIND_PROBE, KIND_STORAGE
-from fleetscope.sim.fabric import Fabric
+from fleetscope.sim.fabric import Fabric, mix
 
 MTU = 4096
 CONTRACT_ORDER = ["start_ns", "duration_ns", "end_ns", "src_ip", "dst_ip", "bytes", "packets", "src_port", "dst_port",
@@ -47,16 +47,19 @@ def transport(kind: np.ndarray, probe_transport: str) -> np.ndarray:
     return t
 
 
-def identity(fh: np.ndarray, kind: np.ndarray, probe_transport: str) -> dict[str, np.ndarray]:
-    """Transport, ports and queue pair numbers of records, from their 5-tuple hash: RoCEv2 hashes a
-    source port per queue pair; TCP and UDP records have no queue pair (-1)."""
+def identity(fh: np.ndarray, kind: np.ndarray, tr: np.ndarray, dst: np.ndarray) -> dict[str, np.ndarray]:
+    """Ports and queue pair numbers of records, from their 5-tuple hash and transport: RoCEv2 hashes
+    a source port per queue pair (destination 4791); TCP and UDP records have no queue pair (-1);
+    a training job's TCP connections go to its peer's listening port."""
     h = fh.view(np.uint64)
-    tr = transport(kind, probe_transport)
     rdma = tr == 0
-    dport = np.select([rdma, kind == KIND_CONTROL, kind == KIND_MONITOR, tr == 1], [4791, 29500, 9100, 8080], 33434)
+    job_tcp = (tr == 1) & (kind <= 1)
+    listen = 32768 + (mix(dst, 7) % np.uint64(28000)).astype(np.int64)
+    dport = np.select([rdma, job_tcp, kind == KIND_CONTROL, kind == KIND_MONITOR, tr == 1],
+                      [4791, listen, 29500, 9100, 8080], 33434)
     sport = np.where(kind == KIND_MONITOR, 40000 + (h >> np.uint64(40)) % np.uint64(20000),
                      49152 + (h >> np.uint64(24)) % np.uint64(16384)).astype(np.int64)
-    return {"tr": tr, "src_port": sport, "dst_port": dport.astype(np.int64),
+    return {"src_port": sport, "dst_port": dport.astype(np.int64),
             "src_qp": np.where(rdma, (h & np.uint64(0xFFFFFF)).astype(np.int64) | 1, -1),
             "dst_qp": np.where(rdma, ((h >> np.uint64(32)) & np.uint64(0xFFFFFF)).astype(np.int64) | 1, -1)}
 
@@ -64,8 +67,8 @@ def identity(fh: np.ndarray, kind: np.ndarray, probe_transport: str) -> dict[str
 # ---- collector noise and cutting ----------------------------------------------------------------------------
 
 def collector_records(df: pl.DataFrame, fab: Fabric, cc: dict, rng: np.random.Generator,
-                      retrans_mult: dict[int, float] | None = None, probe_transport: str = "rdma_ud") -> pl.DataFrame:
-    """True transfers (columns kind, src, dst, fh, start, dur, busy, bytes) -> the records the
+                      retrans_mult: dict[int, float] | None = None) -> pl.DataFrame:
+    """True transfers (columns kind, tr, src, dst, fh, start, dur, busy, bytes) -> the records the
     collectors export: + collector, start_ns, duration_ns (clock of the collector), packets."""
     src, dst = df["src"].to_numpy(), df["dst"].to_numpy()
     a, b = fab.collectors_of(src, dst)
@@ -104,7 +107,7 @@ def collector_records(df: pl.DataFrame, fab: Fabric, cc: dict, rng: np.random.Ge
         ids = [i for i, c in enumerate(cut) if c == m]
         sub = df.filter(pl.Series(np.isin(col, ids))) if len(ids) < len(cut) else df
         if m == "message":
-            sub = _cut_messages(sub, cc["message_bytes"], cc["message_cap"], probe_transport)
+            sub = _cut_messages(sub, cc["message_bytes"], cc["message_cap"])
         elif m == "active_timeout":
             sub = _cut_active(sub, cc["active_timeout_ns"])
         elif m == "flowlet":
@@ -132,12 +135,12 @@ def _repeat_frame(df: pl.DataFrame, n: np.ndarray) -> tuple[pl.DataFrame, np.nda
     return df[idx], pos
 
 
-def _cut_messages(df: pl.DataFrame, msg: int, cap: int, probe_transport: str = "rdma_ud") -> pl.DataFrame:
+def _cut_messages(df: pl.DataFrame, msg: int, cap: int) -> pl.DataFrame:
     """RDMA transfers as messages: n = min(cap, ceil(bytes / msg)) records spread over the transfer,
     each lasting its share of the time the link was busy (on a paced ring hop: short, with gaps),
     the last ending where the transfer ends."""
     byt = df["bytes"].to_numpy()
-    rdma = transport(df["kind"].to_numpy(), probe_transport) == 0
+    rdma = df["tr"].to_numpy() == 0
     n = np.where(rdma, np.clip((byt + msg - 1) // msg, 1, max(1, int(cap))), 1).astype(np.int64)
     dur, busy, st = df["dur"].to_numpy(), df["busy"].to_numpy(), df["start"].to_numpy()
     rep, pos = _repeat_frame(df, n)
@@ -230,9 +233,8 @@ def _extra(name: str, part: pl.DataFrame, coll: dict, fab: Fabric, tr: np.ndarra
     raise ValueError(name)
 
 
-def _frame_for(part: pl.DataFrame, coll: dict, fab: Fabric, ip: pl.Series, paths: pl.Series, plist: pl.Series,
-               probe_transport: str) -> pl.DataFrame:
-    ident = identity(part["fh"].to_numpy(), part["kind"].to_numpy(), probe_transport)
+def _frame_for(part: pl.DataFrame, coll: dict, fab: Fabric, ip: pl.Series, paths: pl.Series, plist: pl.Series) -> pl.DataFrame:
+    ident = identity(part["fh"].to_numpy(), part["kind"].to_numpy(), part["tr"].to_numpy(), part["dst"].to_numpy())
     cols: dict[str, pl.Series] = {"start_ns": part["start_ns"]}
     if coll["time_columns"] in ("duration", "both"):
         cols["duration_ns"] = part["duration_ns"]
@@ -254,7 +256,7 @@ def _frame_for(part: pl.DataFrame, coll: dict, fab: Fabric, ip: pl.Series, paths
     pidx = part["pidx"].cast(pl.Int64)
     cols["path"] = (plist if coll["path_style"] == "list" else paths).gather(pidx).alias("path")
     for e in coll["extra_columns"]:
-        cols[e] = _extra(e, part, coll, fab, ident["tr"])
+        cols[e] = _extra(e, part, coll, fab, part["tr"].to_numpy())
     out = pl.DataFrame(list(cols.values()))
     order = list(out.columns)
     if coll["shuffle_columns"]:
@@ -296,8 +298,7 @@ def _stem(coll: dict, t0_ns: int) -> str:
     return coll["naming"].format(c=coll["name"], t=t, epoch=t0_ns // 1_000_000_000)
 
 
-def write_flow_files(df: pl.DataFrame, fab: Fabric, flows_dir: Path, cc: dict, rng: np.random.Generator,
-                     probe_transport: str = "rdma_ud") -> list[dict]:
+def write_flow_files(df: pl.DataFrame, fab: Fabric, flows_dir: Path, cc: dict, rng: np.random.Generator) -> list[dict]:
     """Files per collector per period in each collector's format; returns one row per written file."""
     flows_dir.mkdir(parents=True, exist_ok=True)
     src, dst = df["src"].to_numpy(), df["dst"].to_numpy()
@@ -331,7 +332,7 @@ def write_flow_files(df: pl.DataFrame, fab: Fabric, flows_dir: Path, cc: dict, r
             chunks = [(part[:cut_at], stem, "regular"), (part[cut_at:], stem + rng.choice(["-late", ".part2", "-1"]), "late")]
         for ch_df, name, role in chunks:
             p = flows_dir / (name + _ext(c["format"]))
-            write_table(_frame_for(ch_df, c, fab, ip, pstr, plist, probe_transport), p, c["format"], c["codec"], c["dialect"])
+            write_table(_frame_for(ch_df, c, fab, ip, pstr, plist), p, c["format"], c["codec"], c["dialect"])
             rows.append({"file": f"flows/{p.name}", "kind": "flows", "collector": c["collector"], "format": c["format"],
                          "codec": c["codec"], "dialect": None if c["dialect"] is None else repr(sorted(c["dialect"].items())),
                          "time_columns": c["time_columns"], "path_style": c["path_style"], "cutting": c["cutting"],

@@ -38,7 +38,7 @@ TRUTH_JOB_LAYOUT = register("sim_truth_job_layout", pa.DataFrameSchema({
     "gpus_per_host": pa.Column(pl.Int32, pa.Check.ge(1)),
     "dp_style": pa.Column(pl.Utf8, pa.Check.isin(["ddp", "megatron", "zero", "fsdp"])),
     "overlap": pa.Column(pl.Boolean),
-    "algo": pa.Column(pl.Utf8, pa.Check.isin(["ring", "tree"])),
+    "algo": pa.Column(pl.Utf8, pa.Check.isin(["ring", "tree", "auto"])),
     "n_buckets": pa.Column(pl.Int32, pa.Check.ge(1)),
     "channels": pa.Column(pl.Int32, pa.Check.ge(1)),
     "qps": pa.Column(pl.Int32, pa.Check.ge(1)),
@@ -58,6 +58,7 @@ TRUTH_JOB_LAYOUT = register("sim_truth_job_layout", pa.DataFrameSchema({
     "variable_seq": pa.Column(pl.Boolean),      # PP activation sizes vary per microbatch
     "equal_buckets": pa.Column(pl.Boolean),     # one DP flow size per step
     "nic_overload": pa.Column(pl.Boolean),
+    "transport": pa.Column(pl.Utf8, pa.Check.isin(["rdma", "tcp"])),
 }, strict=True))
 
 TRUTH_PAIRS = register("sim_truth_pairs", pa.DataFrameSchema({

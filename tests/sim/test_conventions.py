@@ -25,7 +25,7 @@ def test_every_fleet_convention_takes_several_values_over_20_seeds(gpus):
 
 def test_every_job_convention_takes_several_values_over_20_seeds():
     attrs = ["tp", "pp", "dp_style", "algo", "channels", "qps", "p2p_channels", "cross_rail", "bidir", "overlap",
-             "variable_seq", "equal_buckets", "n_microbatches", "gpus_per_host"]
+             "variable_seq", "equal_buckets", "n_microbatches", "gpus_per_host", "transport"]
     seen = {a: set() for a in attrs}
     step = []
     for seed in range(20):
@@ -44,7 +44,7 @@ def test_every_job_convention_takes_several_values_over_20_seeds():
             step.append(j.target_step_ns / 1e9)
     constant = sorted(a for a, v in seen.items() if len(v) < 2)
     assert not constant, f"job conventions that never vary: {constant}"
-    assert {"ddp", "megatron", "zero", "fsdp"} <= seen["dp_style"]
+    assert {"ddp", "megatron", "zero", "fsdp"} <= seen["dp_style"] and {"ring", "tree", "auto"} <= seen["algo"]
     assert {1, 2, 4, 8} <= seen["tp"] and max(seen["qps"]) >= 2
     # jobs of very different step times
     assert min(step) < 0.5 and max(step) > 6

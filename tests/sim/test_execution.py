@@ -122,3 +122,23 @@ def test_buckets_have_different_sizes_and_sum_to_the_gradients():
     assert ddp[0] == 1 << 20 and ddp[1] == 25 << 20 and ddp.sum() == 130 << 20 and len(set(ddp.tolist())) >= 2
     meg = _buckets("megatron", 1_000_000_000, 64)
     assert meg[0] == int(max(4e7, 64e6)) * 4 and meg.sum() == 1_000_000_000 and len(set(meg.tolist())) == 2
+
+
+def test_auto_algorithm_runs_small_all_reduces_on_trees_and_big_ones_on_rings():
+    from fleetscope.sim.execution import KIND_DP, run_job
+    from fleetscope.sim.fabric import build_fabric
+
+    fab = build_fabric(64, seed=0)
+    job = _job((8, 1, 8), 8, 0, channels=2, qps=1, algo="auto", dp_style="ddp", overlap=True,
+               buckets=np.array([1 << 20, 64 << 20, 64 << 20], dtype=np.int64))
+    job.start_ns = 0
+    run = run_job(job, 0, fab, [], (0, 20_000_000_000), seed=0)
+    f = run.flows
+    dp = f["kind"] == KIND_DP
+    pairs_small = set(zip(f["src"][dp & (f["bytes"] < 2 << 20)].tolist(), f["dst"][dp & (f["bytes"] < 2 << 20)].tolist()))
+    pairs_big = set(zip(f["src"][dp & (f["bytes"] > 2 << 20)].tolist(), f["dst"][dp & (f["bytes"] > 2 << 20)].tolist()))
+    ring = dp_plan(job, 0, "ring")
+    tree = dp_plan(job, 0, "tree")
+    assert pairs_big == set(zip(ring["src"].reshape(-1).tolist(), ring["dst"].reshape(-1).tolist()))
+    assert pairs_small == set(zip(tree["src"].reshape(-1).tolist(), tree["dst"].reshape(-1).tolist()))
+    assert pairs_small != pairs_big

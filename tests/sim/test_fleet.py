@@ -166,6 +166,20 @@ def test_mirroring_both_ends_exports_each_flow_twice_with_two_clocks(tmp_path):
     assert (twice["len"] % 2 == 0).mean() > 0.99 and (twice["clocks"] > 1).any()
 
 
+def test_jobs_on_the_socket_transport_show_tcp_records_without_queue_pairs(tmp_path):
+    every = ["packets", "src_port", "dst_port", "src_qp", "dst_qp"]
+    s = simulate(tmp_path, gpus=64, seed=8, captures=False,
+                 conventions={"jobs": {"tcp_share": 1.0}, "collectors": {"per_collector": {"optional_columns": every}}})
+    f = Fleet(tmp_path, s)
+    pairs = f.truth("pairs")
+    assert set(f.truth("job_layout")["transport"]) == {"tcp"}
+    rec = f.flows().with_columns(ip_a=pl.min_horizontal("src_ip", "dst_ip"), ip_b=pl.max_horizontal("src_ip", "dst_ip")).join(
+        pairs, on=["ip_a", "ip_b"], how="semi")
+    assert rec.height > 0 and rec["src_qp"].null_count() == rec.height and (rec["dst_port"] != 4791).all()
+    # a peer listens on one port: every connection to an ip uses it
+    assert (rec.group_by("dst_ip").agg(pl.col("dst_port").n_unique())["dst_port"] == 1).all()
+
+
 def test_bad_arguments_get_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="multiple of 8"):
         simulate(tmp_path / "a", gpus=60)
