@@ -66,16 +66,11 @@ def identity(fh: np.ndarray, kind: np.ndarray, tr: np.ndarray, dst: np.ndarray) 
 
 # ---- collector noise and cutting ----------------------------------------------------------------------------
 
-def collector_records(df: pl.DataFrame, fab: Fabric, cc: dict, rng: np.random.Generator,
+def collector_records(df: pl.DataFrame, coll: dict, cc: dict, rng: np.random.Generator,
                       retrans_mult: dict[int, float] | None = None) -> pl.DataFrame:
-    """True transfers (columns kind, tr, src, dst, fh, start, dur, busy, bytes) -> the records the
-    collectors export: + collector, start_ns, duration_ns (clock of the collector), packets."""
-    src, dst = df["src"].to_numpy(), df["dst"].to_numpy()
-    a, b = fab.collectors_of(src, dst)
-    df = df.with_columns(collector=pl.Series(a.astype(np.int16)))
-    if (b >= 0).any():
-        df = pl.concat([df, df.filter(pl.Series(b >= 0)).with_columns(collector=pl.Series(b[b >= 0].astype(np.int16)))])
-    # retransmission splits: the same 5-tuple twice, a gap between the parts
+    """The transfers one collector mirrors (columns kind, tr, src, dst, fh, start, dur, busy, bytes)
+    -> the records it exports: retransmission splits, its record cutting, lost records, its clock
+    (start_ns, duration_ns) and packet counts."""
     n = df.height
     p = np.full(n, cc["retrans_rate"])
     if retrans_mult:
@@ -83,7 +78,7 @@ def collector_records(df: pl.DataFrame, fab: Fabric, cc: dict, rng: np.random.Ge
         for e, mlt in retrans_mult.items():
             p = np.where((s == e) | (d == e), np.minimum(0.5, p * mlt), p)
     split = rng.random(n) < p
-    if split.any():
+    if split.any():        # the same 5-tuple twice, a gap between the parts
         frac = rng.uniform(0.2, 0.8, n)
         gap = rng.uniform(20e3, 200e3, n)
         dur, byt, busy = df["dur"].to_numpy(), df["bytes"].to_numpy(), df["busy"].to_numpy()
@@ -99,30 +94,16 @@ def collector_records(df: pl.DataFrame, fab: Fabric, cc: dict, rng: np.random.Ge
             busy=pl.Series(np.maximum(1, np.minimum(busy[idx], dur[idx] - off))),
             bytes=pl.Series(np.maximum(1, byt[idx] - b1[idx])))
         df = pl.concat([first, second])
-    # record cutting, per collector
-    cut = [c["cutting"] for c in cc["per_collector"]]
-    col = df["collector"].to_numpy()
-    parts = []
-    for m in sorted(set(cut)):
-        ids = [i for i, c in enumerate(cut) if c == m]
-        sub = df.filter(pl.Series(np.isin(col, ids))) if len(ids) < len(cut) else df
-        if m == "message":
-            sub = _cut_messages(sub, cc["message_bytes"], cc["message_cap"])
-        elif m == "active_timeout":
-            sub = _cut_active(sub, cc["active_timeout_ns"])
-        elif m == "flowlet":
-            sub = _merge_flowlets(sub, cc["flowlet_idle_ns"])
-        parts.append(sub)
-    df = pl.concat(parts) if len(parts) > 1 else parts[0]
-    # lost records
-    df = df.filter(pl.Series(rng.random(df.height) >= cc["loss_rate"]))
-    # the collector's clock: offset and drift
-    skew = np.array([c["skew_ns"] for c in cc["per_collector"]], np.int64)
-    drift = np.array([c["drift_ppm"] for c in cc["per_collector"]], np.float64)
-    col = df["collector"].to_numpy()
+    m = coll["cutting"]
+    if m == "message":
+        df = _cut_messages(df, cc["message_bytes"], cc["message_cap"])
+    elif m == "active_timeout":
+        df = _cut_active(df, cc["active_timeout_ns"])
+    elif m == "flowlet":
+        df = _merge_flowlets(df, cc["flowlet_idle_ns"])
+    df = df.filter(pl.Series(rng.random(df.height) >= cc["loss_rate"]))      # lost records
     st = df["start"].to_numpy()
-    t0 = int(st.min()) if st.size else 0
-    off = skew[col] + ((st - t0) * drift[col] * 1e-6).astype(np.int64)
+    off = coll["skew_ns"] + ((st - cc.get("_t0", 0)) * coll["drift_ppm"] * 1e-6).astype(np.int64)
     byt = df["bytes"].to_numpy()
     extra = (byt // (MTU * 2000)).astype(np.int64)           # a few retransmitted packets on big transfers
     return df.with_columns(start_ns=pl.Series(st + off), duration_ns=pl.col("dur"),
@@ -176,21 +157,21 @@ def _cut_active(df: pl.DataFrame, timeout: int) -> pl.DataFrame:
 
 
 def _merge_flowlets(df: pl.DataFrame, idle: int) -> pl.DataFrame:
-    """Consecutive transfers of one 5-tuple (at one collector) whose gap is below the idle timeout
-    become one record: its bytes are the sum, it spans first start to last end."""
+    """Consecutive transfers of one 5-tuple whose gap is below the idle timeout become one record:
+    its bytes are the sum, it spans first start to last end."""
     if df.height == 0:
         return df
-    d = df.with_columns(end=pl.col("start") + pl.col("dur")).sort("collector", "fh", "start")
-    prev_end = pl.col("end").cum_max().shift(1).over("collector", "fh")
-    d = d.with_columns(new=(prev_end.is_null() | ((pl.col("start") - prev_end) > idle)))
-    d = d.with_columns(seg=pl.col("new").cum_sum())
-    keep = [c for c in d.columns if c not in ("start", "dur", "busy", "bytes", "end", "new", "seg")]
-    g = d.group_by("seg", maintain_order=True).agg(
-        [pl.col(c).first() for c in keep] + [pl.col("start").min(), pl.col("end").max(), pl.col("busy").sum(),
-                                             pl.col("bytes").sum()])
-    g = g.with_columns(dur=pl.max_horizontal(pl.col("end") - pl.col("start"), pl.lit(1)))
-    g = g.with_columns(busy=pl.min_horizontal("busy", "dur"))
-    return g.select(df.columns)
+    d = df.sort("fh", "start")
+    fh, st = d["fh"].to_numpy(), d["start"].to_numpy()
+    end = st + d["dur"].to_numpy()
+    new = np.ones(d.height, bool)
+    new[1:] = (fh[1:] != fh[:-1]) | (st[1:] - end[:-1] > idle)
+    first = np.flatnonzero(new)
+    g_end = np.maximum.reduceat(end, first)
+    dur = np.maximum(g_end - st[first], 1)
+    return d[first].with_columns(dur=pl.Series(dur),
+                                 bytes=pl.Series(np.add.reduceat(d["bytes"].to_numpy(), first)),
+                                 busy=pl.Series(np.minimum(np.add.reduceat(d["busy"].to_numpy(), first), dur)))
 
 
 # ---- paths -------------------------------------------------------------------------------------------------
@@ -298,38 +279,73 @@ def _stem(coll: dict, t0_ns: int) -> str:
     return coll["naming"].format(c=coll["name"], t=t, epoch=t0_ns // 1_000_000_000)
 
 
-def write_flow_files(df: pl.DataFrame, fab: Fabric, flows_dir: Path, cc: dict, rng: np.random.Generator) -> list[dict]:
-    """Files per collector per period in each collector's format; returns one row per written file."""
+def render_flows(allf: pl.DataFrame, fab: Fabric, cc: dict, flows_dir: Path, seed: int,
+                 retrans_mult: dict[int, float] | None = None, check=None) -> tuple[list[dict], int]:
+    """Every collector's records and files, one collector at a time (memory stays per collector);
+    returns (one row per written file, number of records). check(records) sees the first one."""
     flows_dir.mkdir(parents=True, exist_ok=True)
-    src, dst = df["src"].to_numpy(), df["dst"].to_numpy()
-    inv, paths = path_strings(fab, src, dst, df["fh"].to_numpy())
-    colls = cc["per_collector"]
-    span = np.array([c["file_span_s"] for c in colls], np.int64) * 1_000_000_000
-    coll = df["collector"].to_numpy().astype(np.int64)
-    st = df["start_ns"].to_numpy()
-    period = st // span[coll]
-    pmin = int(period.min()) if period.size else 0
-    key = coll * (int(period.max()) - pmin + 1 if period.size else 1) + (period - pmin)
-    order = np.lexsort((st, key))                      # stable: same seed, same bytes
-    d = df.with_columns(pidx=pl.Series(inv.astype(np.int64)))[order]
-    key = key[order]
+    src, dst = allf["src"].to_numpy(), allf["dst"].to_numpy()
+    a, b = fab.collectors_of(src, dst)
+    n_coll = len(cc["per_collector"])
+    counts = np.bincount(a, minlength=n_coll) + np.bincount(b[b >= 0], minlength=n_coll)
+    pick = np.random.default_rng([seed, 5])
+    busy = np.flatnonzero(counts >= 40)
+    late_c = int(pick.choice(busy)) if (cc["late_file"] and busy.size) else -1
+    late = (float(pick.random()), float(pick.uniform(0.7, 0.95)), str(pick.choice(["-late", ".part2", "-1"])))
+    cc = dict(cc, _t0=int(allf["start"].min()) if allf.height else 0)
     ip = pl.Series(fab.ip)
+    rows, n_records = [], 0
+    for c, coll in enumerate(cc["per_collector"]):
+        mine = allf.filter(pl.Series(a == c))
+        if (b == c).any():      # mirrored at both ends: a second copy (within one collector too)
+            mine = pl.concat([mine, allf.filter(pl.Series(b == c))])
+        if mine.height == 0:
+            continue
+        rec = collector_records(mine, coll, cc, np.random.default_rng([seed, 4, c]), retrans_mult)
+        if check is not None:
+            check(rec)
+            check = None
+        n_records += rec.height
+        rows += _write_collector(rec, fab, coll, flows_dir, ip, late if c == late_c else None)
+    # one file sent twice: a byte-identical copy under another name
+    regular = [r for r in rows if r["role"] == "regular"]
+    if cc["duplicate_file"] and regular:
+        r = regular[int(pick.integers(0, len(regular)))]
+        srcp = flows_dir / Path(r["file"]).name
+        ext = _ext(r["format"])
+        dup = flows_dir / cc["duplicate_naming"].format(stem=srcp.name[: -len(ext)], ext=ext)
+        shutil.copyfile(srcp, dup)
+        rows.append(r | {"file": f"flows/{dup.name}", "role": "duplicate", "duplicate_of": r["file"]})
+    _set_mtimes(flows_dir.parent, rows)
+    return rows, n_records
+
+
+def _write_collector(rec: pl.DataFrame, fab: Fabric, c: dict, flows_dir: Path, ip: pl.Series, late) -> list[dict]:
+    """One file per period of the collector's span, in its format; with `late` (where in its periods,
+    which share of the records stays, the suffix) the tail of one period goes to a second file."""
+    inv, paths = path_strings(fab, rec["src"].to_numpy(), rec["dst"].to_numpy(), rec["fh"].to_numpy())
+    st = rec["start_ns"].to_numpy()
+    span = c["file_span_s"] * 1_000_000_000
+    period = st // span
+    order = np.lexsort((st, period))                   # stable: same seed, same bytes
+    d = rec.with_columns(pidx=pl.Series(inv.astype(np.int64)))[order]
+    period = period[order]
     pstr = pl.Series("path", paths, dtype=pl.Utf8)
     plist = pstr.str.split(">")
-    bounds = np.flatnonzero(np.diff(key)) + 1
-    lo_hi = [(int(a), int(b)) for a, b in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [key.size]])) if b > a]
-    # the late file: the tail of one period's records, delivered in a second file written last
-    late_at = int(rng.integers(0, len(lo_hi))) if (cc["late_file"] and lo_hi) else -1
+    bounds = np.flatnonzero(np.diff(period)) + 1
+    lo_hi = [(int(x), int(y)) for x, y in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [period.size]])) if y > x]
+    late_at = -1
+    if late is not None and lo_hi:
+        big = [i for i, (x, y) in enumerate(lo_hi) if y - x >= 20] or [int(np.argmax([y - x for x, y in lo_hi]))]
+        late_at = big[min(int(late[0] * len(big)), len(big) - 1)]
     rows = []
     for i, (lo, hi) in enumerate(lo_hi):
         part = d[lo:hi]
-        c = colls[int(part["collector"][0])]
-        p0 = int(part["start_ns"][0] // (c["file_span_s"] * 1_000_000_000)) * c["file_span_s"] * 1_000_000_000
-        stem = _stem(c, p0)
+        stem = _stem(c, int(period[lo]) * span)
         chunks = [(part, stem, "regular")]
-        if i == late_at and part.height >= 20:
-            cut_at = int(part.height * rng.uniform(0.7, 0.95))
-            chunks = [(part[:cut_at], stem, "regular"), (part[cut_at:], stem + rng.choice(["-late", ".part2", "-1"]), "late")]
+        if i == late_at and part.height >= 2:
+            cut_at = max(1, min(part.height - 1, int(part.height * late[1])))
+            chunks = [(part[:cut_at], stem, "regular"), (part[cut_at:], stem + late[2], "late")]
         for ch_df, name, role in chunks:
             p = flows_dir / (name + _ext(c["format"]))
             write_table(_frame_for(ch_df, c, fab, ip, pstr, plist), p, c["format"], c["codec"], c["dialect"])
@@ -338,17 +354,6 @@ def write_flow_files(df: pl.DataFrame, fab: Fabric, flows_dir: Path, cc: dict, r
                          "time_columns": c["time_columns"], "path_style": c["path_style"], "cutting": c["cutting"],
                          "n_records": ch_df.height, "first_start_ns": int(ch_df["start_ns"].min()),
                          "last_start_ns": int(ch_df["start_ns"].max()), "role": role, "duplicate_of": None})
-    # one file sent twice: a byte-identical copy under another name
-    regular = [r for r in rows if r["role"] == "regular"]
-    if cc["duplicate_file"] and regular:
-        r = regular[int(rng.integers(0, len(regular)))]
-        srcp = flows_dir / Path(r["file"]).name
-        ext = _ext(r["format"])
-        stem = srcp.name[: -len(ext)]
-        dup = flows_dir / cc["duplicate_naming"].format(stem=stem, ext=ext)
-        shutil.copyfile(srcp, dup)
-        rows.append(r | {"file": f"flows/{dup.name}", "role": "duplicate", "duplicate_of": r["file"]})
-    _set_mtimes(flows_dir.parent, rows)
     return rows
 
 

@@ -34,7 +34,7 @@ from fleetscope.sim.execution import KIND_DP, KIND_PP, run_job
 from fleetscope.sim.fabric import GPUS_PER_HOST, build_fabric
 from fleetscope.sim.faults import choose_faults
 from fleetscope.sim.jobs import place_jobs, records_per_minute
-from fleetscope.sim.render import collector_records, identity, transport, write_flow_files, write_topology
+from fleetscope.sim.render import identity, render_flows, transport, write_topology
 
 DEFAULT_START_NS = int(datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc).timestamp()) * 1_000_000_000
 VALIDATE_SAMPLE = 200_000
@@ -151,12 +151,9 @@ def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 
     del in_win
     _fit_cutting_budget(allf, conv, budget)
     retrans = {int(f.endpoint): f.retrans_mult for f in fault_list if f.kind == "degraded_nic" and f.retrans_mult > 1}
-    noisy = collector_records(allf, fab, conv["collectors"], np.random.default_rng([seed, 4]), retrans)
+    file_rows, n_records = render_flows(allf, fab, conv["collectors"], landing / "flows", seed, retrans,
+                                        check=lambda rec: _validate_rendered(rec.head(VALIDATE_SAMPLE), fab))
     del allf
-    _validate_rendered(noisy.head(VALIDATE_SAMPLE), fab)
-    file_rows = write_flow_files(noisy, fab, landing / "flows", conv["collectors"], np.random.default_rng([seed, 5]))
-    n_records = noisy.height
-    del noisy
     file_rows += write_topology(fab, landing / "topology", conv["topology"])
     t_render = time.perf_counter() - t0 - t_model
 
@@ -203,13 +200,13 @@ def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 
 
 def _fit_job_budget(jobs, conv: dict, budget: float, minutes: float) -> None:
     """Keep the fleet's record count near what collectors really export (a few hundred records per
-    GPU-minute): on big fleets, lower the queue pairs, then the channels per NIC, then the number of
-    gradient buckets (bigger buckets, as users of big models configure) of the busiest jobs. The
+    GPU-minute): on big fleets, lower the queue pairs, then the channels per NIC and the p2p
+    channels, then the number of gradient buckets (bigger buckets, as users of big models configure) of the busiest jobs. The
     values used land in job_layout.csv."""
     mirror = 2.0 if conv["collectors"]["mirror"] == "both" else 1.0
     est = np.array([records_per_minute(j) * minutes * mirror for j in jobs], float)
     order = np.argsort(-est)
-    for attr in ("qps", "channels", "buckets", "buckets", "buckets", "buckets"):
+    for attr in ("qps", "channels", "p2p_channels", "buckets", "buckets", "buckets", "buckets"):
         for i in order:
             if est.sum() <= 0.8 * budget:
                 return
@@ -218,6 +215,8 @@ def _fit_job_budget(jobs, conv: dict, budget: float, minutes: float) -> None:
                 j.qps = 1
             elif attr == "channels" and j.channels > len(j.nic_slots):
                 j.channels = len(j.nic_slots)
+            elif attr == "p2p_channels":
+                j.p2p_channels = 1
             elif attr == "buckets" and j.buckets.size > 3:
                 b = j.buckets
                 merged = b[: b.size // 2 * 2].reshape(-1, 2).sum(axis=1)
