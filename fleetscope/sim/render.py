@@ -17,7 +17,6 @@ with each collector's own conventions (fleetscope.sim.conventions):
 from __future__ import annotations
 
 import gzip
-import io
 import os
 import shutil
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from fleetscope.sim.background import KIND_CHECKPOINT, KIND_CONTROL, KIND_MONITOR, KIND_PROBE, KIND_STORAGE
+from fleetscope.sim.background import KIND_CONTROL, KIND_MONITOR, KIND_PROBE
 from fleetscope.sim.fabric import Fabric, mix
 
 MTU = 4096
@@ -402,10 +401,3 @@ def write_topology(fab: Fabric, topo_dir: Path, tc: dict) -> list[dict]:
                     "time_columns": None, "path_style": None, "cutting": None, "n_records": fr.height,
                     "first_start_ns": None, "last_start_ns": None, "role": "regular", "duplicate_of": None})
     return out
-
-
-def read_csv_text(raw: bytes) -> pl.DataFrame:
-    """Parse RFC 4180 bytes (any of the dialects above) with every field as text (for tests)."""
-    if raw.startswith(BOM):
-        raw = raw[len(BOM):]
-    return pl.read_csv(io.BytesIO(raw), infer_schema=False)

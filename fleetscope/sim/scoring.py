@@ -305,9 +305,10 @@ def score_verdicts(verdicts: pl.DataFrame, faults: pl.DataFrame, events: pl.Data
                         "subject": str(v["subject"]), "class": cls or "false"})
     per_fault = pl.DataFrame([{"fault_id": f["fault_id"], "kind": f["kind"], "scope": f["scope"], "subject": f["subject"],
                                "outcome": "exact" if f["_hits"]["exact"] else ("job_level" if f["_hits"]["job_level"] else "missed"),
-                               "n_verdicts": len(f["_hits"]["exact"]) + len(f["_hits"]["job_level"])} for f in frows],
+                               "n_verdicts": len(f["_hits"]["exact"]) + len(f["_hits"]["job_level"]),
+                               "impact": f.get("impact")} for f in frows],
                              schema={"fault_id": pl.Utf8, "kind": pl.Utf8, "scope": pl.Utf8, "subject": pl.Utf8,
-                                     "outcome": pl.Utf8, "n_verdicts": pl.Int64})
+                                     "outcome": pl.Utf8, "n_verdicts": pl.Int64, "impact": pl.Float64})
     vc = pl.DataFrame(classes, schema={"verdict_id": pl.Utf8, "detector": pl.Utf8, "scope": pl.Utf8, "subject": pl.Utf8,
                                        "class": pl.Utf8})
     count = {c: int((vc["class"] == c).sum()) for c in ("fault_exact", "fault_job", "mislocalized", "benign", "false")}
