@@ -63,6 +63,10 @@ def _collector(rng: np.random.Generator, idx: int, cutting: str, naming: str) ->
         "file_span_s": int(_pick(rng, [10, 30, 60, 120, 300], [0.15, 0.25, 0.3, 0.15, 0.15])),
         "naming": naming,
         "cutting": cutting if cutting != "mixed" else _pick(rng, CUTTINGS),
+        # rows in first-packet order, or in the order flows expired (exporters write at flow end,
+        # and roll files by that time)
+        "row_order": _pick(rng, ["start", "end"]),
+        "time_resolution_ns": int(_pick(rng, [1, 1000], [0.7, 0.3])),   # hardware or software timestamps
         "skew_ns": 0,
         "drift_ppm": 0.0,
     }

@@ -103,9 +103,14 @@ def collector_records(df: pl.DataFrame, coll: dict, cc: dict, rng: np.random.Gen
     df = df.filter(pl.Series(rng.random(df.height) >= cc["loss_rate"]))      # lost records
     st = df["start"].to_numpy()
     off = coll["skew_ns"] + ((st - cc.get("_t0", 0)) * coll["drift_ppm"] * 1e-6).astype(np.int64)
+    s0 = st + off
+    e0 = s0 + df["dur"].to_numpy()
+    res = int(coll.get("time_resolution_ns", 1))
+    if res > 1:           # timestamps truncated to the exporter's resolution (short records: duration 0)
+        s0, e0 = s0 // res * res, e0 // res * res
     byt = df["bytes"].to_numpy()
     extra = (byt // (MTU * 2000)).astype(np.int64)           # a few retransmitted packets on big transfers
-    return df.with_columns(start_ns=pl.Series(st + off), duration_ns=pl.col("dur"),
+    return df.with_columns(start_ns=pl.Series(s0), duration_ns=pl.Series(e0 - s0),
                            packets=pl.Series((byt + MTU - 1) // MTU + extra))
 
 
@@ -324,6 +329,8 @@ def _write_collector(rec: pl.DataFrame, fab: Fabric, c: dict, flows_dir: Path, i
     which share of the records stays, the suffix) the tail of one period goes to a second file."""
     inv, paths = path_strings(fab, rec["src"].to_numpy(), rec["dst"].to_numpy(), rec["fh"].to_numpy())
     st = rec["start_ns"].to_numpy()
+    if c.get("row_order", "start") == "end":           # exported when the flow expired
+        st = st + rec["duration_ns"].to_numpy()
     span = c["file_span_s"] * 1_000_000_000
     period = st // span
     order = np.lexsort((st, period))                   # stable: same seed, same bytes

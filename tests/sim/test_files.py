@@ -44,6 +44,11 @@ def test_every_landed_file_is_listed_and_valid_in_its_dialect(many_seeds):
             if r["kind"] == "flows":
                 df = flows_per_contract(p)
                 assert df.height == r["n_records"]
+                c = fleet.conventions["collectors"]["per_collector"][r["collector"]]
+                key = df["start_ns"] if c["row_order"] == "start" else df["end_ns"]
+                assert key.is_sorted(), (r["file"], c["row_order"])          # first-packet or expiry order
+                if c["time_resolution_ns"] > 1:
+                    assert (df["start_ns"] % c["time_resolution_ns"] == 0).all()
                 assert int(df["start_ns"].min()) == r["first_start_ns"] and int(df["start_ns"].max()) == r["last_start_ns"]
                 want_end = r["time_columns"] in ("end", "both")
                 cols = read_table(p).columns

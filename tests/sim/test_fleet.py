@@ -156,7 +156,7 @@ def test_collector_loss_and_retransmission_splits(tmp_path):
 
 
 def test_mirroring_both_ends_exports_each_flow_twice_with_two_clocks(tmp_path):
-    quiet = {"cutting": "bucket", "loss_rate": 0.0, "retrans_rate": 0.0}
+    quiet = {"cutting": "bucket", "loss_rate": 0.0, "retrans_rate": 0.0, "per_collector": {"time_resolution_ns": 1}}
     a = simulate(tmp_path / "a", gpus=64, seed=6, captures=False, conventions={"collectors": quiet | {"mirror": "ingress"}})
     b = simulate(tmp_path / "b", gpus=64, seed=6, captures=False, conventions={"collectors": quiet | {"mirror": "both"}})
     assert a["flow_records"] == a["flows_modelled"] + a["background_flows"]
