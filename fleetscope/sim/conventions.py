@@ -30,6 +30,23 @@ FIXED = {"collectors.late_file", "collectors.duplicate_file", "collectors.messag
          "jobs.tp_weights.8", "jobs.tp_weights.4", "jobs.tp_weights.2", "jobs.tp_weights.1"}
 
 
+# overrides that pin the simplest conventions (one parquet format, no loss, no skew, per-transfer
+# records, no probes): a baseline to add one convention at a time to, e.g.
+# simulate(..., conventions=merge(PLAIN, {"collectors": {"cutting": "flowlet"}}))
+PLAIN = {
+    "fabric": {"routing": "static"},
+    "topology": {"format": "csv", "dialect": {"header_quoted": False, "quote_style": "necessary", "line_terminator": "\n",
+                                             "bom": False}, "codec": None, "extra_columns": [], "shuffle_columns": False,
+                 "service_hosts": False, "has_gpu": True, "has_rail": True, "has_rack_pod": True, "has_spine": True},
+    "collectors": {"cutting": "bucket", "mirror": "ingress", "loss_rate": 0.0, "retrans_rate": 0.0,
+                   "per_collector": {"format": "parquet", "codec": "zstd", "dialect": None, "time_columns": "duration",
+                                     "path_style": "list", "extra_columns": [], "shuffle_columns": False,
+                                     "optional_columns": ["packets", "src_port", "dst_port", "src_qp", "dst_qp"],
+                                     "row_order": "start", "time_resolution_ns": 1, "skew_ns": 0, "drift_ppm": 0.0}},
+    "background": {"probe_peers": 0, "monitor_on_gpu_nics": False, "storage_reads_per_host_min": 0.0},
+}
+
+
 def _pick(rng: np.random.Generator, options, p=None):
     i = int(rng.choice(len(options), p=p))
     return options[i]
@@ -197,17 +214,18 @@ def merge(base: dict, over: dict) -> dict:
     as a dict apply to every collector."""
     out = copy.deepcopy(base)
     for k, v in over.items():
-        if k == "per_collector" and isinstance(v, dict):
-            out[k] = [merge(c, v) for c in out.get(k, [])]
+        if k == "per_collector" and isinstance(v, dict) and isinstance(out.get(k), list):
+            out[k] = [merge(c, v) for c in out[k]]
         elif isinstance(v, dict) and isinstance(out.get(k), dict):
             out[k] = merge(out[k], v)
         else:
             out[k] = copy.deepcopy(v)
-    if "collectors" in over and "cutting" in over.get("collectors", {}) and "per_collector" not in over["collectors"]:
-        cut = over["collectors"]["cutting"]
-        if cut != "mixed":
-            for c in out["collectors"]["per_collector"]:
-                c["cutting"] = cut
+    oc = over.get("collectors", {}) if isinstance(over.get("collectors"), dict) else {}
+    pc = oc.get("per_collector")
+    cols = out.get("collectors", {}).get("per_collector")
+    if "cutting" in oc and oc["cutting"] != "mixed" and not (isinstance(pc, dict) and "cutting" in pc) and isinstance(cols, list):
+        for c in cols:
+            c["cutting"] = oc["cutting"]
     return out
 
 

@@ -70,3 +70,21 @@ def test_held_out_seeds_draw_from_the_same_distributions():
         lo, hi = freq(range(0, 50), key), freq(range(1000, 1050), key)
         assert set(lo) == set(hi), key
         assert max(abs(lo[v] - hi[v]) for v in lo) < 0.3, (key, lo, hi)
+
+
+def test_plain_conventions_pin_the_simplest_fleet_and_one_convention_can_be_added(tmp_path):
+    from fleetscope.sim import simulate
+    from fleetscope.sim.conventions import PLAIN, merge
+    from tests.sim.conftest import Fleet
+
+    s = simulate(tmp_path / "plain", gpus=64, seed=4, captures=False, conventions=PLAIN)
+    f = Fleet(tmp_path / "plain", s)
+    files = f.files()
+    assert set(files["format"]) == {"parquet"} and set(files["cutting"]) == {"bucket"}
+    assert s["flow_records"] == s["flows_modelled"] + s["background_flows"]       # nothing lost or split
+    s2 = simulate(tmp_path / "flowlet", gpus=64, seed=4, captures=False,
+                  conventions=merge(PLAIN, {"collectors": {"cutting": "flowlet", "flowlet_idle_ns": 5_000_000}}))
+    f2 = Fleet(tmp_path / "flowlet", s2)
+    assert set(f2.files()["cutting"]) == {"flowlet"} and s2["flow_records"] < s["flow_records"]
+    # the same fleet underneath
+    assert f.truth("pairs").equals(f2.truth("pairs")) and f.truth("steps").equals(f2.truth("steps"))
