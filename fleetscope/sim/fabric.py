@@ -16,6 +16,7 @@ are integers too; names are looked up only when rendering.
 """
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 import numpy as np
@@ -185,8 +186,9 @@ def _gpu_ips(scheme: str, n_gpus: int, rng: np.random.Generator) -> np.ndarray:
     if scheme == "shuffled":               # DHCP-style pool in no particular order
         k = rng.permutation(n_gpus)
         return _ipv4(10, 200 + k // 62500, (k // 250) % 250, k % 250 + 1)
-    if scheme == "ipv6":                   # per-rail /64s
-        return np.array([f"fd00:a{r:x}:{hh >> 8:x}::{(hh & 255) + 1:x}" for hh, r in zip(h, rail)])
+    if scheme == "ipv6":                   # per-rail /64s, written in RFC 5952 canonical form
+        return np.array([ipaddress.IPv6Address(f"fd00:a{r:x}:{hh >> 8:x}::{(hh & 255) + 1:x}").compressed
+                         for hh, r in zip(h.tolist(), rail.tolist())])
     raise ValueError(f"unknown addressing scheme {scheme!r}")
 
 
@@ -238,7 +240,8 @@ def build_fabric(n_gpus: int, conv: dict | None = None, seed: int = 0) -> Fabric
     gpu_ip = _gpu_ips(fc["addressing"], n_gpus, rng)
     bg = np.arange(n_bg)
     if fc["addressing"] == "ipv6":
-        bg_ip = np.array([f"fd00:ffff::{i + 1:x}" for i in range(n_storage)] + [f"fd00:fffe::{i + 1:x}" for i in range(n_monitors)])
+        bg_ip = np.array([ipaddress.IPv6Address(f"fd00:ffff::{i + 1:x}").compressed for i in range(n_storage)]
+                         + [ipaddress.IPv6Address(f"fd00:fffe::{i + 1:x}").compressed for i in range(n_monitors)])
     else:
         bg_ip = np.concatenate([_ipv4(172, 20, bg[:n_storage] // 250, bg[:n_storage] % 250 + 1),
                                 _ipv4(172, 31, 0, np.arange(n_monitors) + 1)])

@@ -3,6 +3,7 @@ RFC 4180 / parquet reader), the late and the resent file exist, and files.csv de
 from __future__ import annotations
 
 import gzip
+import ipaddress
 import json
 
 import polars as pl
@@ -86,6 +87,8 @@ def test_topology_dialect_and_service_hosts(many_seeds):
         jobs = fleet.truth("jobs")
         bgh = fleet.truth("background_hosts")
         assert set(jobs["ip"]) <= set(topo["ip"])
+        # addresses as exporters write them: canonical text (RFC 5952 for IPv6), one per NIC
+        assert all(str(ipaddress.ip_address(x)) == x for x in topo["ip"]) and topo["ip"].n_unique() == topo.height
         listed = set(bgh["ip"]) & set(topo["ip"])
         if conv["service_hosts"]:
             assert listed == set(bgh["ip"])
