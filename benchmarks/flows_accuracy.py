@@ -26,7 +26,7 @@ import polars as pl
 from benchmarks.flows_common import load_landing, load_truth  # noqa: E402
 
 from fleetscope.flows import analyze_window  # noqa: E402
-from fleetscope.flows.evaluate import comm_type_accuracy, job_sets_exact, step_errors  # noqa: E402
+from fleetscope.sim.scoring import comm_type_accuracy, job_sets_exact, step_errors  # noqa: E402
 from fleetscope.sim import simulate  # noqa: E402
 
 KINDS = ["congested_switch", "degraded_nic", "slow_gpu"]

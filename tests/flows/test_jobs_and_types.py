@@ -5,7 +5,7 @@ import polars as pl
 import pytest
 
 from fleetscope.flows import analyze_window
-from fleetscope.flows.evaluate import comm_type_accuracy, job_sets_exact
+from fleetscope.sim.scoring import comm_type_accuracy, job_sets_exact
 from tests.flows.synth import MS, S, Job, fleet
 
 

@@ -10,7 +10,7 @@ sim = pytest.importorskip("fleetscope.sim")
 from benchmarks.flows_common import load_landing, load_truth  # noqa: E402
 
 from fleetscope.flows import analyze_window  # noqa: E402
-from fleetscope.flows.evaluate import comm_type_accuracy, job_sets_exact, step_errors  # noqa: E402
+from fleetscope.sim.scoring import comm_type_accuracy, job_sets_exact, step_errors  # noqa: E402
 
 
 def _run(tmp: Path, faults: str, seed: int):

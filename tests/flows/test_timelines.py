@@ -4,7 +4,7 @@ import json
 import polars as pl
 
 from fleetscope.flows import analyze_window
-from fleetscope.flows.evaluate import step_errors
+from fleetscope.sim.scoring import step_errors
 from tests.flows.synth import MS, S, Job, fleet
 
 JOBS = [Job(hosts=[0, 1, 2, 3], gpus=list(range(8)), dp=2, pp=2),
