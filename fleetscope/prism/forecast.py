@@ -71,35 +71,39 @@ BACKFIT_ROUNDS = 3
 
 
 def _group_median(values: np.ndarray, gid: np.ndarray, n_groups: int) -> np.ndarray:
-    """[n_groups, n_steps] median over the rows of each group, per column (step)."""
+    """[n_groups, n_steps] median over the rows of each group, per column (step); NaN rows ignored."""
     S = values.shape[1]
-    df = pl.DataFrame({"g": np.repeat(gid, S), "j": np.tile(np.arange(S), len(gid)), "v": values.ravel()})
+    df = pl.DataFrame({"g": np.repeat(gid, S), "j": np.tile(np.arange(S), len(gid)), "v": values.ravel()}).drop_nans()
     m = df.group_by("g", "j").agg(pl.col("v").median())
     out = np.zeros((n_groups, S))
     out[m["g"].to_numpy(), m["j"].to_numpy()] = m["v"].to_numpy()
     return out
 
 
-def _shrink(eff: np.ndarray, resid: np.ndarray, gid: np.ndarray, n_groups: int, pooled: bool) -> np.ndarray:
-    """eff [n_groups, n_steps] scaled around its mean (per group, or over all with pooled) to the
-    variance left after the noise of estimating it from the group's k residual rows."""
-    k = np.bincount(gid, minlength=n_groups).astype(float)
-    S = eff.shape[1]
-    within = np.zeros(n_groups)
-    np.add.at(within, gid, (resid ** 2).sum(axis=1))
-    dof = np.maximum((k - 1) * S, 1)
-    noise = within / dof / np.maximum(k, 1)          # variance of a group's effect from its noise alone
-    if pooled:
-        ok = k > 1
-        mu = eff[ok].mean()
-        v = eff[ok].var()
-        nz = float(noise[ok].mean()) if ok.any() else 0.0
-        f = np.sqrt(max(v - nz, 0.0) / v) if v > 0 else 0.0
-        return mu + f * (eff - mu)
+def _split_half_shrink(eff: np.ndarray, dev: np.ndarray, gid: np.ndarray, n_groups: int, half: np.ndarray,
+                       pooled: bool) -> np.ndarray:
+    """eff [n_groups, n_steps] (a median over each group's rows of dev) scaled around its mean to
+    the variance that its group's two halves (`half`, bool per row) share: the covariance of
+    their medians over steps is the variance of the true effect (their noises are independent),
+    while eff's own variance also holds the noise of estimating it from a few ops. Per group, or
+    over all groups with pooled."""
+    a = _group_median(np.where(half[:, None], dev, np.nan), gid, n_groups)
+    b = _group_median(np.where(~half[:, None], dev, np.nan), gid, n_groups)
+    has = np.bincount(gid[half], minlength=n_groups) & np.bincount(gid[~half], minlength=n_groups) > 0
     mu = eff.mean(axis=1, keepdims=True)
+    if pooled:
+        if not has.any():
+            return np.zeros_like(eff)
+        ac, bc = a[has] - a[has].mean(), b[has] - b[has].mean()
+        cov, v = float((ac * bc).mean()), float(eff[has].var())
+        f = np.sqrt(max(cov, 0.0) / v) if v > 0 else 0.0
+        m0 = float(eff[has].mean())
+        return m0 + min(f, 1.0) * (eff - m0)
+    ac, bc = a - a.mean(axis=1, keepdims=True), b - b.mean(axis=1, keepdims=True)
+    cov = (ac * bc).mean(axis=1)
     v = eff.var(axis=1)
-    f = np.where((v > 0) & (k > 1), np.sqrt(np.maximum(v - noise, 0.0) / np.where(v > 0, v, 1.0)), 0.0)
-    return mu + f[:, None] * (eff - mu)
+    f = np.where(has & (v > 0), np.sqrt(np.clip(cov, 0.0, None) / np.where(v > 0, v, 1.0)), 0.0)
+    return mu + np.minimum(f, 1.0)[:, None] * (eff - mu)
 
 
 def fit_step_model(g: JobGraph) -> StepModel:
@@ -147,13 +151,17 @@ def fit_step_model(g: JobGraph) -> StepModel:
     e_res = e.copy()
     e_res[mb_slots] -= mfx[mb_group]
     e_res[w_slots] -= w[g.slot_rank[w_slots]]
-    # an effect estimated from k noisy ops carries 1/k of their noise; sampled next to a residual
+    # an effect estimated from k noisy ops carries part of their noise; sampled next to a residual
     # of its own that noise would count twice (on a whole pipeline, k times): shrink each effect
-    # to the variance it has beyond that noise (one-way ANOVA of the residuals around it)
-    if use_mb:
-        mfx = _shrink(mfx, e_res[mb_slots], mb_group, mfx.shape[0], pooled=True)
-    if len(w_slots):
-        w = _shrink(w, e_res[w_slots], g.slot_rank[w_slots], g.n_ranks, pooled=False)
+    # to the variance its two halves share
+    if use_mb:  # halves: the pipeline's first and last stages
+        st = g.stage[g.slot_rank[mb_slots]]
+        mfx = _split_half_shrink(mfx, e[mb_slots] - w[g.slot_rank[mb_slots]], mb_group, mfx.shape[0],
+                                 st <= np.median(np.unique(g.stage)), pooled=True)
+    if len(w_slots):  # halves: a worker's forward and its other compute ops
+        em = e.copy()
+        em[mb_slots] -= mfx[mb_group]
+        w = _split_half_shrink(w, em[w_slots], g.slot_rank[w_slots], g.n_ranks, names[w_slots] == "forward-compute", pooled=False)
     res_all = np.exp(e_res)
     factor = np.exp(a)
     # the residuals of one worker's compute ops are not independent: a timer that ends one op
@@ -478,6 +486,11 @@ def compute_kernel_ns(timings: pl.DataFrame) -> dict[int, float]:
     return {int(r): float(v) for r, v in per.iter_rows()}
 
 
+def _share(x: float) -> str:
+    """A share of the slowdown for a sentence (fixing a heavy stage can overshoot the ideal, > 100 %)."""
+    return "all" if x >= 0.995 else f"{100 * max(x, 0.0):.0f} %"
+
+
 def straggler_verdicts(sa: StragglerAnalysis, job_id: str | None = None, kernel_ns: dict[int, float] | None = None) -> pl.DataFrame:
     """Verdicts from the what-if analysis' causes (straggler_causes), each with its share of the
     slowdown: an individually slow worker is a `rank` verdict for operations (its stage gets no
@@ -527,7 +540,7 @@ def straggler_verdicts(sa: StragglerAnalysis, job_id: str | None = None, kernel_
                          "baseline": ev["peer_median_slowdown"],
                          "explanation": f"rank {c['rank']} (stage {c['stage']}, dp {c['dp_rank']}) alone slows the ideal step {c['slowdown']:.2f}x "
                                         f"while the same stage in the other DP replicas reaches {ev['peer_median_slowdown']:.2f}x; fixing it alone "
-                                        f"removes {100 * share:.0f} % of the slowdown ({S:.2f}x): a slow GPU or host"
+                                        f"removes {_share(share)} of the slowdown ({S:.2f}x): a slow GPU or host"
                                         + (f"; its compute kernels take {kr / 1e6:.0f} ms per step" if kr else ""),
                          "evidence": json.dumps(ev)})
         elif c["cause"] == "stage_partitioning":
@@ -535,14 +548,14 @@ def straggler_verdicts(sa: StragglerAnalysis, job_id: str | None = None, kernel_
                          "baseline": 1.0,
                          "explanation": f"stage {c['stage']} is slow in every DP replica (each of its workers alone slows the ideal step "
                                         f">= {ev['min_worker_slowdown']:.2f}x) and computes {ev['compute_vs_balanced_stage']:.2f}x the balanced "
-                                        f"stage: stage-partitioning imbalance, rebalance the layers; balancing it removes {100 * share:.0f} % "
+                                        f"stage: stage-partitioning imbalance, rebalance the layers; balancing it removes {_share(share)} "
                                         f"of the slowdown ({S:.2f}x)",
                          "evidence": json.dumps(ev)})
         else:
             rows.append({**base, "scope": "job", "subject": cap, "metric": "sequence_length_imbalance", "baseline": 1.0,
                          "explanation": f"microbatch compute varies together across the stages of each pipeline ({100 * ev['icc']:.0f} % of its "
                                         f"variance shared, typical factor x{np.exp(ev['sigma_log']):.2f}): sequence-length imbalance; "
-                                        f"equal-work microbatches remove {100 * share:.0f} % of the slowdown ({S:.2f}x): balance tokens per "
+                                        f"equal-work microbatches remove {_share(share)} of the slowdown ({S:.2f}x): balance tokens per "
                                         "microbatch (packing, length-aware batching)",
                          "evidence": json.dumps(ev)})
     # op types that slow the ideal step: explained by a cause (compute) or not
@@ -569,7 +582,7 @@ def straggler_verdicts(sa: StragglerAnalysis, job_id: str | None = None, kernel_
            "severity": "critical" if S >= 1.25 else "warning" if slow else "info", "team": team,
            "explanation": f"steps average {sa.nodelay_ns.mean() / 1e9:.3f} s (untraced gaps removed; {sm_row['measured_mean_ns'] / 1e9:.3f} s "
                           f"measured) vs {sa.ideal_ns / 1e9:.3f} s with every op at its typical duration: S = {S:.2f}; "
-                          + ("causes: " + ", ".join(f"{c['subject']} ({c['cause'].replace('_', ' ')}, {100 * c['share_of_slowdown']:.0f} %)"
+                          + ("causes: " + ", ".join(f"{c['subject']} ({c['cause'].replace('_', ' ')}, {_share(c['share_of_slowdown'])})"
                                                     for c in top.iter_rows(named=True)) if top.height else
                              "largest contributors: " + ", ".join(f"{r['dimension']} {r['subject']} {r['slowdown']:.2f}x" for r in att.iter_rows(named=True))),
            "evidence": json.dumps({k: sm_row[k] for k in ("mw", "ms", "mseq", "measured_slowdown", "launch_slowdown", "ideal_ns", "ideal_with_gaps_ns")})}
