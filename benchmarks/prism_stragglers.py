@@ -14,6 +14,7 @@ changed since. Timings are provisional (a shared 2-core machine).
 
     .venv/bin/python -m benchmarks.prism_stragglers            # everything (~5 min)
     .venv/bin/python -m benchmarks.prism_stragglers --quick    # ST, 3 out-of-sample seeds per kind
+    .venv/bin/python -m benchmarks.prism_stragglers --speed    # the 128-rank what-if alone
 """
 from __future__ import annotations
 
@@ -171,7 +172,11 @@ def speed_section() -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--speed", action="store_true", help="only the 128-rank speed figure (a fresh process: peak RSS is the call's)")
     args = ap.parse_args()
+    if args.speed:
+        speed_section()
+        return
     st_section()
     if args.quick:
         derived_section({"out-of-sample": OUT_OF_SAMPLE[:3]}, forecast_steps=(40,))
