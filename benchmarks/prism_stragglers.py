@@ -35,6 +35,9 @@ from fleetscope.sim.derived import derive_case
 
 IN_SAMPLE = (1, 2, 3, 4, 5, 11, 12, 13, 14, 21)
 OUT_OF_SAMPLE = tuple(range(101, 111))
+# the forecast model was revised once more after its rows for seed 101 had been seen: for the
+# forecast, 1 and 101 are in-sample and 201 is out-of-sample
+FORECAST_SEEDS = {"in-sample": (1, 101), "out-of-sample": (201,)}
 # (label, kind, dp, balanced)
 KINDS = [("healthy DP4", "healthy", 4, True), ("healthy DP32 (128 ranks)", "healthy", 32, True),
          ("slow worker DP4 (AR-like)", "slow_worker", 4, True), ("slow worker on real imbalance", "slow_worker", 4, False),
@@ -103,7 +106,7 @@ def st_section() -> None:
     print(f"  what-if runtime {dt:.2f} s")
 
 
-def derived_section(seeds: dict[str, tuple], forecast_steps=(40, 200)) -> None:
+def derived_section(seeds: dict[str, tuple], forecast_seeds: dict[str, tuple], forecast_steps=(40, 200)) -> None:
     src = real_timings()
     print("\n== derived cases (truth never given to the analysis)")
     for label, ref in ARTIFACT_REF.items():
@@ -135,13 +138,14 @@ def derived_section(seeds: dict[str, tuple], forecast_steps=(40, 200)) -> None:
     print("  (loud_verdicts: warning/critical verdicts; a healthy case must have none)")
     print("\n== baseline forecast of the measured job (KS against the measured steps, with the KS a perfect model would show)")
     frows = []
-    for sample, ss in seeds.items():
+    for sample, ss in forecast_seeds.items():
         for label, kind, dp, bal in KINDS:
             if kind == "heavy_stage":
                 continue
-            for n_steps in forecast_steps:
-                c = derive_case(src, kind, seed=ss[0], dp=dp, balance=bal, n_steps=n_steps)
-                frows.append({"sample": sample, "case": label, "seed": ss[0], **forecast_row(c.timings)})
+            for seed in ss:
+                for n_steps in forecast_steps:
+                    c = derive_case(src, kind, seed=seed, dp=dp, balance=bal, n_steps=n_steps)
+                    frows.append({"sample": sample, "case": label, "seed": seed, **forecast_row(c.timings)})
     with pl.Config(tbl_rows=100, tbl_cols=20, tbl_width_chars=200, float_precision=3):
         print(pl.DataFrame(frows))
     print("targets: KS <= 0.10 and |mean error| <= 1 % (a mean error within ~1 SE of the measured mean is noise)")
@@ -179,9 +183,9 @@ def main() -> None:
         return
     st_section()
     if args.quick:
-        derived_section({"out-of-sample": OUT_OF_SAMPLE[:3]}, forecast_steps=(40,))
+        derived_section({"out-of-sample": OUT_OF_SAMPLE[:3]}, {"out-of-sample": FORECAST_SEEDS["out-of-sample"]}, forecast_steps=(40,))
     else:
-        derived_section({"in-sample": IN_SAMPLE, "out-of-sample": OUT_OF_SAMPLE})
+        derived_section({"in-sample": IN_SAMPLE, "out-of-sample": OUT_OF_SAMPLE}, FORECAST_SEEDS)
     speed_section()
 
 

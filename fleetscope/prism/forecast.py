@@ -58,7 +58,7 @@ class StepModel:
     own: np.ndarray                 # [n_slots] erratic slots: residual from their own measured steps
     res_all: np.ndarray             # [n_slots, n_steps] measured residuals (effects removed)
     worker_eff: np.ndarray          # [n_ranks, n_steps] log effect per worker and step on its compute
-    worker_slots: np.ndarray        # [n_slots] bool: compute slots that carry their worker's effect
+    worker_slots: np.ndarray        # [n_slots] bool: compute slots of workers with an effect
     replica: np.ndarray             # [n_ranks] pipeline replica (DP rank x TP index) of each rank
     mb_slots: np.ndarray            # slot indices that carry a microbatch effect
     mb_rep: np.ndarray              # their pipeline replica
@@ -68,6 +68,7 @@ class StepModel:
 
 
 BACKFIT_ROUNDS = 3
+MIN_EFFECT_SD = 0.02  # a worker or microbatch effect (std of its log) below this is residual noise
 
 
 def _group_median(values: np.ndarray, gid: np.ndarray, n_groups: int) -> np.ndarray:
@@ -148,9 +149,6 @@ def fit_step_model(g: JobGraph) -> StepModel:
         em[mb_slots] -= mfx[mb_group]
         if len(w_slots):
             w = _group_median(em[w_slots], g.slot_rank[w_slots], g.n_ranks)
-    e_res = e.copy()
-    e_res[mb_slots] -= mfx[mb_group]
-    e_res[w_slots] -= w[g.slot_rank[w_slots]]
     # an effect estimated from k noisy ops carries part of their noise; sampled next to a residual
     # of its own that noise would count twice (on a whole pipeline, k times): shrink each effect
     # to the variance its two halves share
@@ -162,20 +160,34 @@ def fit_step_model(g: JobGraph) -> StepModel:
         em = e.copy()
         em[mb_slots] -= mfx[mb_group]
         w = _split_half_shrink(w, em[w_slots], g.slot_rank[w_slots], g.n_ranks, names[w_slots] == "forward-compute", pooled=False)
+    # effects smaller than MIN_EFFECT_SD are left to the residuals: sampled as blocks they would
+    # only replay the measured steps' noise
+    if use_mb and mfx.std() < MIN_EFFECT_SD:
+        use_mb = False
+        mfx[:] = 0.0
+    w[w.std(axis=1) < MIN_EFFECT_SD] = 0.0
+    # residuals around the shrunk effects (around the raw ones their per-worker sums would lose
+    # the noise the shrinking gave back to them)
+    e_res = e.copy()
+    e_res[mb_slots] -= mfx[mb_group]
+    e_res[w_slots] -= w[g.slot_rank[w_slots]]
     res_all = np.exp(e_res)
     factor = np.exp(a)
-    # the residuals of one worker's compute ops are not independent: a timer that ends one op
-    # late starts the next one late, so the worker's per-step total varies less than the sum of
-    # its ops' variances (0.5-0.9 of it on the real trace). Scale each worker's residual draws so
-    # that the variance of its total matches.
+    # the residuals of one worker's compute ops are not independent (a timer that ends one op
+    # late starts the next one late: on the real trace the per-step total of a worker varies less
+    # than the sum of its ops' variances). Scale each worker's residual draws so that its per-step
+    # total varies as measured: total variance = that of its effects + that of its residuals.
+    eff_all = np.zeros_like(e)
+    eff_all[mb_slots] += mfx[mb_group]
+    eff_all[w_slots] += w[g.slot_rank[w_slots]]
     res_scale = np.ones(len(typ))
     for r in range(g.n_ranks):
         c = w_slots[g.slot_rank[w_slots] == r]
         if len(c) >= 2:
-            x = e_res[c]
-            sv = float(x.var(axis=1).sum())
+            sv = float(e_res[c].var(axis=1).sum())
+            target = float(e[c].sum(axis=0).var() - eff_all[c].sum(axis=0).var())
             if sv > 0:
-                res_scale[c] = np.sqrt(np.clip(x.sum(axis=0).var() / sv, 0.25, 4.0))
+                res_scale[c] = np.sqrt(np.clip(target / sv, 1 / 16, 4.0))
     resid = {}
     own = np.zeros(len(typ), dtype=bool)
     for nm in np.unique(names):
@@ -199,13 +211,15 @@ def fit_step_model(g: JobGraph) -> StepModel:
     comm = g.group_is_comm[g.group_of]
     keys = np.where(comm, np.char.add("g", g.group_of.astype(str)), np.char.add("l", local_key.astype(str)))
     _, draw_key = np.unique(keys, return_inverse=True)
+    if not use_mb:
+        mb_slots, mb_group = mb_slots[:0], mb_group[:0]
     mb_rep = replica[g.slot_rank[mb_slots]]
     mb_idx = mbv[mb_slots].astype(np.int64) if use_mb else np.zeros(0, dtype=np.int64)
     mb_eff = np.zeros((int(replica.max()) + 1, int(mb_idx.max()) + 1 if len(mb_idx) else 1, lr.shape[1]))
     if use_mb:
         first = np.unique(mb_group, return_index=True)[1]
         mb_eff[mb_rep[first], mb_idx[first]] = mfx
-    return StepModel(g, typ, factor, resid, scaled, draw_key, own, res_all, w, comp, replica,
+    return StepModel(g, typ, factor, resid, scaled, draw_key, own, res_all, w, comp & (w.std(axis=1) > 0)[g.slot_rank], replica,
                      mb_slots, mb_rep, mb_idx, mb_eff, res_scale)
 
 
