@@ -48,6 +48,7 @@ SEQ_ICC = 0.5            # share of the microbatch compute variance shared by a 
 SEQ_SIGMA = 0.05         # and its size (std of the shared log factor)
 TOP_WORKERS_PCT = 3      # the artifact's M_W fixes the top 3 % of workers
 MAX_COLS = 1024          # replay columns per chunk (memory: n_slots x MAX_COLS x 8 B per array)
+MAX_WORKERS = 256        # per-worker what-ifs on a larger job: the workers with the highest artifact score
 SEQ_OPS = ("forward-compute", "backward-compute")
 
 
@@ -218,7 +219,8 @@ def analyze_stragglers(graph_or_timings: JobGraph | pl.DataFrame, capture_id: st
     names = g.slot_names()
     slot_stage = g.stage[g.slot_rank]
     slot_dp = g.dp_rank[g.slot_rank]
-    # groups: op types, stages, DP replicas, workers (each rank)
+    # groups: op types, stages, DP replicas, then workers (each rank; on a large job the
+    # MAX_WORKERS with the highest min(S_dp, S_stage), the artifact's worker score)
     types = sorted({t for n in np.unique(names) for t in op_types(n)})
     type_of = {n: set(op_types(n)) for n in np.unique(names)}
     groups: list[tuple[str, str, np.ndarray, dict]] = []
@@ -228,12 +230,23 @@ def analyze_stragglers(graph_or_timings: JobGraph | pl.DataFrame, capture_id: st
         groups.append(("stage", str(int(s)), slot_stage == s, {"stage": int(s)}))
     for d in np.unique(g.dp_rank):
         groups.append(("dp_rank", str(int(d)), slot_dp == d, {"dp_rank": int(d)}))
-    for r in range(g.n_ranks):
-        groups.append(("worker", str(int(g.ranks[r])), g.slot_rank == r,
-                       {"rank": int(g.ranks[r]), "stage": int(g.stage[r]), "dp_rank": int(g.dp_rank[r]), "tp_rank": int(g.tp_rank[r])}))
     masks = [m for _, _, m, _ in groups]
     T_add = whatif(g, masks, di, g.dur)   # only the group as measured
     T_fix = whatif(g, masks, g.dur, di)   # only the group ideal
+    s_stage = {int(ctx["stage"]): float(ta.mean() / t_ideal) for (dim, _, _, ctx), ta in zip(groups, T_add) if dim == "stage"}
+    s_dp = {int(ctx["dp_rank"]): float(ta.mean() / t_ideal) for (dim, _, _, ctx), ta in zip(groups, T_add) if dim == "dp_rank"}
+    score = np.array([min(s_dp[int(g.dp_rank[r])], s_stage[int(g.stage[r])]) for r in range(g.n_ranks)])
+    by_score = sorted(range(g.n_ranks), key=lambda r: (-score[r], int(g.ranks[r])))
+    workers = sorted(by_score[:MAX_WORKERS])
+    if len(workers) < g.n_ranks:
+        notes.append(f"per-worker what-ifs for the {len(workers)} of {g.n_ranks} workers with the highest min(S_dp, S_stage)")
+    wgroups = [("worker", str(int(g.ranks[r])), g.slot_rank == r,
+                {"rank": int(g.ranks[r]), "stage": int(g.stage[r]), "dp_rank": int(g.dp_rank[r]), "tp_rank": int(g.tp_rank[r])})
+               for r in workers]
+    wmasks = [m for _, _, m, _ in wgroups]
+    groups += wgroups
+    T_add = np.concatenate([T_add, whatif(g, wmasks, di, g.dur)])
+    T_fix = np.concatenate([T_fix, whatif(g, wmasks, g.dur, di)])
     att_rows = []
     for (dim, subj, m, ctx), ta, tf in zip(groups, T_add, T_fix):
         rem, add = _rem_add(t_ori, t_ideal, float(tf.mean()), float(ta.mean()))
@@ -244,21 +257,18 @@ def analyze_stragglers(graph_or_timings: JobGraph | pl.DataFrame, capture_id: st
     att = pl.DataFrame(att_rows, schema={c: col.dtype.type for c, col in STRAGGLER_ATTRIBUTION.columns.items()})
 
     # per step x worker: the worker alone as measured
-    wk = [i for i, (dim, *_r) in enumerate(groups) if dim == "worker"]
-    Tw = T_add[wk]                                   # [n_ranks, n_steps]
+    Tw = T_add[len(groups) - len(wgroups):]          # [n_workers, n_steps]
+    wr = np.array(workers, dtype=np.int64)
     sl_rows = pl.DataFrame({
-        "capture_id": cap, "step": np.tile(g.steps.astype(np.int64), g.n_ranks),
-        "rank": np.repeat(g.ranks.astype(np.int64), S_steps), "stage": np.repeat(g.stage, S_steps).astype(np.int64),
-        "dp_rank": np.repeat(g.dp_rank, S_steps).astype(np.int64), "tp_rank": np.repeat(g.tp_rank, S_steps).astype(np.int64),
-        "slowdown": (Tw / t_ideal).ravel(), "step_slowdown": np.tile(nodelay / t_ideal, g.n_ranks),
-        "measured_ns": np.tile(measured.astype(np.float64), g.n_ranks)})
+        "capture_id": cap, "step": np.tile(g.steps.astype(np.int64), len(wr)),
+        "rank": np.repeat(g.ranks[wr].astype(np.int64), S_steps), "stage": np.repeat(g.stage[wr], S_steps).astype(np.int64),
+        "dp_rank": np.repeat(g.dp_rank[wr], S_steps).astype(np.int64), "tp_rank": np.repeat(g.tp_rank[wr], S_steps).astype(np.int64),
+        "slowdown": (Tw / t_ideal).ravel(), "step_slowdown": np.tile(nodelay / t_ideal, len(wr)),
+        "measured_ns": np.tile(measured.astype(np.float64), len(wr))})
 
     # M_W (the artifact): fix the top 3 % of workers by min(S_dp, S_stage); M_S: fix the last stage
-    s_stage = {int(r["stage"]): r["slowdown"] for r in att.filter(pl.col("dimension") == "stage").iter_rows(named=True)}
-    s_dp = {int(r["dp_rank"]): r["slowdown"] for r in att.filter(pl.col("dimension") == "dp_rank").iter_rows(named=True)}
-    score = np.array([min(s_dp[int(g.dp_rank[r])], s_stage[int(g.stage[r])]) for r in range(g.n_ranks)])
     n_top = max(1, math.ceil(g.n_ranks * TOP_WORKERS_PCT / 100))
-    top = sorted(range(g.n_ranks), key=lambda r: (-score[r], int(g.ranks[r])))[:n_top]
+    top = by_score[:n_top]
     m_top = np.isin(g.slot_rank, top)
     last = int(g.stage.max())
     slowest = max(s_stage, key=s_stage.get)

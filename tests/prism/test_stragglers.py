@@ -180,3 +180,13 @@ def test_baseline_forecast_has_the_right_variability_structure(derived, kind, dp
     floor = ks_noise_floor(T, len(meas), rng)
     assert abs(T.mean() / meas.mean() - 1) < 0.01
     assert ks_distance(T, meas) < max(0.12, floor + 0.06)
+
+
+def test_a_large_job_limits_per_worker_what_ifs_and_still_names_the_worker(derived, monkeypatch):
+    import fleetscope.prism.stragglers as st_mod
+    monkeypatch.setattr(st_mod, "MAX_WORKERS", 16)
+    t, truth = derived("slow_worker", 15, dp=32)
+    a = analyze_stragglers(t)
+    assert a.attribution.filter(pl.col("dimension") == "worker").height == 16
+    assert any("16 of 128 workers" in n for n in a.notes)
+    assert a.causes.filter(pl.col("cause") == "worker")["rank"].to_list() == [truth["slow_rank"]]
