@@ -16,6 +16,12 @@ TABLES = {
                       "placement, scale-out; CDF plots.",
     "step_forecast_details": "The scenario sweeps behind the forecasts (placement, sync group size, kernel sensitivity, "
                              "attribution).",
+    "straggler_summary": "What-if straggler analysis per capture: measured vs ideal step (every op at its typical duration), "
+                         "slowdown S, and the share fixing the slowest workers (M_W) or the last stage (M_S) removes.",
+    "straggler_attribution": "Slowdown attributed by operation type, stage, data-parallel replica and worker.",
+    "straggler_slowdown": "Slowdown of every step on every worker (the heatmap's data).",
+    "straggler_causes": "The causes found (individual worker, stage partitioning, sequence length), each with its share of "
+                        "the slowdown and the team that can fix it.",
 }
 
 

@@ -61,6 +61,10 @@ TABLES: dict[str, pa.DataFrameSchema] = {
     "variability_hw_correlation": prism.HW_CORRELATION,
     "step_forecasts": prism.STEP_FORECASTS,
     "step_forecast_details": prism.SCENARIO_DETAILS,
+    "straggler_summary": prism.STRAGGLER_SUMMARY,
+    "straggler_attribution": prism.STRAGGLER_ATTRIBUTION,
+    "straggler_slowdown": prism.STRAGGLER_SLOWDOWN,
+    "straggler_causes": prism.STRAGGLER_CAUSES,
     # verdicts and what people read
     "anomaly_verdicts": verdicts.VERDICTS,
     "problems": problems.PROBLEMS,

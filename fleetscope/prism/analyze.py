@@ -1,7 +1,11 @@
 """PRISM's entry point: a capture's op-level timings -> the Analysis (fleetscope.analysis) with the
-variability models, their hardware correlates, the step forecasts and scenario sweeps, the
-straggler verdicts and the CDF plots (artifacts `prism/<capture>/<plot>.png`)."""
+variability models, their hardware correlates, the step forecasts and scenario sweeps, the what-if
+straggler analysis (summary, attribution, step x worker slowdown, causes), the verdicts, the plots
+(artifacts `prism/<capture>/<plot>.png`) and the ideal step as a Perfetto trace
+(`prism/<capture>/ideal_timeline.json`)."""
 from __future__ import annotations
+
+import json
 
 import polars as pl
 
@@ -18,9 +22,12 @@ def analyze_capture(timings: pl.DataFrame, hw: pl.DataFrame | None = None, captu
         res = forecast_capture(timings, hw=hw, capture_id=capture_id, layout=layout, job_id=job_id, plots=plots)
     except StructureError as exc:
         return skipped(f"step structure not recognizable: {exc}")
-    cap = res.graph.capture_id
-    return Analysis(
-        tables={"variability_models": res.variability_models, "variability_hw_correlation": res.hw_correlation,
-                "step_forecasts": res.step_forecasts, "step_forecast_details": res.details},
-        verdicts=res.verdicts, notes=list(res.notes),
-        artifacts={f"prism/{cap}/{name}.png": png for name, png in res.plots.items()})
+    cap, sa = res.graph.capture_id, res.stragglers
+    tables = {"variability_models": res.variability_models, "variability_hw_correlation": res.hw_correlation,
+              "step_forecasts": res.step_forecasts, "step_forecast_details": res.details}
+    artifacts = {f"prism/{cap}/{name}.png": png for name, png in res.plots.items()}
+    if sa is not None:
+        tables.update(straggler_summary=sa.summary, straggler_attribution=sa.attribution,
+                      straggler_slowdown=sa.slowdown, straggler_causes=sa.causes)
+        artifacts[f"prism/{cap}/ideal_timeline.json"] = json.dumps(sa.ideal_timeline()).encode()
+    return Analysis(tables=tables, verdicts=res.verdicts, notes=list(res.notes), artifacts=artifacts)

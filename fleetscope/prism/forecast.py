@@ -3,21 +3,28 @@
 The Monte Carlo model of a capture (`StepModel`) samples every op slot of the step structure
 (fleetscope.prism.structure) as
 
-    duration = typical(slot) x iteration_factor(op, step) x residual(op)
+    duration = typical(slot) x step_factor(op, step) x worker(rank, step) x microbatch(replica, mb) x residual
 
-- typical: the slot's median over steps on its rank (spatial: ranks differ persistently);
-- iteration_factor: the median ratio of all slots of that op in one measured step, drawn as one
-  measured step per sample for every op together (the part of temporal variation that every
-  rank shares, e.g. a network-wide slow all-reduce; correlated across ops);
-- residual: per slot, from the family fitted for that op (variability.py); a synchronizing group
-  draws one residual for all its members (a collective has one transfer time).
-Gaps (untraced time before an op: data loading, launch delays) are those of the drawn measured
-step, like the iteration factor: they are per-iteration events (a dataloader stall, a warm-up
-step) rather than per-op noise.
+- typical: the slot's median over steps on its rank (per-worker persistent effects, and the
+  microbatch position);
+- step_factor: the median ratio of all slots of that op in one measured step (what every rank
+  shares in a step, e.g. clocks or a network-wide slow all-reduce);
+- worker: per rank and step, the median of its compute ops' remaining log ratio (a worker slowed
+  from some step on is slow on all its ops in those steps);
+- microbatch: per pipeline replica and microbatch, the median over the stages of the forward /
+  backward compute's remaining log ratio (one sample is processed by every stage: sequence length
+  moves all of them);
+- residual: per slot, from the family fitted for that op (variability.py), with the worker's
+  residuals scaled so that its per-step total varies as measured (adjacent timers hand off);
+  a synchronizing group draws one residual for all its members (a collective has one transfer time).
+A sample draws one measured step for the step factors, the worker effects and the untraced gaps
+(per-iteration events: a dataloader stall, a warm-up step), and per replica the microbatch effects
+of one measured (replica, step). The worker and microbatch effects are shrunk to the variance
+they have beyond the noise of estimating them.
 
 Scenarios: `baseline` (as measured, with KS distance and mean error against the measured
-steps), `no_stragglers` (every op at the typical value of its op type over all ranks and steps:
-no slow rank, no slow stage, no slow iteration; untraced gaps at their slot's median), `slow_node_worst`, and
+steps), `no_stragglers` (the what-if ideal of fleetscope.prism.stragglers: every op at its
+typical duration for its type, untraced gaps at their typical value), `slow_node_worst`, and
 `scale_<N>ranks`; the sweeps behind them go to step_forecast_details."""
 from __future__ import annotations
 
@@ -29,9 +36,9 @@ import numpy as np
 import polars as pl
 from scipy import stats
 
-from fleetscope.common import stage_imbalance as stage_compute_imbalance
 from fleetscope.prism.compose import PipelineModel, replica_step_samples, step_distribution
 from fleetscope.prism.schemas import SCENARIO_DETAILS, STEP_FORECASTS
+from fleetscope.prism.stragglers import SEQ_OPS, SLOW_GROUP, StragglerAnalysis, analyze_stragglers, op_types, slot_is_comm
 from fleetscope.prism.structure import JobGraph, build_job_graph, replay_job_graph
 from fleetscope.prism.variability import Dist, fit_families, hw_correlation, scaled_slots, select, temporal_ratios, variability_models
 from fleetscope.verdicts import make_verdicts
@@ -46,32 +53,146 @@ class StepModel:
     typ: np.ndarray                 # [n_slots] ns
     factor: np.ndarray              # [n_slots, n_steps] iteration factor of the slot's op
     resid: dict[str, Dist]          # op name -> residual model
-    name_typ: dict[str, float]      # op name -> typical duration over all ranks and steps
-    name_gap: dict[str, float]      # op name -> typical gap before it
-    scaled: np.ndarray              # [n_slots] bool: sampled as typical x factor x residual (else replayed)
+    scaled: np.ndarray              # [n_slots] bool: sampled as typical x effects x residual (else replayed)
     draw_key: np.ndarray            # [n_slots] slots with one key share one residual draw
     own: np.ndarray                 # [n_slots] erratic slots: residual from their own measured steps
-    res_all: np.ndarray             # [n_slots, n_steps] measured residuals (ratio / iteration factor)
+    res_all: np.ndarray             # [n_slots, n_steps] measured residuals (effects removed)
+    worker_eff: np.ndarray          # [n_ranks, n_steps] log effect per worker and step on its compute
+    worker_slots: np.ndarray        # [n_slots] bool: compute slots of workers with an effect
+    replica: np.ndarray             # [n_ranks] pipeline replica (DP rank x TP index) of each rank
+    mb_slots: np.ndarray            # slot indices that carry a microbatch effect
+    mb_rep: np.ndarray              # their pipeline replica
+    mb_idx: np.ndarray              # their microbatch index
+    mb_eff: np.ndarray              # [n_replicas, n_microbatches, n_steps] measured shared log effect of each microbatch
+    res_scale: np.ndarray           # [n_slots] exponent on a slot's residual draw (1: independent residuals)
+
+
+BACKFIT_ROUNDS = 3
+MIN_EFFECT_SD = 0.02  # a worker or microbatch effect (std of its log) below this is residual noise
+
+
+def _group_median(values: np.ndarray, gid: np.ndarray, n_groups: int) -> np.ndarray:
+    """[n_groups, n_steps] median over the rows of each group, per column (step); NaN rows ignored."""
+    S = values.shape[1]
+    df = pl.DataFrame({"g": np.repeat(gid, S), "j": np.tile(np.arange(S), len(gid)), "v": values.ravel()}).drop_nans()
+    m = df.group_by("g", "j").agg(pl.col("v").median())
+    out = np.zeros((n_groups, S))
+    out[m["g"].to_numpy(), m["j"].to_numpy()] = m["v"].to_numpy()
+    return out
+
+
+def _split_half_shrink(eff: np.ndarray, dev: np.ndarray, gid: np.ndarray, n_groups: int, half: np.ndarray,
+                       pooled: bool) -> np.ndarray:
+    """eff [n_groups, n_steps] (a median over each group's rows of dev) scaled around its mean to
+    the variance that its group's two halves (`half`, bool per row) share: the covariance of
+    their medians over steps is the variance of the true effect (their noises are independent),
+    while eff's own variance also holds the noise of estimating it from a few ops. Per group, or
+    over all groups with pooled."""
+    a = _group_median(np.where(half[:, None], dev, np.nan), gid, n_groups)
+    b = _group_median(np.where(~half[:, None], dev, np.nan), gid, n_groups)
+    has = np.bincount(gid[half], minlength=n_groups) & np.bincount(gid[~half], minlength=n_groups) > 0
+    mu = eff.mean(axis=1, keepdims=True)
+    if pooled:
+        if not has.any():
+            return np.zeros_like(eff)
+        ac, bc = a[has] - a[has].mean(), b[has] - b[has].mean()
+        cov, v = float((ac * bc).mean()), float(eff[has].var())
+        f = np.sqrt(max(cov, 0.0) / v) if v > 0 else 0.0
+        m0 = float(eff[has].mean())
+        return m0 + min(f, 1.0) * (eff - m0)
+    ac, bc = a - a.mean(axis=1, keepdims=True), b - b.mean(axis=1, keepdims=True)
+    cov = (ac * bc).mean(axis=1)
+    v = eff.var(axis=1)
+    f = np.where(has & (v > 0), np.sqrt(np.clip(cov, 0.0, None) / np.where(v > 0, v, 1.0)), 0.0)
+    return mu + np.minimum(f, 1.0)[:, None] * (eff - mu)
 
 
 def fit_step_model(g: JobGraph) -> StepModel:
+    """duration = typical(slot) x step factor(op, step) x worker effect(rank, step) x microbatch
+    effect(replica, microbatch) x residual (module doc). The worker and microbatch effects are
+    separated by backfitting medians (a slow worker does not look like a long microbatch: the
+    median over a microbatch's stages ignores it; a long microbatch does not look like a slow
+    worker: the median over a worker's compute ops ignores it)."""
     typ, ratio = temporal_ratios(g)
     names = g.slot_names()
     # a collective has one transfer time: its members share the ratio
     for m in g.group_members:
         if len(m) > 1:
             ratio[m] = ratio[m].mean(axis=0)
-    factor = np.ones_like(ratio)
-    resid = {}
     scaled = scaled_slots(g, typ)
-    own = np.zeros(len(typ), dtype=bool)
-    res_all = np.ones_like(ratio)
+    lr = np.log(np.where(scaled[:, None], np.maximum(ratio, 1e-9), 1.0))
+    a = np.zeros_like(lr)
     for nm in np.unique(names):
-        sel = names == nm
-        pos = sel & scaled
+        pos = (names == nm) & scaled
         if pos.any():
-            factor[sel] = np.median(ratio[pos], axis=0)
-            res_all[pos] = ratio[pos] / factor[pos]
+            a[names == nm] = np.median(lr[pos], axis=0)
+    e = lr - a
+    # worker (per step) and microbatch effects on compute
+    comp = scaled & ~slot_is_comm(g)
+    replica = np.unique(np.stack([g.dp_rank, g.tp_rank], axis=1), axis=0, return_inverse=True)[1].ravel()
+    mbv = g.slots["microbatch"].cast(pl.Float64).to_numpy()
+    mb_sel = comp & np.isin(names, SEQ_OPS) & ~np.isnan(mbv)
+    mb_slots = np.flatnonzero(mb_sel)
+    use_mb = len(np.unique(g.stage)) >= 2 and len(mb_slots) >= 4
+    if use_mb:
+        mb_group = np.unique(np.stack([replica[g.slot_rank[mb_slots]], mbv[mb_slots].astype(np.int64)], axis=1),
+                             axis=0, return_inverse=True)[1].ravel()
+    else:
+        mb_slots, mb_group = mb_slots[:0], np.zeros(0, dtype=np.int64)
+    w_slots = np.flatnonzero(comp)
+    w = np.zeros((g.n_ranks, lr.shape[1]))
+    mfx = np.zeros((max(int(mb_group.max()) + 1, 1) if len(mb_group) else 1, lr.shape[1]))
+    for _ in range(BACKFIT_ROUNDS):
+        if use_mb:
+            mfx = _group_median(e[mb_slots] - w[g.slot_rank[mb_slots]], mb_group, mfx.shape[0])
+        em = e.copy()
+        em[mb_slots] -= mfx[mb_group]
+        if len(w_slots):
+            w = _group_median(em[w_slots], g.slot_rank[w_slots], g.n_ranks)
+    # an effect estimated from k noisy ops carries part of their noise; sampled next to a residual
+    # of its own that noise would count twice (on a whole pipeline, k times): shrink each effect
+    # to the variance its two halves share
+    if use_mb:  # halves: the pipeline's first and last stages
+        st = g.stage[g.slot_rank[mb_slots]]
+        mfx = _split_half_shrink(mfx, e[mb_slots] - w[g.slot_rank[mb_slots]], mb_group, mfx.shape[0],
+                                 st <= np.median(np.unique(g.stage)), pooled=True)
+    if len(w_slots):  # halves: a worker's forward and its other compute ops
+        em = e.copy()
+        em[mb_slots] -= mfx[mb_group]
+        w = _split_half_shrink(w, em[w_slots], g.slot_rank[w_slots], g.n_ranks, names[w_slots] == "forward-compute", pooled=False)
+    # effects smaller than MIN_EFFECT_SD are left to the residuals: sampled as blocks they would
+    # only replay the measured steps' noise
+    if use_mb and mfx.std() < MIN_EFFECT_SD:
+        use_mb = False
+        mfx[:] = 0.0
+    w[w.std(axis=1) < MIN_EFFECT_SD] = 0.0
+    # residuals around the shrunk effects (around the raw ones their per-worker sums would lose
+    # the noise the shrinking gave back to them)
+    e_res = e.copy()
+    e_res[mb_slots] -= mfx[mb_group]
+    e_res[w_slots] -= w[g.slot_rank[w_slots]]
+    res_all = np.exp(e_res)
+    factor = np.exp(a)
+    # the residuals of one worker's compute ops are not independent (a timer that ends one op
+    # late starts the next one late: on the real trace the per-step total of a worker varies less
+    # than the sum of its ops' variances). Scale each worker's residual draws so that its per-step
+    # total varies as measured: total variance = that of its effects + that of its residuals.
+    eff_all = np.zeros_like(e)
+    eff_all[mb_slots] += mfx[mb_group]
+    eff_all[w_slots] += w[g.slot_rank[w_slots]]
+    res_scale = np.ones(len(typ))
+    for r in range(g.n_ranks):
+        c = w_slots[g.slot_rank[w_slots] == r]
+        if len(c) >= 2:
+            sv = float(e_res[c].var(axis=1).sum())
+            target = float(e[c].sum(axis=0).var() - eff_all[c].sum(axis=0).var())
+            if sv > 0:
+                res_scale[c] = np.sqrt(np.clip(target / sv, 1 / 16, 4.0))
+    resid = {}
+    own = np.zeros(len(typ), dtype=bool)
+    for nm in np.unique(names):
+        pos = (names == nm) & scaled
+        if pos.any():
             # slots far more erratic than their siblings (a receive that sometimes queues
             # behind other traffic) keep their own residuals instead of widening the pool
             q75, q25 = np.percentile(res_all[pos], [75, 25], axis=1)
@@ -83,8 +204,6 @@ def fit_step_model(g: JobGraph) -> StepModel:
             resid[nm] = fits[select(fits)][0]
         else:
             resid[nm] = Dist("constant", {"value": 1.0})
-    name_typ = {nm: float(np.median(g.dur[names == nm])) for nm in np.unique(names)}
-    name_gap = {nm: float(np.median(g.gap[names == nm])) for nm in np.unique(names)}
     # one residual per collective (one transfer time), and one per op of a TP group: TP ranks
     # synchronize inside every layer, so an op lasts as long on all of them
     sl = g.slots
@@ -92,15 +211,41 @@ def fit_step_model(g: JobGraph) -> StepModel:
     comm = g.group_is_comm[g.group_of]
     keys = np.where(comm, np.char.add("g", g.group_of.astype(str)), np.char.add("l", local_key.astype(str)))
     _, draw_key = np.unique(keys, return_inverse=True)
-    return StepModel(g, typ, factor, resid, name_typ, name_gap, scaled, draw_key, own, res_all)
+    if not use_mb:
+        mb_slots, mb_group = mb_slots[:0], mb_group[:0]
+    mb_rep = replica[g.slot_rank[mb_slots]]
+    mb_idx = mbv[mb_slots].astype(np.int64) if use_mb else np.zeros(0, dtype=np.int64)
+    mb_eff = np.zeros((int(replica.max()) + 1, int(mb_idx.max()) + 1 if len(mb_idx) else 1, lr.shape[1]))
+    if use_mb:
+        first = np.unique(mb_group, return_index=True)[1]
+        mb_eff[mb_rep[first], mb_idx[first]] = mfx
+    return StepModel(g, typ, factor, resid, scaled, draw_key, own, res_all, w, comp & (w.std(axis=1) > 0)[g.slot_rank], replica,
+                     mb_slots, mb_rep, mb_idx, mb_eff, res_scale)
 
 
 def sample_durations(sm: StepModel, n: int, rng: np.random.Generator, only: np.ndarray | None = None):
     """[n_slots, n] sampled (gap, dur); with `only` (bool per slot) the other slots stay at
-    their typical duration and median gap."""
+    their typical duration and median gap. Per sample: one measured step for the step factors,
+    every worker's effect (a worker slow from some step on is slow on all its ops, and workers
+    that slow down together stay together) and the untraced gaps (per-iteration events); per
+    pipeline replica the microbatch effects of one measured (replica, step); a residual per slot
+    (per collective)."""
     g = sm.graph
     names = g.slot_names()
-    J = rng.integers(0, g.dur.shape[1], n)
+    S = g.dur.shape[1]
+    J = rng.integers(0, S, n)
+    eff = np.log(sm.factor[:, J])
+    if sm.worker_slots.any():
+        ws = np.flatnonzero(sm.worker_slots)
+        eff[ws] += sm.worker_eff[g.slot_rank[ws]][:, J]
+    if len(sm.mb_slots):
+        # a replica's microbatches take the effects of one measured (replica, step) together:
+        # neighbouring microbatches of a step are not independent (timer hand-offs make them
+        # anti-correlated on the real trace; a batch of long sequences makes them all long)
+        n_rep, _, S_mb = sm.mb_eff.shape
+        kr = rng.integers(0, n_rep, (n_rep, n))
+        kj = rng.integers(0, S_mb, (n_rep, n))
+        eff[sm.mb_slots] += sm.mb_eff[kr[sm.mb_rep], sm.mb_idx[:, None], kj[sm.mb_rep]]
     dur = np.repeat(sm.typ[:, None], n, axis=1)
     for nm, d in sm.resid.items():
         sel = names == nm
@@ -112,36 +257,22 @@ def sample_durations(sm: StepModel, n: int, rng: np.random.Generator, only: np.n
         if not len(idx):
             continue
         ug, inv = np.unique(sm.draw_key[idx], return_inverse=True)
-        draws = d.sample(rng, (len(ug), n))[inv]
+        draws = d.sample(rng, (len(ug), n))[inv] ** sm.res_scale[idx, None]
         o = sm.own[idx]
         if o.any():  # erratic slots: a residual of their own, from a random measured step
-            jo = rng.integers(0, g.dur.shape[1], (int(o.sum()), n))
+            jo = rng.integers(0, S, (int(o.sum()), n))
             draws[o] = np.take_along_axis(sm.res_all[idx[o]], jo, axis=1)
-        dur[idx] = sm.typ[idx, None] * sm.factor[idx][:, J] * draws
+        dur[idx] = sm.typ[idx, None] * np.exp(eff[idx]) * draws
     gap = g.gap[:, J]  # untraced time (data loading, launch delays) of the same measured step
     if only is not None:
         gap[~only] = np.median(g.gap[~only], axis=1)[:, None]
     return gap, dur
 
 
-def ideal_columns(sm: StepModel, typical: str = "median") -> tuple[np.ndarray, np.ndarray]:
-    """(gap, dur) columns with every op at the typical value of its op type over all ranks and
-    steps: `median` (the default: a slow stage or rank does not move it) or `mean` (what
-    StragglerAnalysis averages, so part of a slow stage stays in its ideal); every gap at its
-    slot's median over steps."""
-    g = sm.graph
-    names = g.slot_names()
-    if typical == "median":
-        dur = np.array([sm.name_typ[n] for n in names])[:, None]
-    elif typical == "mean":
-        m = {n: float(g.dur[names == n].mean()) for n in np.unique(names)}
-        dur = np.array([m[n] for n in names])[:, None]
-    else:
-        raise ValueError(f"typical must be 'median' or 'mean', got {typical!r}")
-    # gaps are not operations: each keeps its own typical value (the first op's gap is how far
-    # into the step window a rank starts, e.g. while its previous step's optimizer still runs)
-    gap = np.median(g.gap, axis=1)[:, None]
-    return gap, dur
+def sample_step_times(sm: StepModel, n: int, rng: np.random.Generator, chunk: int = 2000) -> np.ndarray:
+    """n step times of the baseline forecast, sampled and replayed in chunks (bounded memory)."""
+    return np.concatenate([replay_job_graph(sm.graph, *sample_durations(sm, min(chunk, n - a), rng))
+                           for a in range(0, n, chunk)])
 
 
 def ks_distance(pred: np.ndarray, measured: np.ndarray) -> float:
@@ -258,31 +389,14 @@ def kernel_sensitivity(sm: StepModel, n: int = 2000, cvs=(0.05, 0.1, 0.2, 0.4), 
     return rows
 
 
-def attribution(sm: StepModel) -> tuple[float, float, list[dict]]:
-    """StragglerAnalysis-style decomposition: start from the ideal (every op at its typical
-    value), give one group of slots (an op type, a stage, a rank) back its measured durations
-    and gaps, replay every measured step, and report mean step / ideal step."""
-    g = sm.graph
-    gi, di = ideal_columns(sm)
-    ideal = float(replay_job_graph(g, gi, di)[0])
-    S = g.dur.shape[1]
-    names = g.slot_names()
-    groups = [("op", nm, names == nm) for nm in np.unique(names)]
-    groups += [("stage", int(s), g.stage[g.slot_rank] == s) for s in np.unique(g.stage)]
-    ranks = np.arange(g.n_ranks)
-    if g.n_ranks > MAX_PLACEMENTS:  # large job: the ranks whose own ops exceed their stage's most
-        own = np.array([(g.dur[g.slot_rank == r] + g.gap[g.slot_rank == r]).sum(axis=0).mean() for r in ranks])
-        stage_med = np.array([np.median(own[g.stage == g.stage[r]]) for r in ranks])
-        ranks = np.sort(np.argsort(-(own / np.maximum(stage_med, 1)))[:MAX_PLACEMENTS])
-    groups += [("rank", int(g.ranks[r]), g.slot_rank == r) for r in ranks]
-    rows = []
-    for kind, subj, sel in groups:
-        gap = np.repeat(gi, S, axis=1)
-        dur = np.repeat(di, S, axis=1)
-        gap[sel], dur[sel] = g.gap[sel], g.dur[sel]
-        T = replay_job_graph(g, gap, dur)
-        rows.append(_detail(g.capture_id, "attribution", f"{kind}:{subj}", "restore measured", T, T.mean() / ideal))
-    return ideal, float(g.measured_step_ns.mean()), rows
+def attribution_details(sa: StragglerAnalysis) -> list[dict]:
+    """step_forecast_details rows of the what-if attribution (fleetscope.prism.stragglers): every
+    op at its typical duration except one group (an op type, a stage, a DP replica, a rank) as
+    measured; slowdown = its mean step over the ideal step."""
+    pre = {"op_type": "op", "stage": "stage", "dp_rank": "dp", "worker": "rank"}
+    return [_detail(sa.graph.capture_id, "attribution", f"{pre[r['dimension']]}:{r['subject']}", "restore measured",
+                    np.array([r["slowdown"] * sa.ideal_ns]), r["slowdown"])
+            for r in sa.attribution.iter_rows(named=True)]
 
 
 # ---------------------------------------------------------------- scenarios on the hierarchical model
@@ -369,26 +483,8 @@ def scale_slowdown(pm: PipelineModel, ranks=(1024, 8192, 65536), n: int = 10_000
 
 
 # ---------------------------------------------------------------- verdicts
-SLOW_JOB = 1.10       # measured / no_stragglers that makes a job slow (StragglerAnalysis uses 1.1)
-SLOW_GROUP = 1.03     # a group whose measured durations alone slow the ideal step this much
-IMBALANCE = 1.10      # a stage's typical compute over the other stages' median
-
-
-def stage_imbalance(sm: StepModel) -> dict[int, float]:
-    """Per stage: how much longer its typical forward/backward compute is than the other stages'
-    (fleetscope.common.stage_imbalance: on the stage's least loaded replica, so one slow GPU does
-    not make a stage look imbalanced)."""
-    g = sm.graph
-    names = g.slot_names()
-    compute = np.isin(names, ["forward-compute", "backward-compute"])
-    if not compute.any():
-        return {int(s): 1.0 for s in np.unique(g.stage)}
-    per_rank = pl.DataFrame({"rank": g.slot_rank[compute], "typ": sm.typ[compute]}).group_by("rank").agg(
-        pl.col("typ").sum().alias("compute_ns"))
-    ranks = per_rank["rank"].to_numpy()
-    per_rank = per_rank.with_columns(stage=pl.Series(g.stage[ranks]).cast(pl.Int32), dp_rank=pl.Series(g.dp_rank[ranks]).cast(pl.Int32))
-    st = stage_compute_imbalance(per_rank, value="compute_ns")
-    return {int(s): (float(r) if r is not None else 1.0) for s, r in zip(st["stage"], st["ratio"])}
+SLOW_JOB = 1.10       # S (measured over ideal) that makes a job slow (StragglerAnalysis uses 1.1)
+KERNEL_NORMAL = 1.05  # a rank whose compute kernels take less than this times its stage's median is not the slow GPU
 
 
 def compute_kernel_ns(timings: pl.DataFrame) -> dict[int, float]:
@@ -404,86 +500,106 @@ def compute_kernel_ns(timings: pl.DataFrame) -> dict[int, float]:
     return {int(r): float(v) for r, v in per.iter_rows()}
 
 
-def straggler_verdicts(sm: StepModel, ideal: float, measured_mean: float, attrib: list[dict], job_id: str | None = None,
-                       kernel_ns: dict[int, float] | None = None) -> pl.DataFrame:
-    """Verdicts where the measured steps are far slower than no_stragglers, attributed by op type,
-    stage and rank. A stage whose compute is consistently longer on all its TP groups is a
-    stage-partitioning imbalance (team algorithm); a rank slower than the same stage's ranks in
-    other DP replicas is a hardware suspect (operations; within a TP group the one with more
-    compute-kernel time when kernel rows exist, since its TP peers only wait for it); slow
-    collectives / p2p go to operations, other ops to infrastructure. Below SLOW_JOB nothing
+def _share(x: float) -> str:
+    """A share of the slowdown for a sentence (fixing a heavy stage can overshoot the ideal, > 100 %)."""
+    return "all" if x >= 0.995 else f"{100 * max(x, 0.0):.0f} %"
+
+
+def straggler_verdicts(sa: StragglerAnalysis, job_id: str | None = None, kernel_ns: dict[int, float] | None = None) -> pl.DataFrame:
+    """Verdicts from the what-if analysis' causes (straggler_causes), each with its share of the
+    slowdown: an individually slow worker is a `rank` verdict for operations (its stage gets no
+    verdict: the other DP replicas of that stage are fine); a stage slow in every DP replica
+    because it computes more than the balanced stage is a `stage` verdict for algorithm
+    (partitioning imbalance); microbatch compute that varies together along the pipeline is a
+    sequence-length imbalance for algorithm. Op types that slow the ideal step and no cause
+    explains go to operations (communication) or infrastructure (compute). Below SLOW_JOB nothing
     above info is raised."""
-    g = sm.graph
+    g = sa.graph
     cap = g.capture_id
-    S = measured_mean / ideal
+    sm_row = sa.summary.row(0, named=True)
+    S = sm_row["slowdown"]
     slow = S >= SLOW_JOB
-    sev = (lambda x: "critical" if slow and x >= 1.25 else "warning" if slow and x >= 1.05 else "info")
-    names = g.slot_names()
-    imb = stage_imbalance(sm)
-    imb_stages = [s for s, v in imb.items() if v >= IMBALANCE and len(imb) > 1]
-    att = {r["subject"]: r["slowdown"] for r in attrib}
-    rows = []
-    # ranks slower than the same stage's ranks in other DP replicas
-    suspects = []
-    for r in range(g.n_ranks):
-        x = att.get(f"rank:{g.ranks[r]}", 1.0)
-        peers = [att.get(f"rank:{g.ranks[q]}", 1.0) for q in range(g.n_ranks)
-                 if g.stage[q] == g.stage[r] and g.dp_rank[q] != g.dp_rank[r]]
-        if x >= SLOW_GROUP and (not peers or x - max(peers) >= 0.02) and g.stage[r] not in imb_stages:
-            suspects.append((r, x, max(peers) if peers else 1.0))
-    if kernel_ns:
-        kept = []
-        for r, x, base in suspects:
-            tpg = [q for q, _, _ in suspects if g.stage[q] == g.stage[r] and g.dp_rank[q] == g.dp_rank[r]]
-            stage_k = [kernel_ns.get(int(g.ranks[q])) for q in range(g.n_ranks) if g.stage[q] == g.stage[r]]
+
+    def sev(share: float, alone: float) -> str:
+        if not slow:
+            return "info"
+        if S >= 1.25 and share >= 0.5:
+            return "critical"
+        return "warning" if share >= 0.2 or alone >= 1.05 else "info"
+
+    causes = sa.causes
+    workers = causes.filter(pl.col("cause") == "worker")
+    if kernel_ns and workers.height > 1:
+        # TP peers of a slow GPU wait for it inside every layer and look as slow: the one whose
+        # compute kernels are normal is only waiting
+        tp_groups = workers.group_by("stage", "dp_rank").len().filter(pl.col("len") > 1)
+        drop = []
+        for r in workers.join(tp_groups.select("stage", "dp_rank"), on=["stage", "dp_rank"]).iter_rows(named=True):
+            stage_k = [kernel_ns.get(int(q)) for q in g.ranks[g.stage == r["stage"]]]
             stage_k = [v for v in stage_k if v is not None]
-            kr = kernel_ns.get(int(g.ranks[r]))
-            if len(tpg) > 1 and kr is not None and stage_k and kr < 1.05 * float(np.median(stage_k)):
-                continue  # its compute kernels are normal: it waits for a TP peer
-            kept.append((r, x, base))
-        suspects = kept
-    for r, x, base in suspects:
-        kr = (kernel_ns or {}).get(int(g.ranks[r]))
-        rows.append({"detector": "prism.attribution", "scope": "rank", "subject": str(g.ranks[r]), "job_id": job_id, "capture_id": cap,
-                     "metric": "slowdown_if_only_this_rank_as_measured", "value": x, "baseline": base,
-                     "severity": sev(x), "team": "operations",
-                     "explanation": f"rank {g.ranks[r]} (stage {g.stage[r]}, dp {g.dp_rank[r]}, tp {g.tp_rank[r]}) alone slows the ideal step "
-                                    f"{x:.2f}x while the same stage in other DP replicas reaches {base:.2f}x: a slow GPU or host"
-                                    + (f"; its compute kernels take {kr / 1e6:.0f} ms per step" if kr else ""),
-                     "evidence": json.dumps({"compute_kernel_ns": kr})})
-    for s in sorted(imb):
-        x = att.get(f"stage:{s}", 1.0)
-        if x < SLOW_GROUP or (s not in imb_stages and suspects):  # other stages mostly wait for a slow rank
-            continue
-        is_imb = s in imb_stages
-        rows.append({"detector": "prism.attribution", "scope": "stage", "subject": str(s), "job_id": job_id, "capture_id": cap,
-                     "metric": "slowdown_if_only_this_stage_as_measured", "value": x, "baseline": 1.0, "severity": sev(x),
-                     "team": "algorithm" if is_imb else "operations",
-                     "explanation": (f"stage {s} alone slows the ideal step {x:.2f}x: its forward/backward compute is {imb[s]:.2f}x "
-                                     "the other stages' on every TP group: stage-partitioning imbalance, rebalance the layers"
-                                     if is_imb else f"stage {s} alone slows the ideal step {x:.2f}x without a compute imbalance: look at its hosts and links"),
-                     "evidence": json.dumps({"compute_ratio_vs_other_stages": imb[s]})})
-    for nm in np.unique(names):
-        x = att.get(f"op:{nm}", 1.0)
-        if x < SLOW_GROUP:
-            continue
-        is_comm = bool(g.group_is_comm[g.group_of[names == nm]].any())
-        compute = nm in ("forward-compute", "backward-compute")
-        team = "operations" if is_comm or (compute and suspects and not imb_stages) else ("algorithm" if imb_stages and compute else "infrastructure")
-        rows.append({"detector": "prism.attribution", "scope": "kernel" if g.kind == "kernel" else "function", "subject": nm,
-                     "job_id": job_id, "capture_id": cap, "metric": "slowdown_if_only_this_op_as_measured", "value": x, "baseline": 1.0,
-                     "severity": sev(x), "team": team,
-                     "explanation": f"{nm} as measured alone slows the ideal step {x:.2f}x"
-                                    + (f" (its excess sits on imbalanced stage(s) {imb_stages})" if team == "algorithm" and compute else "")
-                                    + (f" (on the slow rank(s) {[int(g.ranks[r]) for r, _, _ in suspects]})" if compute and suspects and not imb_stages else "")})
-    top = sorted(((v, k) for k, v in att.items()), reverse=True)[:3]
+            kr = kernel_ns.get(int(r["rank"]))
+            if kr is not None and stage_k and kr < KERNEL_NORMAL * float(np.median(stage_k)):
+                drop.append(r["rank"])
+        causes = causes.filter(~((pl.col("cause") == "worker") & pl.col("rank").is_in(drop)))
+    rows = []
+    for c in causes.iter_rows(named=True):
+        ev = json.loads(c["evidence"])
+        share = c["share_of_slowdown"]
+        base = {"detector": "prism.stragglers", "job_id": job_id, "capture_id": cap, "value": c["slowdown"],
+                "severity": sev(share, c["slowdown"]), "team": c["team"]}
+        if c["cause"] == "worker":
+            kr = (kernel_ns or {}).get(int(c["rank"]))
+            ev["compute_kernel_ns"] = kr
+            rows.append({**base, "scope": "rank", "subject": str(c["rank"]), "metric": "slowdown_if_only_this_worker_as_measured",
+                         "baseline": ev["peer_median_slowdown"],
+                         "explanation": f"rank {c['rank']} (stage {c['stage']}, dp {c['dp_rank']}) alone slows the ideal step {c['slowdown']:.2f}x "
+                                        f"while the same stage in the other DP replicas reaches {ev['peer_median_slowdown']:.2f}x; fixing it alone "
+                                        f"removes {_share(share)} of the slowdown ({S:.2f}x): a slow GPU or host"
+                                        + (f"; its compute kernels take {kr / 1e6:.0f} ms per step" if kr else ""),
+                         "evidence": json.dumps(ev)})
+        elif c["cause"] == "stage_partitioning":
+            rows.append({**base, "scope": "stage", "subject": str(c["stage"]), "metric": "slowdown_if_only_this_stage_as_measured",
+                         "baseline": 1.0,
+                         "explanation": f"stage {c['stage']} is slow in every DP replica (each of its workers alone slows the ideal step "
+                                        f">= {ev['min_worker_slowdown']:.2f}x) and computes {ev['compute_vs_balanced_stage']:.2f}x the balanced "
+                                        f"stage: stage-partitioning imbalance, rebalance the layers; balancing it removes {_share(share)} "
+                                        f"of the slowdown ({S:.2f}x)",
+                         "evidence": json.dumps(ev)})
+        else:
+            rows.append({**base, "scope": "job", "subject": cap, "metric": "sequence_length_imbalance", "baseline": 1.0,
+                         "explanation": f"microbatch compute varies together across the stages of each pipeline ({100 * ev['icc']:.0f} % of its "
+                                        f"variance shared, typical factor x{np.exp(ev['sigma_log']):.2f}): sequence-length imbalance; "
+                                        f"equal-work microbatches remove {_share(share)} of the slowdown ({S:.2f}x): balance tokens per "
+                                        "microbatch (packing, length-aware batching)",
+                         "evidence": json.dumps(ev)})
+    # op types that slow the ideal step: explained by a cause (compute) or not
+    names = g.slot_names()
+    comm_types = {t for n in np.unique(names[slot_is_comm(g)]) for t in op_types(n)}
+    explained = causes.height > 0
+    for r in sa.attribution.filter((pl.col("dimension") == "op_type") & (pl.col("slowdown") >= SLOW_GROUP)).iter_rows(named=True):
+        t = r["subject"]
+        is_comm = t in comm_types
+        if not is_comm and explained:
+            sv, team = "info", causes.sort("share_of_slowdown", descending=True)["team"][0]
+            why = " (explained by the " + ", ".join(sorted(set(causes["cause"].to_list()))).replace("_", " ") + " verdicts)"
+        else:
+            sv, team, why = sev(r["share_added"], r["slowdown"]), "operations" if is_comm else "infrastructure", ""
+        rows.append({"detector": "prism.stragglers", "scope": "kernel" if g.kind == "kernel" else "function", "subject": t,
+                     "job_id": job_id, "capture_id": cap, "metric": "slowdown_if_only_this_op_as_measured", "value": r["slowdown"],
+                     "baseline": 1.0, "severity": sv, "team": team,
+                     "explanation": f"{t} as measured alone slows the ideal step {r['slowdown']:.2f}x ({100 * r['share_added']:.0f} % of the slowdown)" + why})
+    top = causes.sort("share_of_slowdown", descending=True)
+    team = top["team"][0] if top.height else ("operations" if slow else "infrastructure")
+    att = sa.attribution.filter(pl.col("dimension").is_in(["op_type", "stage"])).sort("slowdown", descending=True).head(3)
     job = {"detector": "prism.no_stragglers", "scope": "job", "subject": cap, "job_id": job_id, "capture_id": cap,
-           "metric": "measured_over_no_stragglers", "value": S, "baseline": 1.0,
-           "severity": "critical" if S >= 1.25 else "warning" if slow else "info",
-           "team": "algorithm" if imb_stages else "operations" if suspects or S >= SLOW_JOB else "infrastructure",
-           "explanation": f"measured steps average {measured_mean / 1e9:.3f} s vs {ideal / 1e9:.3f} s with every op at its typical duration "
-                          f"({S:.2f}x); largest contributors: " + ", ".join(f"{k} {v:.2f}x" for v, k in top),
-           "evidence": json.dumps({"attribution": {k: round(v, 4) for k, v in att.items()}})}
+           "metric": "slowdown_over_ideal", "value": S, "baseline": 1.0,
+           "severity": "critical" if S >= 1.25 else "warning" if slow else "info", "team": team,
+           "explanation": f"steps average {sa.nodelay_ns.mean() / 1e9:.3f} s (untraced gaps removed; {sm_row['measured_mean_ns'] / 1e9:.3f} s "
+                          f"measured) vs {sa.ideal_ns / 1e9:.3f} s with every op at its typical duration: S = {S:.2f}; "
+                          + ("causes: " + ", ".join(f"{c['subject']} ({c['cause'].replace('_', ' ')}, {_share(c['share_of_slowdown'])})"
+                                                    for c in top.iter_rows(named=True)) if top.height else
+                             "largest contributors: " + ", ".join(f"{r['dimension']} {r['subject']} {r['slowdown']:.2f}x" for r in att.iter_rows(named=True))),
+           "evidence": json.dumps({k: sm_row[k] for k in ("mw", "ms", "mseq", "measured_slowdown", "launch_slowdown", "ideal_ns", "ideal_with_gaps_ns")})}
     return make_verdicts([job] + rows)
 
 
@@ -530,6 +646,7 @@ class PrismResult:
     plots: dict[str, bytes] = field(default_factory=dict)
     samples: dict[str, np.ndarray] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    stragglers: StragglerAnalysis | None = None  # the what-if analysis (its frames, heatmap, ideal timeline)
 
 
 def forecast_capture(timings: pl.DataFrame, hw: pl.DataFrame | None = None, capture_id: str | None = None,
@@ -544,18 +661,19 @@ def forecast_capture(timings: pl.DataFrame, hw: pl.DataFrame | None = None, capt
     rng = np.random.default_rng(seed)
     sm = fit_step_model(g)
     meas = g.measured_step_ns
-    gap, dur = sample_durations(sm, n_samples, rng)
-    base = replay_job_graph(g, gap, dur)
-    gi, di = ideal_columns(sm)
-    ideal = float(replay_job_graph(g, gi, di)[0])
+    base = sample_step_times(sm, n_samples, rng)
+    sa = analyze_stragglers(g)
+    ideal = sa.ideal_with_gaps_ns
     floor = ks_noise_floor(base, len(meas), rng)
     rows = [_row(cap, "baseline", g.n_ranks, base, meas, {"ks_noise_floor": floor}),
-            _row(cap, "no_stragglers", g.n_ranks, np.array([ideal]), meas, {"typical": "median per op type over ranks and steps"})]
+            _row(cap, "no_stragglers", g.n_ranks, np.array([ideal]), meas,
+                 {"typical": "what-if ideal: communication at its median per op type, compute at its stage-balanced typical "
+                             "work per op type, untraced gaps at their typical value", "ideal_without_gaps_ns": sa.ideal_ns,
+                  "slowdown": sa.S})]
     details = []
     details += slow_node_placement(sm)
     details += kernel_sensitivity(sm, seed=seed)
-    ideal2, mmean, att = attribution(sm)
-    details += att
+    details += attribution_details(sa)
     worst = max((d for d in details if d["scenario"] == "slow_node_placement" and d["subject"].startswith("rank=")),
                 key=lambda d: d["slowdown"])
     rows.append({**_row(cap, "slow_node_worst", g.n_ranks, np.array([worst["mean_ns"]])),
@@ -576,8 +694,8 @@ def forecast_capture(timings: pl.DataFrame, hw: pl.DataFrame | None = None, capt
         notes.append(f"pipeline scenarios skipped: {exc}")
     fc = STEP_FORECASTS.validate(pl.DataFrame(rows, schema={c: col.dtype.type for c, col in STEP_FORECASTS.columns.items()}))
     det = SCENARIO_DETAILS.validate(pl.DataFrame(details, schema={c: col.dtype.type for c, col in SCENARIO_DETAILS.columns.items()}))
-    verdicts = straggler_verdicts(sm, ideal, mmean, att, job_id, compute_kernel_ns(timings.filter(pl.col("capture_id") == cap)
-                                                                                  if "capture_id" in timings.columns else timings))
+    verdicts = straggler_verdicts(sa, job_id, compute_kernel_ns(timings.filter(pl.col("capture_id") == cap)
+                                                                if "capture_id" in timings.columns else timings))
     vm = variability_models(g)
     hwc = hw_correlation(timings, hw, cap) if hw is not None else hw_correlation(timings.head(0), pl.DataFrame(), cap)
     png = {}
@@ -589,7 +707,8 @@ def forecast_capture(timings: pl.DataFrame, hw: pl.DataFrame | None = None, capt
                                              xlabel="normalized slowdown", scale=1.0)
         if curves_scale:
             png["scale_cdf"] = cdf_plot({f"{k} ranks": v for k, v in curves_scale.items()}, f"{cap}: step time at scale")
-    return PrismResult(g, vm, hwc, fc, det, verdicts, png, {"baseline": base, "measured": meas}, notes)
+        png["straggler_heatmap"] = sa.heatmap_png()
+    return PrismResult(g, vm, hwc, fc, det, verdicts, png, {"baseline": base, "measured": meas}, notes + sa.notes[len(g.notes):], sa)
 
 
 def step_forecasts(timings: pl.DataFrame, **kw) -> pl.DataFrame:

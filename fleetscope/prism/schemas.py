@@ -69,3 +69,78 @@ SCENARIO_DETAILS = pa.DataFrameSchema({
     "probability": pa.Column(pl.Float64, pa.Check.in_range(0, 1), nullable=True),
     "rank_order": pa.Column(pl.Int64, nullable=True),     # 1 = hurts most
 }, strict=True)
+
+# ---------------------------------------------------------------- stragglers (what-if analysis, prism/stragglers.py)
+# one row per capture: measured, the ideal, the slowdown S and the characterization metrics
+STRAGGLER_SUMMARY = pa.DataFrameSchema({
+    "capture_id": pa.Column(pl.Utf8),
+    "n_ranks": pa.Column(pl.Int64, pa.Check.ge(1)),
+    "n_steps": pa.Column(pl.Int64, pa.Check.ge(1)),
+    "n_stages": pa.Column(pl.Int64, pa.Check.ge(1)),
+    "n_dp": pa.Column(pl.Int64, pa.Check.ge(1)),
+    "measured_mean_ns": pa.Column(pl.Float64, pa.Check.ge(0)),
+    "nodelay_mean_ns": pa.Column(pl.Float64, pa.Check.ge(0)),     # replay of the measured durations, untraced gaps removed (T_ori)
+    "ideal_ns": pa.Column(pl.Float64, pa.Check.gt(0)),            # every op typical, gaps removed (T_ideal)
+    "ideal_with_gaps_ns": pa.Column(pl.Float64, pa.Check.gt(0)),  # with typical gaps: step_forecasts.no_stragglers
+    "slowdown": pa.Column(pl.Float64),                            # S = nodelay_mean / ideal (paper Eq. 1)
+    "measured_slowdown": pa.Column(pl.Float64),                   # measured_mean / ideal_with_gaps
+    "launch_slowdown": pa.Column(pl.Float64),                     # measured_mean / nodelay_mean
+    "replay_max_error": pa.Column(pl.Float64, pa.Check.ge(0)),    # |replay of measured durations and gaps / measured - 1|, max over steps
+    "mw": pa.Column(pl.Float64),                                  # M_W: share of the slowdown removed by fixing the top 3 % workers
+    "mw_added": pa.Column(pl.Float64),                            # the same workers alone added to the ideal
+    "mw_workers": pa.Column(pl.Utf8),                             # JSON list of those ranks
+    "ms": pa.Column(pl.Float64),                                  # M_S: share removed by fixing the last stage
+    "ms_added": pa.Column(pl.Float64),
+    "ms_stage": pa.Column(pl.Int64),                              # the last stage
+    "ms_slowest": pa.Column(pl.Float64),                          # share removed by fixing the slowest stage (by S_stage)
+    "slowest_stage": pa.Column(pl.Int64),
+    "mseq": pa.Column(pl.Float64),                                # share removed without the microbatch effects shared along a pipeline
+    "mseq_added": pa.Column(pl.Float64),
+    "seq_icc": pa.Column(pl.Float64, nullable=True),              # share of microbatch compute variance shared by a pipeline's stages
+    "seq_sigma": pa.Column(pl.Float64, nullable=True),            # size of that shared effect (std of its log)
+}, strict=True)
+
+# what-if attribution: every op ideal except one group as measured (slowdown, share_added), and
+# every op as measured except that group ideal (fixed_step_ns, share_removed)
+STRAGGLER_ATTRIBUTION = pa.DataFrameSchema({
+    "capture_id": pa.Column(pl.Utf8),
+    "dimension": pa.Column(pl.Utf8, pa.Check.isin(["op_type", "stage", "dp_rank", "worker"])),
+    "subject": pa.Column(pl.Utf8),                 # op type / stage / DP rank / rank
+    "rank": pa.Column(pl.Int64, nullable=True),
+    "stage": pa.Column(pl.Int64, nullable=True),
+    "dp_rank": pa.Column(pl.Int64, nullable=True),
+    "tp_rank": pa.Column(pl.Int64, nullable=True),
+    "n_ops": pa.Column(pl.Int64, pa.Check.ge(0)),  # op slots of one step in the group
+    "slowdown": pa.Column(pl.Float64),             # S_g: mean step with only the group as measured / ideal
+    "share_added": pa.Column(pl.Float64),          # (S_g T_ideal - T_ideal) / (T_ori - T_ideal)
+    "fixed_step_ns": pa.Column(pl.Float64),        # mean step with only the group ideal
+    "share_removed": pa.Column(pl.Float64),        # (T_ori - fixed) / (T_ori - T_ideal)
+}, strict=True)
+
+# per step and worker: the step with only that worker as measured, over the ideal (the heatmap)
+STRAGGLER_SLOWDOWN = pa.DataFrameSchema({
+    "capture_id": pa.Column(pl.Utf8),
+    "step": pa.Column(pl.Int64),
+    "rank": pa.Column(pl.Int64),
+    "stage": pa.Column(pl.Int64),
+    "dp_rank": pa.Column(pl.Int64),
+    "tp_rank": pa.Column(pl.Int64),
+    "slowdown": pa.Column(pl.Float64),       # only this worker as measured / ideal
+    "step_slowdown": pa.Column(pl.Float64),  # every worker as measured (gaps removed) / ideal
+    "measured_ns": pa.Column(pl.Float64),    # the step as measured
+}, strict=True)
+
+# verdict inputs: which worker / stage / data effect explains the slowdown, with its share
+STRAGGLER_CAUSES = pa.DataFrameSchema({
+    "capture_id": pa.Column(pl.Utf8),
+    "cause": pa.Column(pl.Utf8, pa.Check.isin(["worker", "stage_partitioning", "sequence_length"])),
+    "subject": pa.Column(pl.Utf8),
+    "rank": pa.Column(pl.Int64, nullable=True),
+    "stage": pa.Column(pl.Int64, nullable=True),
+    "dp_rank": pa.Column(pl.Int64, nullable=True),
+    "slowdown": pa.Column(pl.Float64),                # the cause alone on the ideal step
+    "share_of_slowdown": pa.Column(pl.Float64),       # fraction of (T_ori - T_ideal) removed when it is fixed
+    "share_added": pa.Column(pl.Float64),             # fraction added when only it is put on the ideal
+    "team": pa.Column(pl.Utf8, pa.Check.isin(["algorithm", "infrastructure", "operations"])),
+    "evidence": pa.Column(pl.Utf8),                   # JSON
+}, strict=True)

@@ -52,6 +52,11 @@ def collective_scope(name: str) -> str | None:
     return None
 
 
+def is_comm_name(name: str) -> bool:
+    """A slot name (fused ops joined by '+') that communicates: a collective or p2p op."""
+    return any(collective_scope(n) is not None for n in name.split("+"))
+
+
 @dataclass
 class JobGraph:
     capture_id: str
@@ -362,17 +367,25 @@ def _detect_schedule(names_last_stage: list[str], vpp: int) -> str:
     return "interleaved_1f1b" if vpp > 1 else "1f1b"
 
 
-def replay_job_graph(g: JobGraph, gap: np.ndarray, dur: np.ndarray, per_rank: bool = False) -> np.ndarray:
+def replay_job_graph(g: JobGraph, gap: np.ndarray, dur: np.ndarray, per_rank: bool = False,
+                     timeline: bool = False):
     """Max-plus recurrence of the step over S columns at once: gap, dur are [n_slots, S]
-    (ns). A slot arrives gap after its rank's latest end (of every earlier op, or of the
-    sequential ones only for an op that runs beside a concurrent collective; after the previous
-    slot's start for a concurrent slot), starts when it and every slot it waits for have
-    arrived, and ends dur later. Returns the step time per column (latest end over ranks), or
-    [n_ranks, S] end times with per_rank=True."""
-    S = gap.shape[1]
+    (ns; a [n_slots, 1] column broadcasts). A slot arrives gap after its rank's latest end (of
+    every earlier op, or of the sequential ones only for an op that runs beside a concurrent
+    collective; after the previous slot's start for a concurrent slot), starts when it and every
+    slot it waits for have arrived, and ends dur later. Returns the step time per column (latest
+    end over ranks), [n_ranks, S] end times with per_rank=True, or with timeline=True the
+    [n_slots, S] (arrive, start, end) arrays: arrive is when the rank reaches the op (what a
+    tracer records as its start), start when its peers have arrived too."""
+    S = max(gap.shape[1], dur.shape[1])
+    gap = np.broadcast_to(gap, (g.n_slots, S))
+    dur = np.broadcast_to(dur, (g.n_slots, S))
     ready = np.zeros((g.n_ranks, S))      # latest end of any op
     ready_seq = np.zeros((g.n_ranks, S))  # latest end of the sequential (non-concurrent) ops
     arrive = np.zeros((g.n_slots, S))
+    if timeline:
+        starts = np.zeros((g.n_slots, S))
+        ends = np.zeros((g.n_slots, S))
     conc = g.concurrent
     after_all = g.slots["after_all"].to_numpy()
     arrive[g.first_slot] = gap[g.first_slot]
@@ -381,10 +394,15 @@ def replay_job_graph(g: JobGraph, gap: np.ndarray, dur: np.ndarray, per_rank: bo
         start = np.maximum(arrive[i], arrive[w].max(axis=0)) if len(w) else arrive[i]
         r = g.slot_rank[i]
         end = start + dur[i]
-        ready[r] = np.maximum(ready[r], end)
+        if timeline:
+            starts[i] = start
+            ends[i] = end
+        np.maximum(ready[r], end, out=ready[r])
         if not conc[i]:
-            ready_seq[r] = np.maximum(ready_seq[r], end)
+            np.maximum(ready_seq[r], end, out=ready_seq[r])
         n = g.next_slot[i]
         if n >= 0:
             arrive[n] = (start if conc[n] else ready[r] if after_all[n] else ready_seq[r]) + gap[n]
+    if timeline:
+        return arrive, starts, ends
     return ready if per_rank else ready.max(axis=0)

@@ -56,3 +56,23 @@ def sim_healthy_pp4(tmp_path_factory):
     job = make_job("job-healthy-pp4", 2, tp=2, pp=4, dp=2, start_ns=T0, n_steps=12, seed=2)
     render_capture(out, "cap-healthy-pp4", job, [], 2, traces=False, timings=True)
     return read_timings(out / "timings" / "cap-healthy-pp4")
+
+
+@pytest.fixture(scope="session")
+def derived():
+    """Cases derived from the real trace (fleetscope.sim.derived), built once per session and
+    keyed by (kind, seed, dp, balanced, n_steps): (timings, truth). The analysis gets only the
+    timings; the truth is for the assertions."""
+    from fleetscope.sim.derived import derive_case
+
+    src = read_timings(REAL)
+    cache = {}
+
+    def get(kind: str, seed: int, dp: int = 4, balance: bool = True, n_steps: int = 40):
+        key = (kind, seed, dp, balance, n_steps)
+        if key not in cache:
+            c = derive_case(src, kind, seed=seed, dp=dp, balance=balance, n_steps=n_steps)
+            cache[key] = (c.timings, c.truth)
+        return cache[key]
+
+    return get

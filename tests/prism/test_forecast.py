@@ -3,11 +3,13 @@ trace (known problem: the last pipeline stage is too long) and on simulated jobs
 truth the code never sees."""
 import json
 
+import numpy as np
 import polars as pl
 import pytest
 
 from fleetscope.prism.forecast import forecast_capture, step_forecasts
 from fleetscope.prism.schemas import SCENARIO_DETAILS, STEP_FORECASTS
+from tests.prism.conftest import REAL
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +43,17 @@ def test_real_baseline_matches_the_measured_steps(real):
     assert 0.05 < floor < 0.25 and b["ks_vs_measured"] <= floor + 0.08
 
 
-def test_real_no_stragglers_is_faster_than_measured(real):
+def test_real_no_stragglers_is_the_what_if_ideal(real):
     ns = _row(real.step_forecasts, "no_stragglers")
     meas = _row(real.step_forecasts, "baseline")["measured_mean_ns"]
     assert ns["p5_ns"] == ns["p95_ns"]  # deterministic: every op at its typical duration
     assert 0.6 * meas < ns["mean_ns"] < 0.95 * meas
+    assert ns["mean_ns"] == real.stragglers.ideal_with_gaps_ns
+    # the artifact's ideal (its simulation removes untraced gaps; ours puts their typical value back)
+    sa = json.loads((REAL / "result-ST.json").read_text())
+    sa_ideal = float(np.mean(list(sa["step_t_noblk"].values()))) * 1e9
+    assert abs(ns["mean_ns"] / sa_ideal - 1) < 0.05
+    assert abs(json.loads(ns["params"])["ideal_without_gaps_ns"] / sa_ideal - 1) < 0.01
 
 
 def test_real_stage_imbalance_goes_to_algorithm(real):
@@ -76,6 +84,7 @@ def test_real_scenarios(real):
     p = dict(zip(sc["subject"].to_list(), sc["probability"].to_list()))
     assert p["ranks=1024"] <= p["ranks=65536"] + 0.02
     assert _row(real.step_forecasts, "scale_65536ranks")["n_ranks"] == 65536
+    assert "straggler_heatmap" in real.plots
     for name, png in real.plots.items():
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000, name
 
