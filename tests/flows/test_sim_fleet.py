@@ -6,7 +6,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-sim = pytest.importorskip("fleetscope.sim")
+import fleetscope.sim as sim
 from benchmarks.flows_common import load_landing, load_truth  # noqa: E402
 
 from fleetscope.flows import analyze_window  # noqa: E402

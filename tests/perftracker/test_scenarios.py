@@ -3,9 +3,8 @@ verdicts, scored against the scenario's truth rows (which the analysis never see
 import json
 
 import polars as pl
-import pytest
 
-sim = pytest.importorskip("fleetscope.sim.capture")
+import fleetscope.sim.capture as sim
 
 from fleetscope.ingest.hw import read_hw  # noqa: E402
 from fleetscope.ingest.timings import read_capture_layout, read_timings  # noqa: E402

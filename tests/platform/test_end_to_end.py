@@ -22,26 +22,54 @@ FLEETSCOPE = [sys.executable, "-m", "fleetscope.cli"]
 def simulated(tmp_path_factory):
     from fleetscope.sim import simulate
     out = tmp_path_factory.mktemp("fleet")
-    simulate(out, gpus=64, minutes=1.0, faults="congested_switch:1", seed=3, captures=False)
+    summary = simulate(out, gpus=64, minutes=1.0, faults="congested_switch:1,slow_gpu:1", seed=3, captures=True)
+    assert summary["captures"], "the simulator rendered no capture: the end-to-end run would not cover the capture analyses"
     return out
 
 
-@pytest.mark.slow
-def test_run_finds_the_injected_fault_and_writes_reports(simulated, fleet_env):
-    _, warehouse, home = fleet_env
+@pytest.fixture(scope="module")
+def ran(simulated, tmp_path_factory):
+    """`fleetscope run` on the simulated landing folder (with an incident request), once for the module."""
+    tmp = tmp_path_factory.mktemp("run")
+    warehouse, home = tmp / "wh" / "warehouse.duckdb", tmp / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
     landing = simulated / "landing"
-    truth = pl.read_csv(simulated / "ground_truth" / "faults.csv")
-    switch = truth.filter(pl.col("kind") == "congested_switch")["subject"][0]
     (landing / "incidents").mkdir(exist_ok=True)
     req = landing / "incidents" / "tenant-complaint.json"
     req.write_text(json.dumps({"kind": "slow", "note": "steps slower since noon"}))
     os.utime(req, (time.time() - 60,) * 2)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSCOPE_")}
+    env.update(DAGSTER_HOME=str(home))
     p = subprocess.run(FLEETSCOPE + ["run", "--landing", str(landing), "--warehouse", str(warehouse), "--settle-seconds", "0"],
                        capture_output=True, text=True, env=env, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert "0 failed" in p.stdout and "where to look" in p.stdout
-    wh = Warehouse(warehouse)
+    return dict(landing=landing, warehouse=warehouse, home=home, stdout=p.stdout, wh=Warehouse(warehouse))
+
+
+@pytest.mark.slow
+def test_every_capture_goes_through_every_capture_analysis(ran):
+    landing, wh = ran["landing"], ran["wh"]
+    caps = [d.name for d in (landing / "timings").iterdir()] if (landing / "timings").is_dir() else []
+    assert caps
+    for table in ("timings", "xputimer_step_throughput", "xputimer_stage_metrics", "behavior_patterns",
+                  "step_forecasts", "variability_models", "straggler_summary"):
+        have = set(wh.read(table, columns=["capture_id"])["capture_id"].to_list())
+        assert set(caps) <= have, f"{table}: no rows for capture(s) {sorted(set(caps) - have)}"
+    traced = [d.name for d in (landing / "traces").iterdir()] if (landing / "traces").is_dir() else []
+    for table in ("trace_events", "graph_tasks", "replays", "whatif"):
+        have = set(wh.read(table, columns=["capture_id"])["capture_id"].to_list())
+        assert set(traced) <= have, f"{table}: no rows for traced capture(s) {sorted(set(traced) - have)}"
+    forecasts = wh.read("step_forecasts").filter(pl.col("scenario") == "baseline")
+    assert (forecasts["ks_vs_measured"] < 0.5).all(), forecasts  # the forecast describes the measured steps
+
+
+@pytest.mark.slow
+def test_run_finds_the_injected_fault_and_writes_reports(simulated, ran):
+    warehouse, wh = ran["warehouse"], ran["wh"]
+    assert "0 failed" in ran["stdout"] and "where to look" in ran["stdout"]
+    truth = pl.read_csv(simulated / "ground_truth" / "faults.csv")
+    switch = truth.filter(pl.col("kind") == "congested_switch")["subject"][0]
     v = wh.read("anomaly_verdicts")
     sw = v.filter((pl.col("scope") == "switch") & (pl.col("severity") != "info"))
     assert switch in sw["subject"].to_list(), v.select("scope", "subject", "metric")
@@ -59,7 +87,7 @@ def test_run_finds_the_injected_fault_and_writes_reports(simulated, fleet_env):
     assert len(list(reports.glob("fleet-*-*.png"))) >= 2
     assert wh.read("problems").height >= 1
     # the runs are in the Dagster instance the UI reads
-    with DagsterInstance.get() as instance:
+    with DagsterInstance.from_config(str(ran["home"])) as instance:
         assert len(instance.get_runs()) >= 5
     # the nightly schedules ask for yesterday's windows and the fleet report
     from fleetscope.definitions import defs
@@ -67,7 +95,7 @@ def test_run_finds_the_injected_fault_and_writes_reports(simulated, fleet_env):
     sched = {s.name: s for s in ALL_SCHEDULES}
     windows = jobs["window_id"].unique().to_list()
     day = dt.datetime.strptime(windows[0].split("-", 1)[1][:8], "%Y%m%d").replace(tzinfo=dt.timezone.utc)
-    with DagsterInstance.get() as instance:
+    with DagsterInstance.from_config(str(ran["home"])) as instance:
         ctx = build_schedule_context(instance=instance, repository_def=defs.get_repository_def(), scheduled_execution_time=day + dt.timedelta(days=1, hours=1, minutes=30))
         reqs = sched["nightly_window_schedule"].evaluate_tick(ctx).run_requests
         assert sorted(r.partition_key for r in reqs) == sorted(windows)

@@ -21,26 +21,38 @@ def test_partition_names_are_safe_and_unique():
 
 
 def test_killed_writer_leaves_previous_partition_readable(tmp_path):
+    """The writer is killed while its temporary file exists and grows (inside the write, not before
+    it): readers keep seeing the previous partition, and no half-written file shows as a partition."""
     wh = Warehouse(tmp_path / "w.duckdb")
     wh.init()
     wh.write_partition("flows", "p1", pl.DataFrame({"start_ns": [1, 2, 3], "src_ip": ["a"] * 3}))
     code = textwrap.dedent(f"""
-        import numpy as np, polars as pl, sys
+        import numpy as np, polars as pl
         from fleetscope.warehouse import Warehouse
         wh = Warehouse({str(tmp_path / 'w.duckdb')!r})
-        print("start", flush=True)
-        df = pl.DataFrame({{"start_ns": np.arange(30_000_000), "src_ip": np.random.rand(30_000_000).astype(str)}})
+        n = 80_000_000  # a write of several seconds
+        df = pl.DataFrame({{"start_ns": np.arange(n, dtype=np.int64), "src_ip": pl.repeat("a", n, eager=True)}})
+        print("writing", flush=True)
         wh.write_partition("flows", "p1", df)
         print("done", flush=True)
     """)
     p = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "start"
-    time.sleep(2.5)  # building / writing the big frame
+    assert p.stdout.readline().strip() == "writing"
+    table_dir = tmp_path / "w.tables" / "flows"
+    deadline, tmp = time.time() + 60, []
+    while time.time() < deadline and p.poll() is None:  # kill only once the temporary file exists and has bytes
+        tmp = [f for f in table_dir.iterdir() if f.name.endswith(".tmp") and f.stat().st_size > 0]
+        if tmp:
+            break
+        time.sleep(0.005)
+    assert tmp, "the writer finished (or never started) its temporary file before it could be killed"
     p.send_signal(signal.SIGKILL)
     p.wait()
+    assert any(f.name.endswith(".tmp") for f in table_dir.iterdir()), "killed inside the write: its temporary file is left"
     df = wh.read("flows")
     assert df["start_ns"].to_list() == [1, 2, 3]
     assert wh.partitions("flows") == ["p1"]  # no half-written file visible under a table name
+    assert wh.sql("SELECT count(*) AS n FROM flows")["n"][0] == 3
 
 
 def test_concurrent_writer_processes(tmp_path):

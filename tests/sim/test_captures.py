@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 
 import polars as pl
-import pytest
 
 from fleetscope.sim import simulate
 
-pytest.importorskip("fleetscope.sim.capture")
 
 
 def test_captures_show_the_fleet_faults_on_the_right_ranks(tmp_path):

@@ -91,8 +91,7 @@ def test_degraded_nic_slows_its_rings_records_but_not_the_jobs_other_rings(healt
         return float((f["bytes"] / f["duration_ns"].clip(1)).median()) if f.height else float("nan")
 
     mine = pairs.filter((pl.col("ip_a") == ip) | (pl.col("ip_b") == ip))
-    if mine.height == 0:
-        pytest.skip("the degraded NIC carries only PP traffic in this draw")
+    assert mine.height, "this seed's degraded NIC carries no DP traffic: pick a seed whose fault sits on a DP ring"
     # the landed records through the NIC move fewer bytes per second than in the healthy twin
     assert busy_bw(faulty256, mine) < 0.9 * busy_bw(healthy256, mine)
     # a ring on another rail of the same job is not paced by it

@@ -128,7 +128,7 @@ def test_nccl_args_match_real_trace(healthy):
 
 
 def test_traces_parse_with_the_trace_reader(healthy):
-    parse = pytest.importorskip("fleetscope.ingest.traces")
+    import fleetscope.ingest.traces as parse
     land, _, t, job = healthy
     df = parse.read_capture(land / "traces" / "cap", "cap")
     assert sorted(df["rank"].unique().to_list()) == [0, 5, 9]

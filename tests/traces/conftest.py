@@ -6,6 +6,8 @@ import pytest
 
 REAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "real" / "hta"
 ALL_TRACES = sorted(REAL.glob("*.json.gz"))
+# a missing data folder fails collection here instead of parametrizing nothing
+assert len(ALL_TRACES) >= 10, f"the real HTA traces are missing from {REAL} (found {len(ALL_TRACES)})"
 GPU_TRACES = [p for p in ALL_TRACES if not p.name.startswith(("cpu_only", "distributed_info_unavailable"))]
 
 

@@ -6,7 +6,7 @@ from fleetscope.traces.graph import build_graph
 from fleetscope.ingest.traces import read_capture
 from fleetscope.traces.replay import replay
 
-capture = pytest.importorskip("fleetscope.sim.capture")
+import fleetscope.sim.capture as capture
 
 
 @pytest.fixture(scope="module")

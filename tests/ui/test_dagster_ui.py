@@ -285,12 +285,10 @@ def test_asset_overview_shows_columns_row_count_and_metadata_plots(ui):
 
 
 def test_fleet_report_plots_when_materialized(ui):
-    if "fleet_report" not in ui["assets"]:
-        pytest.skip("no fleet_report asset in this code location yet")
+    assert "fleet_report" in ui["assets"], "no fleet_report asset in the code location"
     recs = _graphql(ui["port"], '{ assetOrError(assetKey: {path: ["fleet_report"]}) { ... on Asset { assetMaterializations(limit: 1) '
                                  "{ metadataEntries { label } } } } }")["data"]["assetOrError"]["assetMaterializations"]
-    if not recs:
-        pytest.skip("fleet_report was not materialized by `fleetscope run` here")
+    assert recs, "fleet_report was not materialized by `fleetscope run`"
     labels = [e["label"] for e in recs[0]["metadataEntries"]]
     plots = [lb for lb in labels if lb.startswith("plot")]
     text = _open(ui, "/assets/fleet_report?view=events", ["aterialized in run", *labels[:1]], "11_fleet_report")
