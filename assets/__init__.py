@@ -1,6 +1,6 @@
 """Dagster assets, one module per domain, each thin wiring over one fleetscope analysis; every
 asset key is the name of the warehouse table it writes (fleetscope.tables), except the files
-people read (incident_report, fleet_report) and each analysis' verdicts asset (its slice of
+people read (incident_report, fleet_health) and each analysis' verdicts asset (its slice of
 anomaly_verdicts)."""
 from __future__ import annotations
 

@@ -90,6 +90,7 @@ def materialize_analysis(wh: Warehouse, key: str, result: Analysis, tables, verd
     `artifacts_on`, default the first table), and yield one MaterializeResult per asset with its
     metadata and the analysis' notes."""
     notes = MetadataValue.text("; ".join(result.notes)) if result.notes else None
+    warnings = MetadataValue.text("; ".join(result.warnings)) if result.warnings else None
     files = {}
     for rel, data in result.artifacts.items():
         path = wh.exports_dir() / rel
@@ -107,6 +108,8 @@ def materialize_analysis(wh: Warehouse, key: str, result: Analysis, tables, verd
         _, md = write_table(wh, name, key, result.table(name))
         if notes is not None:
             md["notes"] = notes
+        if warnings is not None:
+            md["warnings"] = warnings
         md.update((extra or {}).get(name, {}))
         if name == artifacts_on:
             md.update(shown)
@@ -114,4 +117,6 @@ def materialize_analysis(wh: Warehouse, key: str, result: Analysis, tables, verd
     md = write_verdicts(wh, detector, key, result.verdicts, capture_id=capture_id)
     if notes is not None:
         md["notes"] = notes
+    if warnings is not None:
+        md["warnings"] = warnings
     yield MaterializeResult(asset_key=verdicts_asset, metadata=md)

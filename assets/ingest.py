@@ -6,9 +6,10 @@ import json
 
 from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, asset, multi_asset
 
-from fleetscope.assets._tables import preview, table_schema_metadata
+from fleetscope.assets._tables import preview, table_schema_metadata, write_table
 from fleetscope.assets.partitions import captures, flow_files, flow_windows, hw_files, incidents, topology_files
 from fleetscope.ingest import partitions as ing
+from fleetscope.ingest.captures import capture_ranks
 from fleetscope.schemas.landing import CAPTURES, FLOWS, HW, INCIDENTS, RING, STACKS, TIMINGS, TOPOLOGY
 from fleetscope.schemas.landing import TRACE_EVENTS
 from fleetscope.windows import windows_touched
@@ -97,17 +98,29 @@ def trace_events(context: AssetExecutionContext, warehouse: WarehouseResource, l
     return MaterializeResult(metadata=md)
 
 
-@asset(name="captures", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"}, deps=[timings, trace_events],
-       description="One row per capture: job id, parallel layout (capture.json or StragglerAnalysis meta), file counts.")
-def captures_asset(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
+@multi_asset(specs=[AssetSpec("captures", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
+                              deps=[timings, trace_events],
+                              description="One row per capture: job id, parallel layout (capture.json or StragglerAnalysis "
+                                          "meta), file counts."),
+                    AssetSpec("capture_ranks", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
+                              deps=[timings, trace_events],
+                              description="Which host and GPU device each rank of the capture ran on (timings' host, the "
+                                          "trace's device and file name), so findings about a rank name its machine.")],
+             can_subset=False)
+def captures_asset(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource):
     wh = warehouse.get()
     key = context.partition_key
     n_tr = len([p for p in (landing.root / "traces" / key).glob("*.json*") if p.name != "capture.json"]) if (landing.root / "traces" / key).is_dir() else 0
     n_ti = len(list((landing.root / "timings" / key).glob("*.*"))) if (landing.root / "timings" / key).is_dir() else 0
     df = ing.capture_record(landing.root, key, n_tr, n_ti)
     wh.write_partition("captures", key, df)
-    return MaterializeResult(metadata={"capture": MetadataValue.json(df.to_dicts()[0]), "dagster/row_count": MetadataValue.int(1),
-                                       "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(CAPTURES))})
+    yield MaterializeResult(asset_key="captures", metadata={
+        "capture": MetadataValue.json(df.to_dicts()[0]), "dagster/row_count": MetadataValue.int(1),
+        "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(CAPTURES))})
+    ranks = capture_ranks(key, wh.read("timings", partitions=[key]),
+                          wh.read("trace_events", partitions=[key], columns=["rank", "cat", "device", "source_file"]))
+    _, md = write_table(wh, "capture_ranks", key, ranks)
+    yield MaterializeResult(asset_key="capture_ranks", metadata=md)
 
 
 _INCIDENT_TABLES = {

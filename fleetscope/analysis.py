@@ -4,6 +4,8 @@
                and a Dagster asset of the same name)
     verdicts   anomaly_verdicts rows (fleetscope.verdicts.make_verdicts), possibly empty
     notes      sentences for people: what was skipped and why, where the data came from
+    warnings   what makes the answer incomplete and needs a person (no topology landed, flows but
+               no job found): shown loudly in the run summary, the asset metadata and the UI
     artifacts  files for people, name -> bytes (PNG plots, Perfetto/Chrome trace JSON); the wiring
                writes them beside the warehouse (<warehouse>.exports/) and shows plots in the UI
 
@@ -24,6 +26,7 @@ class Analysis:
     verdicts: pl.DataFrame | None = None
     notes: list[str] = field(default_factory=list)
     artifacts: dict[str, bytes] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.verdicts is None:
@@ -47,6 +50,7 @@ class Analysis:
         return empty_frame(TABLES[name])
 
 
-def skipped(note: str) -> Analysis:
-    """An analysis that had nothing to work on: no tables, no verdicts, the reason as a note."""
-    return Analysis(notes=[note])
+def skipped(note: str, warn: bool = False) -> Analysis:
+    """An analysis that had nothing to work on: no tables, no verdicts, the reason as a note (and as
+    a warning when a person must act for the analysis to run)."""
+    return Analysis(notes=[note], warnings=[note] if warn else [])

@@ -1,110 +1,406 @@
-"""Group verdicts about the same problem into problems (an incident is a request someone files;
-a problem is what the verdicts found).
+"""One problem per cause: the verdicts of every detector turned into what a person acts on.
 
-Several detectors see one problem from different sides: a congested switch shows up as a switch
-verdict (flows), as slower steps of the jobs crossing it (flows, timings) and as lower bus
-bandwidth of their DP collectives (XPUTimer). Verdicts are linked when they share an entity (the
-same job, switch, host, gpu/ip or rank of a job) and their time spans overlap (with slack); each
-connected component is one problem. Ids are hashes of the member verdict ids, so the same input
-gives the same problems."""
+Several detectors see one cause from different sides: a slow GPU shows as a slow rank (traces,
+timings), as kernels abnormal on one worker (PerfTracker), as slower steps of its job and its
+tensor-parallel peers' waiting (flows); a congested switch as low bandwidth through it and slower
+steps of every job crossing it. So:
+
+1. Every warning/critical verdict is resolved to the thing it is about, named as people name it:
+   a GPU address becomes `host/gpu (ip)` through the topology; a rank of a capture becomes its host
+   and GPU through the capture's rank map (timings' host column, the trace's device) and the
+   topology; a capture's job is linked to the job recognized from flows on the same hosts.
+2. Verdicts about an actionable subject (a GPU, NIC, host, switch, stage, function or kernel) are
+   causes; verdicts about a job as a whole (slow steps, slow DP group) are symptoms.
+3. Causes about the same subject, from any detector or window close in time, are one problem.
+   Function and kernel findings confined to one GPU become evidence of that GPU's problem.
+4. A switch is a cause only when the jobs crossing it slow down together, or when nothing else
+   explains its jobs' slowdown; otherwise its finding is evidence under the cause that does.
+5. Symptoms attach to the cause in their job that explains them; a symptom nothing explains is a
+   problem of its own ("job X is slow; the cause is not localized").
+The team follows the cause (routing below, with the reason). Ids hash the member verdict ids, so the
+same verdicts give the same problems."""
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
+import re
 
-import numpy as np
 import pandera.polars as pa
 import polars as pl
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from fleetscope.schemas.base import conform
 
 PROBLEMS = pa.DataFrameSchema({
     "problem_id": pa.Column(pl.Utf8, unique=True),
-    "title": pa.Column(pl.Utf8),
+    "title": pa.Column(pl.Utf8),                    # one sentence a person understands
     "severity": pa.Column(pl.Utf8, pa.Check.isin(["info", "warning", "critical"])),
-    "teams": pa.Column(pl.Utf8),
-    "detectors": pa.Column(pl.Utf8),
+    "team": pa.Column(pl.Utf8, pa.Check.isin(["algorithm", "infrastructure", "operations"])),
+    "team_reason": pa.Column(pl.Utf8),
+    "cause": pa.Column(pl.Utf8),                    # gpu, nic, host, switch, rank, stage, code, job
+    "subject": pa.Column(pl.Utf8),                  # what to act on, as people name it
+    "host": pa.Column(pl.Utf8, nullable=True),
+    "gpu": pa.Column(pl.Utf8, nullable=True),
+    "ip": pa.Column(pl.Utf8, nullable=True),
+    "switch": pa.Column(pl.Utf8, nullable=True),
+    "action": pa.Column(pl.Utf8),                   # what to do
     "job_ids": pa.Column(pl.Utf8, nullable=True),
-    "subjects": pa.Column(pl.Utf8),
+    "detectors": pa.Column(pl.Utf8),
+    "metrics": pa.Column(pl.Utf8),                  # the technical metric names, kept apart from the title
     "n_verdicts": pa.Column(pl.Int64, pa.Check.ge(1)),
     "start_ns": pa.Column(pl.Int64, nullable=True),
     "end_ns": pa.Column(pl.Int64, nullable=True),
+    "evidence": pa.Column(pl.Utf8),                 # JSON list: one line per member verdict, cause first
     "verdict_ids": pa.Column(pl.Utf8),
+    # kept from the first version of this table
+    "teams": pa.Column(pl.Utf8),
+    "subjects": pa.Column(pl.Utf8),
 })
 
 PROBLEM_MEMBERS = pa.DataFrameSchema({
-    "problem_id": pa.Column(pl.Utf8), "verdict_id": pa.Column(pl.Utf8)})
+    "problem_id": pa.Column(pl.Utf8), "verdict_id": pa.Column(pl.Utf8),
+    "role": pa.Column(pl.Utf8, pa.Check.isin(["cause", "evidence", "symptom"]))})
 
+# rank -> host / device of a capture (fleetscope.ingest.captures writes it as capture_ranks)
 _SEV = {"info": 0, "warning": 1, "critical": 2}
+CAUSE_SCOPES = {"gpu": "gpu", "link": "nic", "host": "host", "switch": "switch", "rank": "rank", "stage": "stage",
+                "function": "code", "kernel": "code"}
+SYMPTOM_SCOPES = {"job", "step", "dp_group"}
+# which cause is the better explanation when several touch a job (lower first)
+_PRIORITY = {"gpu": 0, "rank": 1, "nic": 2, "host": 3, "stage": 4, "code": 5, "switch": 6, "job": 9}
+
+# Routing: the team follows the cause. One place, with the reason a person reads.
+ROUTING = {
+    "operations": "hardware, network and hosts are run by operations (a GPU, NIC, link, switch or host misbehaves)",
+    "algorithm": "the model, its parallel layout and the training script belong to the job's owners (user code and configuration)",
+    "infrastructure": "framework, kernels and libraries are the platform's (the same code runs slow on healthy hardware)",
+}
+ACTIONS = {
+    "gpu": "drain the host and check the GPU (clocks, temperature, ECC, power) before putting it back; the job can restart without it",
+    "rank": "drain the host and check the GPU (clocks, temperature, ECC, power); if the hardware is healthy, look at that rank's input",
+    "nic": "check the NIC, its cable and the switch port (error counters, link speed, flaps); move the job off the port",
+    "host": "check the host (CPU load, memory, NICs, PCIe); drain it if it keeps coming back",
+    "switch": "check the switch's ports and buffers (drops, ECN marks, link speeds) and the routing of the jobs across it",
+    "stage": "rebalance the pipeline stages (move layers off the slow stage, or the embedding / loss)",
+    "code": "look at this function in the job's code or framework version; compare with a healthy run of the same job",
+    "job": "the job is slow but no single machine, link or stage explains it: profile it (a capture) or look at its own changes",
+}
+_SLACK_NS = 10 * 60 * 1_000_000_000   # findings about one subject this close in time are one problem
 
 
-def _entities(v: pl.DataFrame, topology: pl.DataFrame | None, job_clusters: pl.DataFrame | None) -> pl.DataFrame:
-    """(row, entity) pairs: what each verdict is about, widened through the topology (a gpu ip
-    is also its host and its leaf switch) and job membership (an ip belongs to a job)."""
-    base = v.select(pl.col("_row"), pl.concat_str([pl.col("scope"), pl.lit(":"), pl.col("subject")]).alias("entity"))
-    ents = [base]
-    ents.append(v.filter(pl.col("job_id").is_not_null()).select("_row", pl.concat_str([pl.lit("job:"), pl.col("job_id")]).alias("entity")))
-    if topology is not None and topology.height:
-        topo = topology.select("ip", "host", *[c for c in ("leaf",) if c in topology.columns]).unique("ip")
-        gpu = v.filter(pl.col("scope").is_in(["gpu", "link"])).join(topo, left_on="subject", right_on="ip", how="inner")
-        ents.append(gpu.select("_row", pl.concat_str([pl.lit("host:"), pl.col("host")]).alias("entity")))
-        if "leaf" in topo.columns:
-            ents.append(gpu.filter(pl.col("leaf").is_not_null()).select("_row", pl.concat_str([pl.lit("switch:"), pl.col("leaf")]).alias("entity")))
-        if job_clusters is not None and job_clusters.height:
-            jc = job_clusters.select("ip", "job_id").unique()
-            ents.append(v.filter(pl.col("scope").is_in(["gpu", "link"])).join(jc, left_on="subject", right_on="ip", how="inner")
-                        .select("_row", pl.concat_str([pl.lit("job:"), pl.col("job_id_right")]).alias("entity")))
-    # switch verdicts name the jobs they slow in their evidence (when the detector recorded it)
-    if "evidence" in v.columns:
-        sw = v.filter(pl.col("evidence").is_not_null() & pl.col("evidence").str.contains('"jobs"'))
-        rows = []
-        for r, ev in zip(sw["_row"].to_list(), sw["evidence"].to_list()):
-            try:
-                for j in json.loads(ev).get("jobs", []) or []:
-                    rows.append((r, f"job:{j}"))
-            except (ValueError, AttributeError):
-                continue
-        if rows:
-            ents.append(pl.DataFrame(rows, schema={"_row": pl.Int64, "entity": pl.Utf8}, orient="row"))
-    return pl.concat(ents).unique()
+def short_name(name: str, limit: int = 60) -> str:
+    """A kernel's or function's name people can read: C++ templates and argument lists dropped
+    (`void cutlass::Kernel<cutlass::gemm::...>(Params)` -> `cutlass::Kernel`); the full name stays in
+    the evidence."""
+    s = name.strip()
+    s = re.sub(r"^(void|static|__global__)\s+", "", s)
+    out, depth = [], 0
+    for ch in s:  # drop everything inside <...> and (...)
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(ch)
+    s = re.sub(r"\s+", " ", "".join(out)).strip() or name
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def _utc(ns) -> str:
+    return dt.datetime.fromtimestamp(int(ns) / 1e9, tz=dt.timezone.utc).strftime("%H:%M:%S") if ns is not None else "?"
+
+
+def _headline(explanation: str) -> str:
+    """The first statement of a detector's explanation (its finding, not its advice)."""
+    s = explanation.strip()
+    for sep in (". ", "; "):
+        if sep in s:
+            s = s.split(sep, 1)[0]
+    return s.rstrip(".")
+
+
+def _gpu_col(topology: pl.DataFrame) -> pl.Expr:
+    """The topology's GPU name (docs/CONTRACT.md 1.1: optional, the address when absent)."""
+    return pl.col("gpu").fill_null(pl.col("ip")) if "gpu" in topology.columns else pl.col("ip").alias("gpu")
+
+
+def link_captures_to_jobs(capture_ranks: pl.DataFrame, job_clusters: pl.DataFrame) -> dict[str, str]:
+    """capture_id -> the job recognized from flows on the same hosts (the flow job holding most of
+    the capture's hosts, when it holds all of them)."""
+    if capture_ranks.height == 0 or job_clusters.height == 0 or "host" not in job_clusters.columns:
+        return {}
+    caps = capture_ranks.filter(pl.col("host").is_not_null()).select("capture_id", "host").unique()
+    jobs = job_clusters.filter(pl.col("host").is_not_null()).select("job_id", "host").unique()
+    j = caps.join(jobs, on="host").group_by("capture_id", "job_id").agg(pl.len().alias("shared"))
+    need = caps.group_by("capture_id").agg(pl.len().alias("hosts"))
+    best = j.join(need, on="capture_id").filter(pl.col("shared") == pl.col("hosts")) \
+        .sort("shared", descending=True).unique("capture_id", keep="first")
+    return dict(best.select("capture_id", "job_id").iter_rows())
+
+
+def resolve_ranks(capture_ranks: pl.DataFrame, topology: pl.DataFrame) -> pl.DataFrame:
+    """capture_ranks (capture_id, rank, host, device) -> + gpu, ip from the topology: the host's GPUs in
+    their natural order (rail when the topology has it), the device index picking one."""
+    schema = {"capture_id": pl.Utf8, "rank": pl.Int64, "host": pl.Utf8, "gpu": pl.Utf8, "ip": pl.Utf8}
+    if capture_ranks.height == 0:
+        return pl.DataFrame(schema=schema)
+    cr = capture_ranks.with_columns(pl.col("rank").cast(pl.Int64))
+    if topology.height == 0 or "device" not in cr.columns:
+        return cr.with_columns(gpu=pl.lit(None, pl.Utf8), ip=pl.lit(None, pl.Utf8)).select(list(schema))
+    order = ["rail", "gpu", "ip"] if "rail" in topology.columns else ["gpu", "ip"]
+    t = topology.select("host", "ip", _gpu_col(topology), *(["rail"] if "rail" in topology.columns else []))
+    t = t.sort(*order).with_columns(device=pl.int_range(pl.len()).over("host").cast(pl.Int64))
+    out = cr.with_columns(pl.col("device").cast(pl.Int64)).join(t.select("host", "device", "gpu", "ip"), on=["host", "device"], how="left")
+    return out.select(list(schema))
+
+
+def _resolve(v: pl.DataFrame, topology: pl.DataFrame, ranks: pl.DataFrame, cap_job: dict[str, str]) -> list[dict]:
+    """Per verdict: its cause family and key, the names people use, and its (flow) job."""
+    topo = {r["ip"]: r for r in topology.select("ip", "host", _gpu_col(topology),
+                                                 *(["leaf"] if "leaf" in topology.columns else [])).iter_rows(named=True)} \
+        if topology.height else {}
+    rank_of = {(r["capture_id"], r["rank"]): r for r in ranks.iter_rows(named=True)}
+    rows = []
+    for r in v.iter_rows(named=True):
+        d = dict(r)
+        cap = r.get("capture_id")
+        job = cap_job.get(cap, r.get("job_id")) if cap else r.get("job_id")
+        d["flow_job"] = job
+        d["host"] = d["gpu"] = d["ip"] = d["switch"] = None
+        d["ranks"] = []
+        try:
+            ev = json.loads(r["evidence"]) if r.get("evidence") else {}
+        except ValueError:
+            ev = {}
+        d["ev"] = ev if isinstance(ev, dict) else {}
+        scope, subj = r["scope"], r["subject"]
+        if scope in SYMPTOM_SCOPES:
+            d["family"], d["key"] = "job", f"job:{job}"
+        elif scope in ("gpu", "link"):
+            t = topo.get(subj, {})
+            d.update(host=t.get("host"), gpu=t.get("gpu"), ip=subj, switch=t.get("leaf"))
+            d["family"], d["key"] = CAUSE_SCOPES[scope], f"{CAUSE_SCOPES[scope]}:{subj}"
+        elif scope == "host":
+            d.update(host=subj)
+            d["family"], d["key"] = "host", f"host:{subj}"
+        elif scope == "switch":
+            d.update(switch=subj)
+            d["family"], d["key"] = "switch", f"switch:{subj}"
+        elif scope == "rank":
+            m = rank_of.get((cap, int(subj))) if subj.lstrip("-").isdigit() else None
+            d["ranks"] = [subj]
+            if m and m.get("ip"):
+                d.update(host=m["host"], gpu=m["gpu"], ip=m["ip"])
+                d["family"], d["key"] = "gpu", f"gpu:{m['ip']}"
+            elif m and m.get("host"):
+                d.update(host=m["host"])
+                d["family"], d["key"] = "rank", f"rank:{cap}:{subj}"
+            else:
+                d["family"], d["key"] = "rank", f"rank:{cap}:{subj}"
+        elif scope == "stage":
+            d["family"], d["key"] = "stage", f"stage:{job}:{subj}"
+        else:  # function / kernel: on one GPU only, it is that GPU's evidence
+            d["family"], d["key"] = "code", f"code:{job}:{subj}"
+            rk = d["ev"].get("ranks") or d["ev"].get("workers")
+            if isinstance(rk, list) and 0 < len(rk) <= 1 and cap is not None:
+                m = rank_of.get((cap, int(rk[0]))) if str(rk[0]).lstrip("-").isdigit() else None
+                d["ranks"] = [str(x) for x in rk]
+                if m and m.get("ip"):
+                    d.update(host=m["host"], gpu=m["gpu"], ip=m["ip"], family="gpu", key=f"gpu:{m['ip']}", evidence_only=True)
+        rows.append(d)
+    return rows
+
+
+def _label(c: dict) -> str:
+    fam = c["family"]
+    gpu = c.get("gpu") if c.get("gpu") and c.get("gpu") != c.get("ip") else None
+    where = f"{gpu} ({c['ip']})" if gpu else (f"{c['host']} ({c['ip']})" if c.get("host") and c.get("ip") else c.get("ip"))
+    if fam == "gpu":
+        extra = f", rank {c['ranks'][0]} of job {c['flow_job']}" if c.get("ranks") and c.get("flow_job") else ""
+        return f"GPU {where or c['subject']}{extra}"
+    if fam == "nic":
+        return f"NIC of {where or c['subject']}"
+    if fam == "host":
+        return f"host {c['host']}"
+    if fam == "switch":
+        return f"switch {c['switch']}"
+    if fam == "rank":
+        on = f" on host {c['host']}" if c.get("host") else ""
+        return f"rank {c['subject']} of job {c['flow_job']}{on}"
+    if fam == "stage":
+        return f"pipeline stage {c['subject']} of job {c['flow_job']}"
+    if fam == "code":
+        return f"{short_name(c['subject'])} in job {c['flow_job']}"
+    return f"job {c['flow_job']}"
+
+
+def _evidence_line(d: dict) -> str:
+    subj = d["subject"]  # the full name here (a kernel's template arguments tell its shape); titles use short_name
+    nums = ""
+    if d.get("value") is not None:
+        nums = f" [{d['metric']} {d['value']:.4g}" + (f" vs {d['baseline']:.4g}" if d.get("baseline") is not None else "") + "]"
+    return f"{d['severity']} {d['detector']} {d['scope']} {subj} at {_utc(d.get('start_ns'))} UTC: {d['explanation']}{nums}"
 
 
 def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None, job_clusters: pl.DataFrame | None = None,
-                    min_severity: str = "warning", slack_ns: int = 120_000_000_000) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """-> (problems, members(problem_id, verdict_id))."""
-    v = verdicts.filter(pl.col("severity").replace_strict(_SEV, default=0) >= _SEV[min_severity])
-    empty = conform(pl.DataFrame(), PROBLEMS), pl.DataFrame(schema={"problem_id": pl.Utf8, "verdict_id": pl.Utf8})
+                   capture_ranks: pl.DataFrame | None = None, min_severity: str = "warning") -> tuple[pl.DataFrame, pl.DataFrame]:
+    """-> (problems, problem_members)."""
+    topology = topology if topology is not None else pl.DataFrame()
+    if topology.height:
+        topology = topology.unique("ip", keep="last", maintain_order=True)
+    job_clusters = job_clusters if job_clusters is not None else pl.DataFrame()
+    capture_ranks = capture_ranks if capture_ranks is not None else pl.DataFrame()
+    members_empty = pl.DataFrame(schema={c: col.dtype.type for c, col in PROBLEM_MEMBERS.columns.items()})
+    v = verdicts.filter(pl.col("severity").replace_strict(_SEV, default=0) >= _SEV[min_severity]) if verdicts.height else verdicts
     if v.height == 0:
-        return empty
-    v = v.sort("verdict_id").with_row_index("_row").with_columns(pl.col("_row").cast(pl.Int64))
-    ents = _entities(v, topology, job_clusters)
-    # pairs of verdicts sharing an entity, kept when their time spans overlap within the slack
-    pairs = ents.join(ents, on="entity", suffix="_b").filter(pl.col("_row") < pl.col("_row_b")).select("_row", "_row_b").unique()
-    span = v.select("_row", pl.col("start_ns").fill_null(pl.col("end_ns")).alias("s"), pl.col("end_ns").fill_null(pl.col("start_ns")).alias("e"))
-    pairs = pairs.join(span, on="_row").join(span.rename({"_row": "_row_b", "s": "s_b", "e": "e_b"}), on="_row_b")
-    overlap = (pl.col("s").is_null() | pl.col("s_b").is_null()) | (
-        (pl.col("s") <= pl.col("e_b") + slack_ns) & (pl.col("s_b") <= pl.col("e") + slack_ns))
-    pairs = pairs.filter(overlap)
-    n = v.height
-    a, b = pairs["_row"].to_numpy(), pairs["_row_b"].to_numpy()
-    graph = coo_matrix((np.ones(len(a)), (a, b)), shape=(n, n))
-    _, labels = connected_components(graph, directed=False)
-    v = v.with_columns(pl.Series("_comp", labels))
+        return conform(pl.DataFrame(), PROBLEMS), members_empty
+    for c in ("capture_id", "evidence", "window_id"):
+        if c not in v.columns:
+            v = v.with_columns(pl.lit(None, pl.Utf8).alias(c))
+    ranks = resolve_ranks(capture_ranks, topology)
+    cap_job = link_captures_to_jobs(capture_ranks, job_clusters)
+    rows = _resolve(v.sort("verdict_id"), topology, ranks, cap_job)
+    ips_of_job = {}
+    if job_clusters.height:
+        for j, ip in job_clusters.select("job_id", "ip").unique().iter_rows():
+            ips_of_job.setdefault(j, set()).add(ip)
+
+    # causes: one cluster per subject key, split where findings are far apart in time
+    causes: list[dict] = []
+    by_key: dict[str, list[dict]] = {}
+    for d in rows:
+        if d["family"] != "job":
+            by_key.setdefault(d["key"], []).append(d)
+    for key, ds in by_key.items():
+        ds.sort(key=lambda d: (d.get("start_ns") or 0))
+        cur = None
+        for d in ds:
+            s = d.get("start_ns") or 0
+            if cur is None or s > cur["end"] + _SLACK_NS:
+                cur = {"key": key, "members": [], "end": d.get("end_ns") or s}
+                causes.append(cur)
+            cur["members"].append(d)
+            cur["end"] = max(cur["end"], d.get("end_ns") or s)
+    for c in causes:
+        real = [d for d in c["members"] if not d.get("evidence_only")] or c["members"]
+        c["lead"] = max(real, key=lambda d: (_SEV[d["severity"]], abs((d.get("value") or 1) - (d.get("baseline") or 1))))
+        c["family"] = c["lead"]["family"] if not c["lead"].get("evidence_only") else "gpu"
+        c["jobs"] = {d["flow_job"] for d in c["members"] if d.get("flow_job")}
+        if c["family"] == "switch":
+            for d in c["members"]:
+                c["jobs"] |= set(d["ev"].get("jobs") or [])
+        if c["family"] in ("gpu", "nic") and c["lead"].get("ip"):
+            c["jobs"] |= {j for j, ips in ips_of_job.items() if c["lead"]["ip"] in ips}
+        c["start_ns"] = min((d.get("start_ns") for d in c["members"] if d.get("start_ns") is not None), default=None)
+        c["end_ns"] = max((d.get("end_ns") for d in c["members"] if d.get("end_ns") is not None), default=c["start_ns"])
+
+    # a GPU or NIC finding on a host that is itself flagged at the same time: the host is the cause
+    host_cause = {c["lead"]["host"]: c for c in causes if c["family"] == "host"}
+    merged = []
+    for c in causes:
+        h = host_cause.get(c["lead"].get("host")) if c["family"] in ("gpu", "nic") else None
+        if h is not None and _overlaps(c, h):
+            h["members"] += c["members"]
+            h["jobs"] |= c["jobs"]
+            h["start_ns"] = min(x for x in (h["start_ns"], c["start_ns"]) if x is not None) if c["start_ns"] is not None else h["start_ns"]
+            continue
+        merged.append(c)
+    causes = merged
+
+    # symptoms: attach each to the best cause in its job overlapping in time
+    symptoms = [d for d in rows if d["family"] == "job"]
+    explained: dict[int, list[dict]] = {}
+    orphans = []
+    for s in symptoms:
+        cands = [i for i, c in enumerate(causes) if s["flow_job"] in c["jobs"] and _overlaps(s, c)]
+        if not cands:
+            orphans.append(s)
+            continue
+        best = min(cands, key=lambda i: (_PRIORITY.get(causes[i]["family"], 8), -_SEV[causes[i]["lead"]["severity"]]))
+        explained.setdefault(best, []).append(s)
+
+    # a switch is a cause when the jobs crossing it slow together, or when nothing else explains its jobs
+    demoted: dict[int, int] = {}
+    for i, c in enumerate(causes):
+        if c["family"] != "switch":
+            continue
+        slow_jobs = {s["flow_job"] for s in symptoms if s["flow_job"] in c["jobs"] and _overlaps(s, c)}
+        others = [k for k, o in enumerate(causes) if k != i and o["family"] not in ("switch", "code")
+                  and o["jobs"] & c["jobs"] and _overlaps(o, c)]
+        if len(slow_jobs) < 2 and others:
+            host = min(others, key=lambda k: _PRIORITY.get(causes[k]["family"], 8))
+            demoted[i] = host
+            explained.setdefault(host, []).extend(explained.pop(i, []))
+
     out, members = [], []
-    for _, g in v.group_by("_comp", maintain_order=True):
-        ids = sorted(g["verdict_id"].to_list())
-        iid = "prb-" + hashlib.sha1("\n".join(ids).encode()).hexdigest()[:12]
-        worst = g.sort(pl.col("severity").replace_strict(_SEV, default=0), descending=True).row(0, named=True)
-        title = f"{worst['scope']} {worst['subject']}: {worst['metric']}" + (f" (+{g.height - 1} related)" if g.height > 1 else "")
-        out.append(dict(
-            problem_id=iid, title=title, severity=worst["severity"],
-            teams=",".join(sorted(set(g["team"].to_list()))), detectors=",".join(sorted(set(g["detector"].to_list()))),
-            job_ids=",".join(sorted({j for j in g["job_id"].to_list() if j})) or None,
-            subjects=",".join(sorted(set((g["scope"] + ":" + g["subject"]).to_list()))),
-            n_verdicts=g.height, start_ns=g["start_ns"].min(), end_ns=g["end_ns"].max(), verdict_ids=",".join(ids)))
-        members += [(iid, i) for i in ids]
-    inc = PROBLEMS.validate(conform(pl.DataFrame(out, infer_schema_length=None), PROBLEMS))
-    inc = inc.sort(pl.col("severity").replace_strict(_SEV, default=0), "n_verdicts", descending=[True, True])
-    return inc, pl.DataFrame(members, schema={"problem_id": pl.Utf8, "verdict_id": pl.Utf8}, orient="row")
+    for i, c in enumerate(causes):
+        if i in demoted:
+            continue
+        ev_members = list(c["members"])
+        extra = [m for k, h in demoted.items() if h == i for m in causes[k]["members"]]
+        sym = explained.get(i, [])
+        out.append(_problem(c, ev_members, extra, sym, demoted_switches=[causes[k] for k, h in demoted.items() if h == i]))
+        members += [(out[-1]["problem_id"], d["verdict_id"], "cause" if d is c["lead"] else "evidence") for d in ev_members + extra]
+        members += [(out[-1]["problem_id"], d["verdict_id"], "symptom") for d in sym]
+    for job, ss in _group_orphans(orphans).items():
+        lead = max(ss, key=lambda d: (_SEV[d["severity"]], d.get("value") or 0))
+        c = {"key": f"job:{job}", "members": ss, "lead": lead, "family": "job", "jobs": {job},
+             "start_ns": min((d.get("start_ns") for d in ss if d.get("start_ns") is not None), default=None)}
+        out.append(_problem(c, ss, [], [], demoted_switches=[]))
+        members += [(out[-1]["problem_id"], d["verdict_id"], "cause" if d is lead else "symptom") for d in ss]
+    problems = PROBLEMS.validate(conform(pl.DataFrame(out, infer_schema_length=None), PROBLEMS))
+    problems = problems.sort(pl.col("severity").replace_strict(_SEV, default=0), "n_verdicts", descending=[True, True])
+    return problems, PROBLEM_MEMBERS.validate(pl.DataFrame(members, schema=["problem_id", "verdict_id", "role"], orient="row"))
+
+
+def _overlaps(a: dict, b: dict) -> bool:
+    """Time spans (start_ns, end_ns) within the slack of each other; an unknown span overlaps all."""
+    s, e, cs, ce = a.get("start_ns"), a.get("end_ns"), b.get("start_ns"), b.get("end_ns")
+    if s is None or cs is None:
+        return True
+    return s <= (ce or cs) + _SLACK_NS and cs <= (e or s) + _SLACK_NS
+
+
+def _group_orphans(orphans: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for d in orphans:
+        out.setdefault(d["flow_job"] or d["subject"], []).append(d)
+    return out
+
+
+def _problem(c: dict, members: list[dict], extra: list[dict], symptoms: list[dict], demoted_switches: list[dict]) -> dict:
+    lead = c["lead"]
+    fam = c["family"]
+    all_members = members + extra + symptoms
+    ids = sorted({d["verdict_id"] for d in all_members})
+    label = _label({**lead, "family": fam})
+    headline = _headline(lead["explanation"])
+    if lead["scope"] in ("function", "kernel"):  # the full kernel name is evidence, not a title
+        headline = headline.replace(lead["subject"], short_name(lead["subject"]))
+    if fam == "job":
+        title = f"job {lead['flow_job'] or lead['subject']} is slow and no machine, link or stage explains it: {headline}"
+    else:
+        title = f"{label}: {headline}"
+    first = min((d["start_ns"] for d in all_members if d.get("start_ns") is not None), default=None)
+    if first is not None:
+        title += f" (since {_utc(first)} UTC)"
+    severity = max((d["severity"] for d in members + extra + symptoms), key=lambda s: _SEV[s])
+    team = lead["team"]
+    reason = ROUTING[team]
+    if demoted_switches:
+        names = sorted({s["lead"]["subject"] for s in demoted_switches})
+        reason += (f"; switch {names[0]} was" if len(names) == 1 else f"; switches {', '.join(names)} were") + \
+            " flagged too, but the other jobs crossing " + ("it" if len(names) == 1 else "them") + " are not slower"
+    ev = [_evidence_line(lead)] + [_evidence_line(d) for d in members + extra if d is not lead] + \
+         [f"symptom: {_evidence_line(d)}" for d in symptoms]
+    jobs = sorted({j for j in c.get("jobs", set()) | {d.get("flow_job") for d in all_members} if j})
+    return dict(
+        problem_id="prb-" + hashlib.sha1("\n".join(ids).encode()).hexdigest()[:12], title=title, severity=severity, team=team,
+        team_reason=reason, cause=fam, subject=label, host=lead.get("host"), gpu=lead.get("gpu"), ip=lead.get("ip"),
+        switch=lead.get("switch"), action=ACTIONS[fam], job_ids=",".join(jobs) or None,
+        detectors=",".join(sorted({d["detector"] for d in all_members})),
+        metrics=",".join(sorted({d["metric"] for d in all_members})), n_verdicts=len(ids),
+        start_ns=min((d["start_ns"] for d in all_members if d.get("start_ns") is not None), default=None),
+        end_ns=max((d["end_ns"] for d in all_members if d.get("end_ns") is not None), default=None),
+        evidence=json.dumps(ev), verdict_ids=",".join(ids), teams=",".join(sorted({d["team"] for d in all_members})),
+        subjects=",".join(sorted({f"{d['scope']}:{d['subject']}" for d in all_members})))

@@ -1,6 +1,6 @@
-"""Markdown reports with PNG plots: one per incident, and the nightly fleet report.
-
-Plain functions over warehouse frames; the Dagster assets write the files and show the markdown."""
+"""What people read: the problems as text (CLI) and markdown, the incident report and the fleet
+health page, with PNG plots. Plain functions over warehouse frames; the Dagster assets write the
+files and show the markdown. Nothing is cut: long text wraps."""
 from __future__ import annotations
 
 import datetime as dt
@@ -35,13 +35,58 @@ def _md_table(df: pl.DataFrame, cols: list[str], n: int = 20) -> str:
     cols = [c for c in cols if c in df.columns]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in df.head(n).select(cols).iter_rows():
-        lines.append("| " + " | ".join(("" if v is None else str(v)).replace("|", "\\|")[:140] for v in row) + " |")
+        lines.append("| " + " | ".join(("" if v is None else str(v)).replace("|", "\\|").replace("\n", " ") for v in row) + " |")
     more = f"\n_... {df.height - n} more_" if df.height > n else ""
     return "\n".join(lines) + more + "\n"
 
 
-def step_trend_plot(steps: pl.DataFrame, max_jobs: int = 8) -> bytes | None:
-    """Step duration over time per job (median over the job's GPUs per step)."""
+def problems_text(problems: pl.DataFrame, limit: int = 10) -> str:
+    """The problems for a terminal: most severe first, each with its subject, team, why that team,
+    what to do and its evidence count; wrapped, never cut."""
+    import textwrap
+
+    if problems.height == 0:
+        return "no warning or critical findings."
+    lines = [f"problems ({problems.height}; one per cause, most severe first; table `problems`, evidence in `problem_members`):"]
+    for r in problems.head(limit).iter_rows(named=True):
+        lines.append(textwrap.fill(f"{r['severity'].upper()} [{r['team']}] {r['title']}", width=110, initial_indent="  ",
+                                   subsequent_indent="      "))
+        lines.append(textwrap.fill(f"what to do: {r['action']}", width=110, initial_indent="      ", subsequent_indent="        "))
+        lines.append(textwrap.fill(f"why {r['team']}: {r['team_reason']}", width=110, initial_indent="      ",
+                                   subsequent_indent="        "))
+        lines.append(f"      evidence: {r['n_verdicts']} finding(s) from {r['detectors']}; jobs {r['job_ids'] or '-'}")
+    if problems.height > limit:
+        lines.append(f"  ... and {problems.height - limit} more (`fleetscope sql \"SELECT * FROM problems\"`)")
+    return "\n".join(lines)
+
+
+def problems_markdown(problems: pl.DataFrame, links: dict[str, list[str]] | None = None) -> str:
+    """One section per problem: title, who and why, what to do, where to look, every piece of evidence."""
+    import json
+
+    if problems.height == 0:
+        return "_No warning or critical findings._\n"
+    md = []
+    for r in problems.iter_rows(named=True):
+        md += [f"### {r['severity'].upper()}: {r['title']}", "",
+               f"- **team**: {r['team']} ({r['team_reason']})",
+               f"- **what to do**: {r['action']}",
+               f"- **subject**: {r['subject']}" + (f"; host `{r['host']}`" if r.get("host") else "") +
+               (f", GPU `{r['gpu']}`" if r.get("gpu") else "") + (f", address `{r['ip']}`" if r.get("ip") else "") +
+               (f", switch `{r['switch']}`" if r.get("switch") else ""),
+               f"- **when**: {_ts(r['start_ns'])} .. {_ts(r['end_ns'])} UTC; jobs: {r['job_ids'] or '-'}",
+               f"- **evidence** ({r['n_verdicts']} findings; metrics {r['metrics']}; "
+               f"`fleetscope sql \"SELECT v.* FROM problem_members m JOIN anomaly_verdicts v USING (verdict_id) WHERE m.problem_id = '{r['problem_id']}'\"`):"]
+        md += [f"  - {line}" for line in json.loads(r["evidence"])]
+        for link in (links or {}).get(r["problem_id"], []):
+            md.append(f"- {link}")
+        md.append("")
+    return "\n".join(md) + "\n"
+
+
+def step_trend_plot(steps: pl.DataFrame, max_jobs: int = 8, markers: pl.DataFrame | None = None) -> bytes | None:
+    """Step duration over time per job (median over the job's GPUs per step); problems about a job
+    are marked on its line where they start (markers: job_id, start_ns, severity)."""
     if "start_observed" in steps.columns:
         steps = steps.filter(pl.col("start_observed"))
     if steps.height == 0:
@@ -53,7 +98,11 @@ def step_trend_plot(steps: pl.DataFrame, max_jobs: int = 8) -> bytes | None:
     t0 = per["t"].min()
     for j in jobs:
         g = per.filter(pl.col("job_id") == j)
-        ax.plot((g["t"] - t0).to_numpy() / 1e9, g["d"].to_numpy(), ".-", ms=3, lw=0.8, label=j)
+        line, = ax.plot((g["t"] - t0).to_numpy() / 1e9, g["d"].to_numpy(), ".-", ms=3, lw=0.8, label=j)
+        if markers is not None and markers.height:
+            for m in markers.filter(pl.col("job_id") == j).iter_rows(named=True):
+                ax.axvline((m["start_ns"] - t0) / 1e9, color=line.get_color(), ls="--" if m["severity"] == "warning" else "-",
+                           lw=1.2, alpha=0.8)
     ax.set_xlabel(f"seconds since {_ts(t0)} UTC")
     ax.set_ylabel("step time (s)")
     ax.set_title("step-time trend per job (reconstructed from flows)")
@@ -115,16 +164,14 @@ def incident_report(request: dict, verdicts: pl.DataFrame, problems: pl.DataFram
     plots = {k: v for k, v in {
         "step_trend.png": step_trend_plot(steps), "switch_heatmap.png": switch_heatmap(flows),
         "issue_latency_cdf.png": issue_latency_cdf(timings)}.items() if v is not None}
-    v = verdicts.sort(pl.col("severity").replace_strict(_SEV, default=3), "start_ns")
+    v = verdicts
     md = [f"# Incident {request.get('incident_id')}: {request.get('kind', '?')}",
           "", f"- job: `{request.get('job_id') or '-'}`  hosts: {', '.join(request.get('hosts') or []) or '-'}  ips: {', '.join(request.get('ips') or []) or '-'}",
           f"- time span: {_ts(request.get('from_ns'))} .. {_ts(request.get('to_ns'))} UTC",
           f"- note: {request.get('note') or '-'}", "",
-          f"## Findings ({v.height} verdicts, {problems.height} grouped problems)", ""]
-    if problems.height:
-        md.append(_md_table(problems, ["severity", "title", "teams", "detectors", "n_verdicts"]))
-    md += ["## Timeline", ""]
-    tl = v.with_columns(when=pl.col("start_ns").map_elements(_ts, return_dtype=pl.Utf8))
+          f"## Problems ({problems.height}, from {v.height} findings; the cause first)", "", problems_markdown(problems)]
+    md += ["## Timeline (UTC, in time order)", ""]
+    tl = v.sort("start_ns", nulls_last=True).with_columns(when=pl.col("start_ns").map_elements(_ts, return_dtype=pl.Utf8))
     md.append(_md_table(tl, ["when", "severity", "team", "detector", "scope", "subject", "explanation"], n=40))
     if "start_observed" in steps.columns:
         steps = steps.filter(pl.col("start_observed"))
@@ -140,15 +187,25 @@ def incident_report(request: dict, verdicts: pl.DataFrame, problems: pl.DataFram
 
 
 def fleet_report(day: str, jobs: pl.DataFrame, steps: pl.DataFrame, verdicts: pl.DataFrame, problems: pl.DataFrame,
-                 flows: pl.DataFrame, timings: pl.DataFrame, topology: pl.DataFrame | None = None) -> tuple[str, dict[str, bytes]]:
+                 flows: pl.DataFrame, timings: pl.DataFrame, topology: pl.DataFrame | None = None,
+                 links: dict[str, list[str]] | None = None) -> tuple[str, dict[str, bytes]]:
+    """The fleet health page: open problems first (what to do, whose, evidence), then jobs and their
+    step-time trends with the problems marked, recurring machines and switches, and plots."""
+    markers = problems.with_columns(job_id=pl.col("job_ids").str.split(",")).explode("job_id") \
+        .select("job_id", "start_ns", "severity") if problems.height else None
     plots = {k: v for k, v in {
-        "step_trend.png": step_trend_plot(steps), "switch_heatmap.png": switch_heatmap(flows),
+        "step_trend.png": step_trend_plot(steps, markers=markers), "switch_heatmap.png": switch_heatmap(flows),
         "issue_latency_cdf.png": issue_latency_cdf(timings)}.items() if v is not None}
-    md = [f"# fleetscope nightly fleet report: {day}", ""]
     n_jobs = jobs["job_id"].n_unique() if jobs.height else 0
-    md += [f"- jobs seen: **{n_jobs}**, windows analysed: {jobs['window_id'].n_unique() if jobs.height else 0}, "
-           f"verdicts: {verdicts.height} ({verdicts.filter(pl.col('severity') != 'info').height} warning/critical), "
-           f"grouped problems: {problems.height}", ""]
+    md = [f"# fleetscope fleet health: {day[:4]}-{day[4:6]}-{day[6:]}", ""]
+    if problems.height:
+        sev_team = problems.group_by("severity", "team").len().sort(pl.col("severity").replace_strict(_SEV, default=3), "team")
+        md += [f"**{problems.height} open problem(s)**: " + ", ".join(f"{n} {s} for {tm}" for s, tm, n in sev_team.iter_rows()), ""]
+    else:
+        md += ["**No open problems**: no warning or critical finding.", ""]
+    md += [f"- jobs seen: {n_jobs}; windows analysed: {jobs['window_id'].n_unique() if jobs.height else 0}; findings: "
+           f"{verdicts.height} ({verdicts.filter(pl.col('severity') != 'info').height} warning/critical)", ""]
+    md += ["## Open problems (one per cause, most severe first)", "", problems_markdown(problems, links)]
     if steps.height:
         # a window's first step per GPU has no observed start (it began before the flows did)
         full = steps.filter(pl.col("start_observed")) if "start_observed" in steps.columns else steps
@@ -156,18 +213,24 @@ def fleet_report(day: str, jobs: pl.DataFrame, steps: pl.DataFrame, verdicts: pl
                  .group_by("job_id").agg(steps=pl.col("step").n_unique(), median_ms=pl.col("d").median().round(1),
                                          first_ms=pl.col("d").head(20).median().round(1), last_ms=pl.col("d").tail(20).median().round(1))
                  .with_columns(trend_pct=((pl.col("last_ms") / pl.col("first_ms") - 1) * 100).round(1)).sort("trend_pct", descending=True))
-        md += ["## Jobs and their step-time trends", "", _md_table(trend, ["job_id", "steps", "median_ms", "first_ms", "last_ms", "trend_pct"])]
-    md += ["## Worst verdicts by team", ""]
-    for team in ("operations", "infrastructure", "algorithm"):
-        t = verdicts.filter((pl.col("team") == team) & (pl.col("severity") != "info")).sort(
-            pl.col("severity").replace_strict(_SEV, default=3), pl.col("value").fill_null(0), descending=[False, True])
-        md += [f"### {team} ({t.height})", "", _md_table(t, ["severity", "scope", "subject", "job_id", "metric", "explanation"], n=10)]
+        if problems.height:
+            per_job = problems.with_columns(job_id=pl.col("job_ids").str.split(",")).explode("job_id").group_by("job_id").agg(
+                problems=pl.col("title").str.join(" / "))
+            trend = trend.join(per_job, on="job_id", how="left")
+        md += ["## Jobs and their step-time trends", "", "![step_trend.png](step_trend.png)", "",
+               _md_table(trend, ["job_id", "steps", "median_ms", "first_ms", "last_ms", "trend_pct", "problems"], n=50)]
     rec = verdicts.filter(pl.col("scope").is_in(["switch", "host", "gpu", "link"]) & (pl.col("severity") != "info"))
     if rec.height:
-        rec = rec.group_by("scope", "subject").agg(times=pl.len(), windows=pl.col("window_id").n_unique(),
-                                                    detectors=pl.col("detector").unique().sort().str.join(",")).sort("times", descending=True)
-    md += ["## Switches and hosts that recur", "", _md_table(rec, ["scope", "subject", "times", "windows", "detectors"])]
-    if problems.height:
-        md += ["## Grouped problems", "", _md_table(problems, ["severity", "title", "teams", "detectors", "n_verdicts"])]
-    md += [f"![{name}]({name})" for name in plots]
+        topo = topology.unique("ip", keep="last") if topology is not None and topology.height else None
+        if topo is not None:
+            rec = rec.join(topo.select(pl.col("ip").alias("subject"), pl.col("host").alias("on_host")), on="subject", how="left")
+        else:
+            rec = rec.with_columns(on_host=pl.lit(None, pl.Utf8))
+        rec = rec.group_by("scope", "subject").agg(on_host=pl.col("on_host").first(), times=pl.len(),
+                                                    windows=pl.col("window_id").n_unique(),
+                                                    detectors=pl.col("detector").unique().sort().str.join(",")) \
+            .filter(pl.col("windows") >= 2).sort("times", descending=True)
+    md += ["## Machines and switches that recur (findings in two or more windows)", "",
+           _md_table(rec, ["scope", "subject", "on_host", "times", "windows", "detectors"])]
+    md += [f"![{name}]({name})" for name in plots if name != "step_trend.png"]
     return "\n".join(md) + "\n", plots

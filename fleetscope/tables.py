@@ -7,6 +7,7 @@ import pandera.polars as pa
 
 from fleetscope import problems, verdicts
 from fleetscope.flows import schemas as flows
+from fleetscope.ingest.captures import CAPTURE_RANKS
 from fleetscope.perftracker import schemas as perftracker
 from fleetscope.prism import schemas as prism
 from fleetscope.schemas import landing
@@ -20,6 +21,7 @@ TABLES: dict[str, pa.DataFrameSchema] = {
     "timings": landing.TIMINGS,
     "hw": landing.HW,
     "captures": landing.CAPTURES,
+    "capture_ranks": CAPTURE_RANKS,
     "stacks": landing.STACKS,
     "ring_progress": landing.RING,
     "incidents": landing.INCIDENTS,

@@ -29,6 +29,7 @@ def prepare_environment(landing: str | Path, warehouse: str | Path) -> Path:
 class RunReport:
     runs: list[tuple[str, str, bool, float]] = field(default_factory=list)  # job, partition, ok, seconds
     registration: object = None
+    notes: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (partition, warning) -> assets that said it
 
     @property
     def failed(self) -> list[tuple[str, str]]:
@@ -77,6 +78,11 @@ def run_all(landing: str | Path, warehouse: str | Path, settle_s: float = 2.0, l
                                      tags={"fleetscope/trigger": "cli"}, run_config=QUIET)
         dt = time.perf_counter() - t0
         report.runs.append((job_name, key or "-", res.success, dt))
+        for ev in res.all_events:
+            if ev.is_step_materialization:
+                m = ev.event_specific_data.materialization
+                if "warnings" in m.metadata:
+                    report.notes.setdefault((key or "-", m.metadata["warnings"].value), []).append(m.asset_key.to_user_string())
         n = len(report.runs)
         status = "ok" if res.success else "FAILED"
         log(f"  [{n:3d}] {job_name:<22} {key or '':<44} {status:>6} {dt:6.1f}s")

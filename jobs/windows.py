@@ -20,3 +20,11 @@ def touched_windows(instance: DagsterInstance, after_storage_id: int | None = No
         for w in (md["windows"].value if "windows" in md else None) or []:
             windows[w] = max(windows.get(w, 0), rec.storage_id)
     return windows, last
+
+
+def analysed_since(instance: DagsterInstance, window: str, storage_id: int) -> bool:
+    """Whether the window's analysis (its `jobs` partition) ran after the flows materialization with
+    this storage id: `fleetscope run` or an earlier sensor tick already covered those flows."""
+    recs = instance.fetch_materializations(AssetRecordsFilter(asset_key=AssetKey("jobs"), asset_partitions=[window]),
+                                           limit=1).records
+    return bool(recs) and recs[0].storage_id > storage_id

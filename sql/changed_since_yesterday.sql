@@ -6,7 +6,9 @@
 --   better raised in both, with a lower worst severity now
 -- Findings unchanged in severity are left out. New and worse first, critical first.
 -- The 24 h end at the newest verdict time (end_ns, else start_ns) in the warehouse; verdicts
--- without a time span are left out. Optional: SET VARIABLE as_of_ns = <ns since epoch>;
+-- without a time span are left out.
+-- Variables (`fleetscope sql NAME --var name=value`; in the duckdb shell `SET VARIABLE name = value;`):
+--   as_of_ns  compare the 24 h before this time (ns since the epoch) with the 24 h before those (default: the newest verdict time)
 WITH v AS (
     SELECT *, coalesce(end_ns, start_ns) AS t_ns,
            CASE severity WHEN 'critical' THEN 2 WHEN 'warning' THEN 1 ELSE 0 END AS sev

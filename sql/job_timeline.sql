@@ -1,12 +1,11 @@
 -- job_timeline: a job's steps, one row per step: when it started, how long it took across its GPUs,
 -- which GPU was slowest, its DP communication phase, and the warning/critical verdicts overlapping it.
--- Which job: the DuckDB variable job_id, else the most recent job (the newest step end).
---   duckdb -readonly data/warehouse.duckdb
---     SET VARIABLE job_id = 'job-62f6d3586443';
---     .read sql/job_timeline.sql
---   fleetscope sql "SET VARIABLE job_id = 'job-62f6d3586443'; $(cat sql/job_timeline.sql)"
+-- Which job: the variable job_id, else the most recent job (the newest step end).
+--   fleetscope sql job_timeline --var job_id=job-62f6d3586443
 --   fleetscope sql job_timeline                       (the most recent job)
 -- An unknown job_id stops with an error that says so (not an empty answer).
+-- Variables (`fleetscope sql NAME --var name=value`; in the duckdb shell `SET VARIABLE name = value;`):
+--   job_id  the job to show (default: the job with the newest step)
 WITH pick AS (
     SELECT CASE
              WHEN getvariable('job_id') IS NULL THEN

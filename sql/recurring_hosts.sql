@@ -4,7 +4,8 @@
 -- and counted per host. An occurrence is one analysis window (or capture, or hour when a verdict
 -- has neither); hosts with at least 2 occurrences are listed, most occurrences first.
 -- info verdicts are left out (a healthy fleet only raises info).
--- Optional: SET VARIABLE min_occurrences = 3;
+-- Variables (`fleetscope sql NAME --var name=value`; in the duckdb shell `SET VARIABLE name = value;`):
+--   min_occurrences  list hosts with at least this many occurrences (default: 2)
 WITH topo AS (
     SELECT ip, any_value(host) AS host, any_value(gpu) AS gpu FROM topology GROUP BY ip
 ),

@@ -3,7 +3,8 @@
 -- whole-file rejections (row_number is null: unreadable, empty, duplicate content, ...) and
 -- row rejections (schema breaks, negative durations, ...), with the distinct reasons.
 -- "Today" is the 24 hours before the time this query runs (detected_ns is the ingestion time).
--- Optional: SET VARIABLE hours = 72;  (look further back)
+-- Variables (`fleetscope sql NAME --var name=value`; in the duckdb shell `SET VARIABLE name = value;`):
+--   hours  how far back to look from now, in hours (default: 24)
 SELECT source_kind,
        source_file,
        count(*) FILTER (WHERE row_number IS NULL) > 0 AS whole_file_rejected,

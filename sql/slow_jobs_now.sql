@@ -3,25 +3,33 @@
 -- recent steps (per GPU, from step_timelines) over the median of its steps before that window
 -- (all of its steps when it has no earlier history). slowdown 1.0 = as usual; 1.5 = 50% slower.
 -- "Now" is the newest step end in the warehouse, so the query also works on replayed or late data.
+-- The recent window is the last 10 minutes, or the last third of a job's own span when the job has
+-- run for less than 30 minutes (so a short run still has a history to compare with).
 -- vs_own_p25: recent median over the job's 25th-percentile step time, which still shows a job that
 -- has been slow for most of its life (its median is then the slow pace, so slowdown stays ~1.0).
--- Optional (DuckDB variables; works in `duckdb -readonly FILE` and `fleetscope sql`):
---   SET VARIABLE recent_minutes = 10;                  -- length of the recent window (default 10)
---   SET VARIABLE as_of_ns = 1795262460000000000;       -- evaluate as of this time (ns since epoch)
+-- Variables (`fleetscope sql NAME --var name=value`; in the duckdb shell `SET VARIABLE name = value;`):
+--   recent_minutes  length of the recent window, minutes (default: 10, or a third of the job's span when shorter)
+--   as_of_ns        evaluate as of this time, ns since the epoch (default: the newest step end)
 WITH gpu_steps AS (   -- one row per (job, GPU, step); DISTINCT drops a step seen by two windows
     SELECT DISTINCT job_id, ip, start_ns, end_ns, end_ns - start_ns AS step_ns
     FROM step_timelines
     WHERE end_ns > start_ns
 ),
 params AS (
-    SELECT coalesce(getvariable('as_of_ns')::BIGINT, max(end_ns)) AS as_of_ns,
-           CAST(coalesce(getvariable('recent_minutes')::DOUBLE, 10) * 60e9 AS BIGINT) AS recent_ns
-    FROM gpu_steps
+    SELECT coalesce(getvariable('as_of_ns')::BIGINT, max(end_ns)) AS as_of_ns FROM gpu_steps
+),
+windows AS (          -- per job: 10 minutes, or a third of the job's own span up to now when shorter
+    SELECT s.job_id, p.as_of_ns,
+           CAST(coalesce(getvariable('recent_minutes')::DOUBLE * 60e9,
+                         least(600e9, (p.as_of_ns - min(s.start_ns)) / 3.0)) AS BIGINT) AS recent_ns
+    FROM gpu_steps s, params p
+    WHERE s.start_ns <= p.as_of_ns
+    GROUP BY s.job_id, p.as_of_ns
 ),
 tagged AS (
-    SELECT s.*, s.end_ns > p.as_of_ns - p.recent_ns AS recent, p.as_of_ns, p.recent_ns
-    FROM gpu_steps s, params p
-    WHERE s.end_ns <= p.as_of_ns
+    SELECT s.*, s.end_ns > w.as_of_ns - w.recent_ns AS recent, w.as_of_ns, w.recent_ns
+    FROM gpu_steps s JOIN windows w USING (job_id)
+    WHERE s.end_ns <= w.as_of_ns
 ),
 per_job AS (
     SELECT job_id,

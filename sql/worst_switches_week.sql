@@ -4,7 +4,9 @@
 -- in the warehouse (a verdict's time is its end_ns, else its start_ns; verdicts without a time
 -- span cannot be placed in a week and are left out here; see verdicts_by_team for all of them).
 -- hosts_below: hosts cabled to the switch (leaf or spine) in the topology table.
--- Optional: SET VARIABLE as_of_ns = <ns since epoch>;  SET VARIABLE days = 7;
+-- Variables (`fleetscope sql NAME --var name=value`; in the duckdb shell `SET VARIABLE name = value;`):
+--   days      how many days back (default: 7)
+--   as_of_ns  the week ends at this time, ns since the epoch (default: the newest verdict time)
 WITH v AS (
     SELECT *, coalesce(end_ns, start_ns) AS t_ns FROM anomaly_verdicts WHERE scope = 'switch'
 ),

@@ -37,7 +37,7 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns:
         return skipped(f"window {wid}: no flow records")
     if topology.height == 0:
         return skipped(f"window {wid}: {flows.height} flow records but no topology (docs/CONTRACT.md 1.1): jobs need the "
-                       "host of every address; land a topology file")
+                       "host of every address; land a topology file", warn=True)
     tm = timings if timings is not None else {}
     t = time.perf_counter()
 

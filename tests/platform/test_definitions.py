@@ -15,11 +15,11 @@ from fleetscope.tables import TABLES
 from tests.paths import REPO
 
 # assets that are not tables: reports people read, and each analysis' slice of anomaly_verdicts
-NOT_TABLES = {"incident_report", "fleet_report", "flows_verdicts", "traces_verdicts", "perftracker_verdicts",
+NOT_TABLES = {"incident_report", "fleet_health", "flows_verdicts", "traces_verdicts", "perftracker_verdicts",
               "xputimer_verdicts", "prism_verdicts", "hang_verdicts"}
-# tables without an asset of their name: written in slices by every ingest asset or detector, or by
+# tables without an asset of their name: written in slices by every ingest asset, or by
 # the landing registration (no Dagster step)
-NO_ASSET = {"rejected_records", "anomaly_verdicts", "landed_files"}
+NO_ASSET = {"rejected_records", "landed_files"}
 
 
 def _asset_keys() -> set[str]:

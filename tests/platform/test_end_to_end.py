@@ -83,7 +83,7 @@ def test_run_finds_the_injected_fault_and_writes_reports(simulated, ran):
     assert inc and switch in inc[0].read_text()
     # the fleet report with its plots
     fleet = sorted(reports.glob("fleet-*.md"))
-    assert fleet and "Worst verdicts by team" in fleet[0].read_text()
+    assert fleet and "Open problems" in fleet[0].read_text()
     assert len(list(reports.glob("fleet-*-*.png"))) >= 2
     assert wh.read("problems").height >= 1
     # the runs are in the Dagster instance the UI reads

@@ -45,3 +45,73 @@ def test_topology_links_a_gpu_to_its_host_and_job():
     inc, _ = group_problems(v, topo, jc)
     assert inc.height == 1 and inc["n_verdicts"][0] == 4
     assert group_problems(v)[0].height == 4  # without topology and job membership nothing links them
+
+
+def _fleet():
+    """Two hosts of 4 GPUs under one leaf; job A on h1 (ranks 0-3 of capture capA) and h2, job B on h2."""
+    topo = pl.DataFrame({"ip": [f"10.0.{h}.{g}" for h in (1, 2) for g in range(4)],
+                         "host": [f"h{h}" for h in (1, 2) for _ in range(4)],
+                         "gpu": [f"h{h}/gpu{g}" for h in (1, 2) for g in range(4)], "leaf": ["leaf-1"] * 8})
+    jc = pl.DataFrame({"job_id": ["jobA"] * 6 + ["jobB"] * 2,
+                       "ip": [f"10.0.1.{g}" for g in range(4)] + ["10.0.2.0", "10.0.2.1", "10.0.2.2", "10.0.2.3"],
+                       "host": ["h1"] * 4 + ["h2"] * 4})
+    ranks = pl.DataFrame({"capture_id": ["capA"] * 4, "rank": [0, 1, 2, 3], "host": ["h1"] * 4, "device": [0, 1, 2, 3]})
+    return topo, jc, ranks
+
+
+def test_a_slow_rank_is_one_problem_on_its_machine_with_the_job_slowdown_and_kernels_as_evidence():
+    topo, jc, ranks = _fleet()
+    kernel = "void cutlass::Kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int>, float>>(Params)"
+    v = make_verdicts([
+        _v(detector="prism.stragglers", scope="rank", subject="3", capture_id="capA", job_id="capA-job", severity="critical",
+           explanation="rank 3 computes 27% slower than its same-stage peers", start_ns=12 * 3600 * S, end_ns=12 * 3600 * S + 60 * S),
+        _v(detector="perftracker", scope="kernel", subject=kernel, capture_id="capA", job_id="capA-job", team="infrastructure",
+           evidence=json.dumps({"ranks": [3]}), start_ns=12 * 3600 * S, end_ns=12 * 3600 * S + 60 * S),
+        _v(detector="flows.cross_step", scope="job", subject="jobA", job_id="jobA", team="infrastructure",
+           start_ns=12 * 3600 * S + 10 * S, end_ns=12 * 3600 * S + 50 * S),
+        _v(detector="flows.switch_bandwidth", scope="switch", subject="leaf-1", evidence=json.dumps({"jobs": ["jobA", "jobB"]}),
+           start_ns=12 * 3600 * S, end_ns=12 * 3600 * S + 60 * S),
+    ])
+    problems, members = group_problems(v, topo, jc, ranks)
+    assert problems.height == 1, problems.select("title", "cause")
+    p = problems.row(0, named=True)
+    assert (p["cause"], p["host"], p["gpu"], p["ip"], p["team"]) == ("gpu", "h1", "h1/gpu3", "10.0.1.3", "operations")
+    assert p["title"].startswith("GPU h1/gpu3 (10.0.1.3)") and "since 12:00:00 UTC" in p["title"]
+    assert "stragglers" not in p["title"] and "_" not in p["title"].split(":")[0]  # no metric names in the title
+    assert "switch leaf-1 was flagged too, but the other jobs crossing it are not slower" in p["team_reason"]
+    roles = dict(members.join(v.select("verdict_id", "scope"), on="verdict_id").select("scope", "role").iter_rows())
+    assert roles == {"rank": "cause", "kernel": "evidence", "job": "symptom", "switch": "evidence"}
+    ev = json.loads(p["evidence"])
+    assert any(kernel in line for line in ev)  # the full kernel name stays in the evidence
+
+
+def test_a_switch_is_the_cause_when_the_jobs_crossing_it_slow_together():
+    topo, jc, ranks = _fleet()
+    v = make_verdicts([
+        _v(detector="flows.switch_bandwidth", scope="switch", subject="leaf-1", severity="critical",
+           evidence=json.dumps({"jobs": ["jobA", "jobB"]})),
+        _v(detector="flows.cross_step", scope="job", subject="jobA", job_id="jobA", team="infrastructure"),
+        _v(detector="flows.cross_step", scope="job", subject="jobB", job_id="jobB", team="infrastructure"),
+        _v(detector="flows.nic_bandwidth", scope="link", subject="10.0.2.0", start_ns=30 * S, end_ns=40 * S),
+    ])
+    problems, members = group_problems(v, topo, jc, ranks)
+    sw = problems.filter(pl.col("cause") == "switch")
+    assert sw.height == 1 and sw["switch"][0] == "leaf-1" and sw["team"][0] == "operations"
+    assert sw["severity"][0] == "critical" and problems["cause"][0] == "switch"  # the most severe first
+    assert set(sw["job_ids"][0].split(",")) == {"jobA", "jobB"}
+
+
+def test_a_slow_job_nothing_explains_is_its_own_problem():
+    v = make_verdicts([_v(detector="flows.cross_step", scope="job", subject="jobQ", job_id="jobQ", team="infrastructure",
+                          explanation="12 steps of jobQ took 2.1 s, +40% vs its usual 1.5 s")])
+    problems, _ = group_problems(v)
+    assert problems.height == 1 and problems["cause"][0] == "job"
+    assert problems["title"][0].startswith("job jobQ is slow and no machine, link or stage explains it: 12 steps of jobQ took 2.1 s")
+
+
+def test_kernel_names_are_short_in_titles():
+    from fleetscope.problems import short_name
+    assert short_name("void cutlass::Kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int>>>(Params)") == "cutlass::Kernel"
+    assert short_name("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)") == \
+        "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
+    assert short_name("aten::mm") == "aten::mm"

@@ -142,3 +142,31 @@ def test_degradation_sensor_files_a_profiling_request_once(fleet_env):
         req.unlink()
         res2 = degradation_sensor(build_sensor_context(instance=instance, cursor=res.cursor, definitions=defs))
         assert not req.exists() and not res2.run_requests  # the same degradation is not requested twice
+
+
+def test_flow_window_sensor_leaves_windows_the_run_already_analysed(fleet_env):
+    """`fleetscope run` analyses every window; the UI's sensor starting afterwards (no cursor) must not
+    run them again, and must run a window when new flows land in it."""
+    from fleetscope.jobs.runner import run_all
+    from fleetscope.jobs.sensors import flow_window_sensor
+    landing, warehouse, _ = fleet_env
+    (landing / "flows").mkdir()
+    (landing / "topology").mkdir()
+    (landing / "topology" / "topo.csv").write_text("ip,host\n10.0.0.1,h1\n10.0.0.2,h2\n")
+    os.utime(landing / "topology" / "topo.csv", (time.time() - 60,) * 2)
+    _flow_file(landing / "flows" / "a.parquet", 1_700_000_000_000_000_000)
+    report = run_all(landing, warehouse, settle_s=0, log=lambda *_: None)
+    assert not report.failed and any(j == "flow_window_analysis" for j, *_ in report.runs)
+    with DagsterInstance.get() as instance:
+        res = flow_window_sensor(build_sensor_context(instance=instance, cursor=None, definitions=defs))
+        assert not res.run_requests, [r.partition_key for r in res.run_requests]
+        # new flows in another minute: ingested (as the landing sensor's run would), then exactly that window
+        _flow_file(landing / "flows" / "b.parquet", 1_700_000_300_000_000_000)
+        from fleetscope.registry import register_landing
+        from fleetscope.warehouse import Warehouse
+        reg = register_landing(landing, Warehouse(warehouse), settle_s=0)
+        key = reg.to_run["flow_files"][0]
+        instance.add_dynamic_partitions("flow_files", [key])
+        assert defs.resolve_job_def("ingest_flows").execute_in_process(instance=instance, partition_key=key).success
+        res2 = flow_window_sensor(build_sensor_context(instance=instance, cursor=res.cursor, definitions=defs))
+        assert [r.partition_key for r in res2.run_requests] == ["w60s-20231114T221800Z"]

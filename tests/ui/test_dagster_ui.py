@@ -284,17 +284,17 @@ def test_asset_overview_shows_columns_row_count_and_metadata_plots(ui):
     assert n_charts >= len(numeric), f"{n_charts} charts for {len(numeric)} numeric metadata series"
 
 
-def test_fleet_report_plots_when_materialized(ui):
-    assert "fleet_report" in ui["assets"], "no fleet_report asset in the code location"
-    recs = _graphql(ui["port"], '{ assetOrError(assetKey: {path: ["fleet_report"]}) { ... on Asset { assetMaterializations(limit: 1) '
+def test_fleet_health_plots_when_materialized(ui):
+    assert "fleet_health" in ui["assets"], "no fleet_health asset in the code location"
+    recs = _graphql(ui["port"], '{ assetOrError(assetKey: {path: ["fleet_health"]}) { ... on Asset { assetMaterializations(limit: 1) '
                                  "{ metadataEntries { label } } } } }")["data"]["assetOrError"]["assetMaterializations"]
-    assert recs, "fleet_report was not materialized by `fleetscope run`"
+    assert recs, "fleet_health was not materialized by `fleetscope run`"
     labels = [e["label"] for e in recs[0]["metadataEntries"]]
     plots = [lb for lb in labels if lb.startswith("plot")]
-    text = _open(ui, "/assets/fleet_report?view=events", ["aterialized in run", *labels[:1]], "11_fleet_report")
+    text = _open(ui, "/assets/fleet_health?view=events", ["aterialized in run", *labels[:1]], "11_fleet_health")
     missing = [lb for lb in labels if lb not in text]
-    assert not missing, f"fleet_report metadata not shown: {missing}"
-    assert plots, f"fleet_report has no plot metadata: {labels}"
+    assert not missing, f"fleet_health metadata not shown: {missing}"
+    assert plots, f"fleet_health has no plot metadata: {labels}"
     # the report itself, with its plots inlined: the browser must have decoded real images
     b: Browser = ui["browser"]
     if "report" in labels:
