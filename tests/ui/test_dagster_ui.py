@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import polars as pl
 import pytest
 
 from tests.ui.cdp import Browser, find_chromium  # noqa: E402
@@ -100,7 +101,8 @@ def ui(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETSCOPE_")}
     env.update(DAGSTER_HOME=str(home), PYTHONPATH=str(REPO), FLEETSCOPE_LANDING=str(out / "landing"),
                FLEETSCOPE_WAREHOUSE=str(warehouse), FLEETSCOPE_SENSOR_INTERVAL_SECONDS="600")
-    _cli("simulate", "--out", str(out), "--gpus", "16", "--minutes", "1", "--faults", "congested_switch:1", env=env)
+    # a hang: its stack dumps make a critical finding certain (the failed asset check below needs one)
+    _cli("simulate", "--out", str(out), "--gpus", "16", "--minutes", "1", "--faults", "congested_switch:1,hang:1", env=env)
     _cli("run", "--landing", str(out / "landing"), "--warehouse", str(warehouse), "--settle-seconds", "0", env=env, timeout=600)
     port = _free_port()
     log = open(tmp / "ui.log", "w")
@@ -284,6 +286,48 @@ def test_asset_overview_shows_columns_row_count_and_metadata_plots(ui):
     assert n_charts >= len(numeric), f"{n_charts} charts for {len(numeric)} numeric metadata series"
 
 
+def _problems(ui) -> pl.DataFrame:
+    files = [f for f in (ui["warehouse"].parent / (ui["warehouse"].stem + ".tables") / "problems").glob("*.parquet")]
+    return pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed") if files else pl.DataFrame()
+
+
+def test_verdicts_page_lists_every_finding_worst_first(ui):
+    """/assets/anomaly_verdicts: one page with every detector's warning and critical findings."""
+    files = list((ui["warehouse"].parent / (ui["warehouse"].stem + ".tables") / "anomaly_verdicts").glob("*.parquet"))
+    v = pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed").filter(pl.col("severity") != "info")
+    assert v.height, "the fleet raised no warning or critical finding: nothing to show"
+    crit = v.filter(pl.col("severity") == "critical").sort("start_ns").row(0, named=True)
+    text = _open(ui, "/assets/anomaly_verdicts?view=events", ["aterialized in run", "warning_and_critical"], "13_verdicts_page",
+                 height=2000)
+    _click_until(ui["browser"], "[Show Markdown]", ["critical"])
+    text = ui["browser"].text()
+    assert crit["subject"] in text and crit["detector"] in text, "the critical finding is not on the verdicts page"
+    assert text.find("critical") < text.find("warning") or "warning" not in text  # worst first
+    SHOTS.append(ui["browser"].screenshot(ui["shots"] / "13_verdicts_markdown.png", full_page=False))
+
+
+def test_a_critical_problem_fails_its_asset_check(ui):
+    probs = _problems(ui)
+    assert (probs["severity"] == "critical").any(), probs.select("severity", "title")
+    checks = _graphql(ui["port"], '{ assetNodeOrError(assetKey: {path: ["problems"]}) { ... on AssetNode { assetChecksOrError '
+                                  '{ ... on AssetChecks { checks { name executionForLatestMaterialization { status } } } } } } }')
+    status = {c["name"]: (c["executionForLatestMaterialization"] or {}).get("status")
+              for c in checks["data"]["assetNodeOrError"]["assetChecksOrError"]["checks"]}
+    assert status.get("no_critical_problems") == "FAILED", status
+    text = _open(ui, "/assets/problems?view=checks", ["no_critical_problems"], "14_failed_asset_check")
+    assert "Failed" in text, "the checks page does not show the failed check"
+
+
+def test_fleet_health_page_leads_with_the_open_problems(ui):
+    probs = _problems(ui)
+    assert probs.height
+    top = probs.sort(probs["severity"].replace_strict({"critical": 0, "warning": 1}, default=2)).row(0, named=True)
+    _open(ui, "/assets/fleet_health?view=events", ["aterialized in run", "report"], "15_fleet_health")
+    text = _click_until(ui["browser"], "[Show Markdown]", ["Open problems"])
+    assert top["title"][:60] in text and top["action"][:40] in text, "the worst problem and what to do are not on the page"
+    SHOTS.append(ui["browser"].screenshot(ui["shots"] / "15_fleet_health_markdown.png", full_page=False))
+
+
 def test_fleet_health_plots_when_materialized(ui):
     assert "fleet_health" in ui["assets"], "no fleet_health asset in the code location"
     recs = _graphql(ui["port"], '{ assetOrError(assetKey: {path: ["fleet_health"]}) { ... on Asset { assetMaterializations(limit: 1) '
@@ -306,8 +350,8 @@ def test_fleet_health_plots_when_materialized(ui):
         b.evaluate("(() => { const i = [...document.querySelectorAll('img')].find(i => i.naturalWidth > 100);"
                    " if (i) i.scrollIntoView({block: 'center'}); })()")
         time.sleep(0.5)
-        SHOTS.append(b.screenshot(ui["shots"] / "12_fleet_report_markdown.png", full_page=False))
-        assert n_img >= 1, "the fleet report shows no decoded plot image"
+        SHOTS.append(b.screenshot(ui["shots"] / "12_fleet_health_plot.png", full_page=False))
+        assert n_img >= 1, "the fleet health page shows no decoded plot image"
 
 
 def _live_in_group(pgid: int) -> list[str]:
