@@ -2,13 +2,11 @@
 fleetscope.traces derives, the trace verdicts, and the simulated timeline as a Chrome trace."""
 from __future__ import annotations
 
-import json
-
 import polars as pl
 
 from fleetscope.analysis import Analysis, skipped
 from fleetscope.traces.graph import build_graph
-from fleetscope.traces.replay import export_chrome_trace, replay
+from fleetscope.traces.replay import chrome_trace_bytes, replay
 from fleetscope.traces.tables import trace_collectives, trace_iterations, trace_syncs
 from fleetscope.traces.verdicts import trace_verdicts
 from fleetscope.traces.whatif import DEFAULT_SCENARIOS, predict
@@ -26,7 +24,8 @@ def analyze_capture(events: pl.DataFrame, capture_id: str | None = None, scenari
     except ValueError as exc:
         return skipped(f"could not build the execution graph: {exc}")
     r = replay(g)
-    w = predict(g, list(scenarios)) if scenarios else None
+    base = int(r.replays.group_by("rank").agg(pl.col("simulated_ns").mean())["simulated_ns"].max()) if r.replays.height else None
+    w = predict(g, list(scenarios), baseline_ns=base) if scenarios else None
     tables = {
         "trace_collectives": trace_collectives(events),
         "trace_iterations": trace_iterations(events),
@@ -45,5 +44,5 @@ def analyze_capture(events: pl.DataFrame, capture_id: str | None = None, scenari
     artifacts = {}
     if export_replay:  # the simulated timeline, for Perfetto / chrome://tracing
         cap = capture_id or str(events["capture_id"][0])
-        artifacts[f"replays/{cap}-simulated.json"] = json.dumps(export_chrome_trace(r.tasks)).encode()
+        artifacts[f"replays/{cap}-simulated.json"] = chrome_trace_bytes(r.tasks)
     return Analysis(tables=tables, verdicts=trace_verdicts(r.replays, w, job_id=job_id), notes=notes, artifacts=artifacts)

@@ -69,7 +69,7 @@ ROLES = ["cpu_op", "runtime", "stream_sync", "context_sync", "event_sync", "even
          "compute", "comm", "memcpy", "memset"]
 EDGE_TYPES = ["cpu_cpu", "cpu_gpu", "gpu_cpu", "gpu_gpu", "collective"]
 EDGE_SUBTYPES = ["thread_order", "inter_thread", "launch", "stream_sync", "context_sync", "event_sync", "blocking_copy",
-                 "stream_order", "event_wait", "inferred_wait", "peer"]
+                 "stream_order", "event_wait", "inferred_wait", "peer", "comm_issue", "comm_wait", "comm_order"]
 
 # Lumos execution graph: one row per task (CPU leaf event on a thread, GPU op on a stream)
 GRAPH_TASKS = pa.DataFrameSchema(

@@ -24,7 +24,7 @@ import polars as pl
 from fleetscope.common import bus_factor
 from fleetscope.schemas.base import conform
 from fleetscope.traces.graph import Graph
-from fleetscope.traces.replay import replay
+from fleetscope.traces.replay import iteration_times
 from fleetscope.traces.schemas import WHATIF
 
 KERNEL_CLASSES = {
@@ -65,10 +65,8 @@ def fit_comm_model(graph: Graph) -> CommModel:
 
 
 def _scale(graph: Graph, mask: pl.Expr, factor: float | pl.Expr) -> Graph:
-    g = graph.copy()
-    g.tasks = g.tasks.with_columns(
-        sim_dur_ns=pl.when(mask).then((pl.col("sim_dur_ns") * factor).round(0)).otherwise(pl.col("sim_dur_ns")).cast(pl.Int64))
-    return g
+    return graph.with_durations(graph.tasks.with_columns(
+        sim_dur_ns=pl.when(mask).then((pl.col("sim_dur_ns") * factor).round(0)).otherwise(pl.col("sim_dur_ns")).cast(pl.Int64)))
 
 
 def kernel_class_mask(kernel_class: str) -> pl.Expr:
@@ -145,6 +143,7 @@ def layers(graph: Graph, layers_old: int, layers_new: int, model: CommModel | No
         # the CPU side of the layers: operator and launch time, and the CPU work between them
         g = _scale(g, (pl.col("kind") == "cpu") & pl.col("wait_ref").is_null() & pl.col("iteration").is_not_null(), r)
         scaled = g.tasks.filter(pl.col("iteration").is_not_null() & (pl.col("kind") == "cpu"))["task_id"].implode()
+    g = Graph(g.tasks, g.edges, dict(g.meta))  # lags change below: not the prepared arrays of the original
     g.edges = g.edges.with_columns(
         lag_ns=pl.when((pl.col("subtype") == "thread_order") & pl.col("dst").is_in(scaled) & (pl.col("lag_ns") > 0))
         .then((pl.col("lag_ns") * r).round(0).cast(pl.Int64)).otherwise(pl.col("lag_ns")))
@@ -173,10 +172,13 @@ EDITS = {"kernel_speedup": kernel_speedup, "remove_sync": remove_sync, "dp_degre
 
 def iteration_time(graph: Graph) -> int:
     """Simulated mean iteration time of the slowest rank (model lags)."""
-    rep = replay(graph).replays
-    if rep.height == 0:
+    return _slowest_rank_mean(iteration_times(graph))
+
+
+def _slowest_rank_mean(it: pl.DataFrame) -> int:
+    if it.height == 0:
         raise ValueError("iteration_time: the graph has no iterations")
-    return int(rep.group_by("rank").agg(pl.col("simulated_ns").mean())["simulated_ns"].max())
+    return int(it.group_by("rank").agg(pl.col("simulated_ns").mean())["simulated_ns"].max())
 
 
 def predict(graph: Graph, scenarios: list[tuple[str, str, dict]], baseline_ns: int | None = None) -> pl.DataFrame:
