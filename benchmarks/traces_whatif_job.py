@@ -10,7 +10,7 @@ not slow each one down); each layer's forward runs inside record_function("layer
 module-level annotations mark a model's layers. Kineto traces of `--profile-steps` steps after
 `--warmup` steps go to `--out/<host>_<pid>.<ms>.pt.trace.json.gz` (Kineto's own file name, which
 carries the host); every step's wall time (end of the
-optimizer to end of the optimizer, as the training loop sees it) to `--out/steps-rank<R>.json`.
+optimizer to end of the optimizer, as the training loop sees it) to `--out/steps/rank<R>.json`.
 
     python -m benchmarks.traces_whatif_job --rank R --world W --pp P --master IP --port N --out DIR
 """
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     t_prev = time.time_ns()
     for s in range(a.warmup + a.profile_steps):
         if s == a.warmup:
-            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
                                           schedule=lambda _: torch.profiler.ProfilerAction.RECORD)
             prof.step_num = s
             prof.start()
@@ -176,7 +176,8 @@ def main(argv=None) -> int:
     with open(tmp, "rb") as src, gzip.open(os.path.join(a.out, name), "wb", compresslevel=9) as dst:
         shutil.copyfileobj(src, dst)
     os.unlink(tmp)
-    with open(os.path.join(a.out, f"steps-rank{a.rank}.json"), "w") as fh:
+    os.makedirs(os.path.join(a.out, "steps"), exist_ok=True)
+    with open(os.path.join(a.out, "steps", f"rank{a.rank}.json"), "w") as fh:
         json.dump({"rank": a.rank, "stage": stage, "dp_rank": dp_rank, "pp": P, "dp": dp, "stage_layers": per_stage,
                    "steps": times}, fh)
     dist.barrier()

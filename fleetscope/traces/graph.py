@@ -153,12 +153,19 @@ def _tasks(ev: pl.DataFrame) -> pl.DataFrame:
     return tasks
 
 
+def _host_expr() -> pl.Expr:
+    """The host from Kineto's default trace file name `<host>_<pid>.<ms>.pt.trace.json[.gz]`; null
+    for any other name (the trace itself does not name its host)."""
+    if_kineto = pl.col("source_file").str.extract(r"([^/\\]+)_\d+\.\d+\.pt\.trace\.json(?:\.gz)?$", 1)
+    return if_kineto
+
+
 def build_graph(events: pl.DataFrame, capture_id: str | None = None) -> Graph:
     """trace_events of one capture (one or many ranks) -> one execution graph."""
     if events.height == 0:
         raise ValueError("build_graph: no trace events")
     cid = capture_id if capture_id is not None else events["capture_id"][0]
-    tasks = _tasks(events).with_row_index("task_id").with_columns(pl.col("task_id").cast(pl.Int64))
+    tasks = _tasks(events).with_row_index("task_id").with_columns(pl.col("task_id").cast(pl.Int64), host=_host_expr())
     edges = [
         _thread_edges(tasks),
         _launch_edges(tasks),
@@ -362,14 +369,17 @@ LAYER_RX = r"(?i)(transformer_?layer|decoder_?layer|encoder_?layer|gpt_?block|ll
 
 
 def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX) -> pl.DataFrame:
-    """in_layer: the task belongs to a repeated model layer. Forward: CPU tasks inside a span (Python
-    function, operator or annotation) whose name looks like a layer, and what they launch. Backward:
-    the spans of autograd operators whose sequence number is that of a forward operator inside a
-    layer (PyTorch tags both with the same number)."""
+    """in_layer: the task belongs to a repeated model layer; layer: its number when the span's name
+    carries one (`layers.3`, `TransformerLayer_3`); layer_pass: fwd or bwd. Forward: CPU tasks inside
+    a span (Python function, operator or annotation) whose name looks like a layer, and what they
+    launch. Backward: the spans of autograd operators whose sequence number is that of a forward
+    operator inside a layer (PyTorch tags both with the same number)."""
     cpu_ev = events.filter(pl.col("cat").is_in(["python_function", "cpu_op", "user_annotation"]) & (pl.col("ph") == "X"))
-    fwd = cpu_ev.filter(pl.col("name").str.contains(layer_rx)).select("rank", "pid", "tid", s0="ts_ns", s1="end_ns")
+    fwd = cpu_ev.filter(pl.col("name").str.contains(layer_rx)).select(
+        "rank", "pid", "tid", s0="ts_ns", s1="end_ns", layer=pl.col("name").str.extract(r"(\d+)\D*$", 1).cast(pl.Int32, strict=False),
+        layer_pass=pl.lit("fwd"))
     if fwd.height == 0:
-        return t.with_columns(in_layer=pl.lit(False))
+        return t.with_columns(in_layer=pl.lit(False), layer=pl.lit(None, pl.Int32), layer_pass=pl.lit(None, pl.Utf8))
     ops = cpu_ev.filter(pl.col("sequence_number").is_not_null() & (pl.col("cat") == "cpu_op")).select(
         "rank", "pid", "tid", "sequence_number", "name", o0="ts_ns", o1="end_ns")
 
@@ -380,14 +390,16 @@ def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX
         return j.filter(pl.col("s1").is_not_null() & (pl.col(t0) < pl.col("s1")))
 
     fwd_ops = inside(ops, fwd, "o0")
-    bwd = ops.join(fwd_ops.select("rank", "sequence_number").unique(), on=["rank", "sequence_number"]).filter(
-        pl.col("name").str.contains(r"(?i)backward")).select("rank", "pid", "tid", s0="o0", s1="o1")
-    spans = pl.concat([fwd, bwd])
+    bwd = ops.join(fwd_ops.select("rank", "sequence_number", "layer").unique(["rank", "sequence_number"]), on=["rank", "sequence_number"]).filter(
+        pl.col("name").str.contains(r"(?i)backward")).select("rank", "pid", "tid", "layer", s0="o0", s1="o1", layer_pass=pl.lit("bwd"))
+    spans = pl.concat([fwd, bwd.select(fwd.columns)])
     cpu_in = inside(t.filter(pl.col("kind") == "cpu").select("task_id", "rank", "pid", "tid", "correlation", "ts_ns"), spans, "ts_ns")
-    launched = t.filter(pl.col("kind") == "gpu").join(
-        cpu_in.filter(pl.col("correlation").is_not_null()).select("rank", "correlation"), on=["rank", "correlation"]).select("task_id")
-    ids = pl.concat([cpu_in.select("task_id"), launched])["task_id"].implode()
-    return t.with_columns(in_layer=pl.col("task_id").is_in(ids))
+    launched = t.filter(pl.col("kind") == "gpu").select("task_id", "rank", "correlation").join(
+        cpu_in.filter(pl.col("correlation").is_not_null()).select("rank", "correlation", "layer", "layer_pass").unique(["rank", "correlation"]),
+        on=["rank", "correlation"]).select("task_id", "layer", "layer_pass")
+    marks = pl.concat([cpu_in.select("task_id", "layer", "layer_pass"), launched]).unique("task_id").with_columns(in_layer=pl.lit(True))
+    t = t.join(marks, on="task_id", how="left", maintain_order="left")
+    return t.with_columns(pl.col("in_layer").fill_null(False))
 
 
 # ---------------------------------------------------------------- collectives across ranks

@@ -104,6 +104,9 @@ GRAPH_TASKS = pa.DataFrameSchema(
         "coll_seq": _c(pl.Int64, True),
         "coll_group": _c(pl.Utf8, True),  # same value on every rank taking part in one collective
         "in_layer": _c(pl.Boolean, True),  # part of a repeated model layer (forward or backward), see graph.py
+        "layer": _c(pl.Int32, True),  # the layer's number where its span names one (layers.3)
+        "layer_pass": _c(pl.Utf8, True, pa.Check.isin(["fwd", "bwd"])),
+        "host": _c(pl.Utf8, True),  # from Kineto's default file name <host>_<pid>.<ms>.pt.trace.json, else null
     },
     strict=False,
     unique=["task_id"],
