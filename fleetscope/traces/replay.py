@@ -459,3 +459,28 @@ def export_chrome_trace(tasks: pl.DataFrame, path: str | Path | None = None) -> 
     if path is not None:
         Path(path).write_bytes(raw)
     return json.loads(raw)
+
+
+def holdout_lags(graph: Graph, fit_iteration: int | None = None) -> tuple[Graph, int]:
+    """The graph with every edge delay taken from one iteration only (for an out-of-sample replay
+    error: fit on that iteration, replay the others). Per rank, the edges into tasks of the other
+    iterations get the lag of the same edge in the fit iteration (same rank, processor, subtype and
+    position of the task on its processor within the iteration), else the median lag of the subtype
+    in the fit iteration. fit_iteration: default the first iteration every rank has in full (the
+    second one traced). Returns the graph (lag_ns replaced) and the fit iteration."""
+    t = graph.tasks.select("task_id", "rank", "iteration", "processor", "ts_ns")
+    its = sorted(t["iteration"].drop_nulls().unique().to_list())
+    if not its:
+        raise ValueError("holdout_lags: the graph has no iterations")
+    fit = fit_iteration if fit_iteration is not None else its[1 if len(its) > 2 else 0]
+    pos = t.sort(["rank", "processor", "iteration", "ts_ns", "task_id"]).with_columns(
+        k=pl.int_range(pl.len()).over(["rank", "processor", "iteration"]))
+    e = graph.edges.join(pos.select(dst="task_id", d_rank="rank", d_it="iteration", d_proc="processor", d_k="k"), on="dst", how="left")
+    ref = e.filter(pl.col("d_it") == fit).group_by(["d_rank", "d_proc", "subtype", "d_k"]).agg(fit_lag=pl.col("lag_ns").median())
+    typ = e.filter(pl.col("d_it") == fit).group_by("subtype").agg(typ_lag=pl.col("lag_ns").median())
+    e = e.join(ref, on=["d_rank", "d_proc", "subtype", "d_k"], how="left", maintain_order="left").join(
+        typ, on="subtype", how="left", maintain_order="left")
+    lag = pl.when(pl.col("d_it") == fit).then(pl.col("lag_ns")).otherwise(
+        pl.coalesce("fit_lag", "typ_lag", "lag_ns")).round(0).cast(pl.Int64)
+    e = e.with_columns(lag_ns=lag).drop("d_rank", "d_it", "d_proc", "d_k", "fit_lag", "typ_lag")
+    return Graph(graph.tasks, e, dict(graph.meta)), fit

@@ -5,11 +5,11 @@ Edits (each returns a new Graph; `predict` simulates and compares with the unedi
   remove_sync      synchronizing calls removed (their waits and their own time)
   dp_degree        data-parallel degree changed: DP collectives get the duration a bandwidth/latency
                    model fitted on the trace's own collectives predicts for the new group size
-  pp_repartition   pipeline stages re-partitioned: each rank's compute scales with its stage's
-                   new share of layers (cross-rank send/recv collectives keep the pipeline coupled)
-  layers           layers added or removed: the layers' kernels and CPU work (where the trace marks
-                   its layers, else all compute and CPU work) and the DP gradient volume scale
-                   with the number of layers (identical layers)
+                   (per link type: intra-host / inter-host, see CommModel)
+  pp_repartition   pipeline stages re-partitioned: the graph is rebuilt with the new stages, their
+                   sends and receives and a 1F1B schedule (rebuild.pp_repartition)
+  layers           layers added or removed: duplicated with their tasks, kernels and collectives where
+                   the trace numbers its layers (rebuild.duplicate_layers), else scaled
 
 The prediction is the simulated mean iteration time of the slowest rank (model lags, see graph.py),
 for both the edited and the unedited graph, so the ratio isolates the edit."""
@@ -25,6 +25,7 @@ from scipy.optimize import nnls
 from fleetscope.common import bus_factor
 from fleetscope.schemas.base import conform
 from fleetscope.traces.graph import Graph
+from fleetscope.traces.rebuild import duplicate_layers, has_layers, pp_repartition
 from fleetscope.traces.replay import iteration_times
 from fleetscope.traces.schemas import WHATIF
 
@@ -226,7 +227,7 @@ def dp_degree(graph: Graph, dp_new: int, dp_old: int | None = None, model: CommM
     return graph.with_durations(t.drop("_old_link", "_members"))
 
 
-def layers(graph: Graph, layers_old: int, layers_new: int, model: CommModel | None = None) -> Graph:
+def _scaled_layers(graph: Graph, layers_old: int, layers_new: int, model: CommModel | None = None) -> Graph:
     """Layers added or removed (identical layers): the work of the layers scales by
     layers_new / layers_old, and so does the DP gradient volume. When the trace marks its layers
     (graph_tasks.in_layer: Python/operator spans named like a layer and their backward operators) only
@@ -259,13 +260,15 @@ def layers(graph: Graph, layers_old: int, layers_new: int, model: CommModel | No
     return g
 
 
-def pp_repartition(graph: Graph, stage_of_rank: dict[int, int], layers_old: list[int], layers_new: list[int]) -> Graph:
-    """Stage s held layers_old[s] layers and gets layers_new[s]: its ranks' compute scales by the ratio."""
-    if len(layers_old) != len(layers_new) or sum(layers_old) != sum(layers_new):
-        raise ValueError("pp_repartition: layers_old and layers_new must list the same stages and total")
-    ratio = {int(r): layers_new[s] / layers_old[s] for r, s in stage_of_rank.items()}
-    factor = pl.col("rank").replace_strict(ratio, default=1.0, return_dtype=pl.Float64)
-    return _scale(graph, (pl.col("kind") == "gpu") & (pl.col("role") == "compute"), factor)
+def layers(graph: Graph, layers_old: int, layers_new: int, model: CommModel | None = None,
+           stage_of_rank: dict[int, int] | None = None) -> Graph:
+    """Layers added or removed. Where the trace numbers its layers (spans like `layers.3`), the graph is
+    rebuilt: layers duplicated with their tasks, kernels and collectives (rebuild.duplicate_layers).
+    Otherwise the work of the marked layers (or, with no marks, all compute and CPU work) and the
+    DP gradient volume scale by layers_new / layers_old (identical layers)."""
+    if has_layers(graph):
+        return duplicate_layers(graph, layers_old, layers_new, stage_of_rank)
+    return _scaled_layers(graph, layers_old, layers_new, model)
 
 
 EDITS = {"kernel_speedup": kernel_speedup, "remove_sync": remove_sync, "dp_degree": dp_degree,
@@ -302,3 +305,28 @@ DEFAULT_SCENARIOS = [
     ("attention_1.5x", "kernel_speedup", {"kernel_class": "attention", "factor": 1.5}),
     ("no_sync", "remove_sync", {}),
 ]
+
+
+def parallel_scenarios(graph: Graph, parallel: dict | None) -> list[tuple[str, str, dict]]:
+    """The graph-rebuilding what-ifs a capture supports, from its layout ({dp, pp} as capture.json's
+    `parallel` gives it; stage of rank r = r // dp, Megatron's order): DP x2 and /2 where the trace
+    has DP collectives; PP x2 (and /2) where the trace numbers its layers and they split evenly;
+    layers x2 where the trace numbers its layers."""
+    if not parallel:
+        return []
+    dp, pp = int(parallel.get("dp") or 1), int(parallel.get("pp") or 1)
+    t = graph.tasks
+    out: list[tuple[str, str, dict]] = []
+    if dp > 1 and t.filter(_dp_mask(dp) & pl.col("msg_bytes").is_not_null()).height:
+        out += [("dp_x2", "dp_degree", {"dp_new": 2 * dp, "dp_old": dp}), ("dp_half", "dp_degree", {"dp_new": max(1, dp // 2), "dp_old": dp})]
+    if has_layers(graph):
+        ranks = sorted(t["rank"].unique().to_list())
+        sor = {int(r): int(r) // dp for r in ranks}
+        per_stage = [t.filter(pl.col("rank").is_in([r for r, st in sor.items() if st == s]))["layer"].n_unique() for s in range(pp)]
+        total = sum(per_stage)
+        if all(per_stage) and len(set(sor.values())) == pp:
+            for name, p2 in (("pp_x2", 2 * pp), ("pp_half", pp // 2)):
+                if p2 >= 1 and p2 != pp and total % p2 == 0 and total // p2 >= 1:
+                    out.append((name, "pp_repartition", {"stage_of_rank": sor, "layers_old": per_stage, "layers_new": [total // p2] * p2}))
+            out.append(("layers_x2", "layers", {"layers_old": total, "layers_new": 2 * total, "stage_of_rank": sor}))
+    return out
