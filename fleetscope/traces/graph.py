@@ -365,6 +365,8 @@ def _infer_stream_waits(t: pl.DataFrame, e: pl.DataFrame) -> pl.DataFrame:
     return _edge(cand.select(src="o_id", dst="task_id"), "gpu_gpu", "inferred_wait")
 
 
+# the layer's number: `layers.3`, `layer_3`, `TransformerLayer3` (not a line number such as `transformer_layer.py(120)`)
+LAYER_NUMBER_RX = r"(?i)layers?[._]?(\d+)"
 LAYER_RX = r"(?i)(transformer_?layer|decoder_?layer|encoder_?layer|gpt_?block|llama_?decoder|layers\.\d+)"
 
 
@@ -376,7 +378,7 @@ def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX
     operator inside a layer (PyTorch tags both with the same number)."""
     cpu_ev = events.filter(pl.col("cat").is_in(["python_function", "cpu_op", "user_annotation"]) & (pl.col("ph") == "X"))
     fwd = cpu_ev.filter(pl.col("name").str.contains(layer_rx)).select(
-        "rank", "pid", "tid", s0="ts_ns", s1="end_ns", layer=pl.col("name").str.extract(r"(\d+)\D*$", 1).cast(pl.Int32, strict=False),
+        "rank", "pid", "tid", s0="ts_ns", s1="end_ns", layer=pl.col("name").str.extract(LAYER_NUMBER_RX, 1).cast(pl.Int32, strict=False),
         layer_pass=pl.lit("fwd"))
     if fwd.height == 0:
         return t.with_columns(in_layer=pl.lit(False), layer=pl.lit(None, pl.Int32), layer_pass=pl.lit(None, pl.Utf8))
@@ -496,13 +498,18 @@ def _cpu_collective_groups(t: pl.DataFrame) -> pl.DataFrame:
     """Cross-rank collectives among CPU communication tasks, which carry no process group or peer (gloo
     traces): ranks whose k-th collectives of a kind have the same sizes and all overlap in time (every
     member is inside the collective while the others are) form a group; a send matches the recv of
-    another rank with the same size that overlaps it and ends closest to it (one to one). Each
+    another rank with the same size that overlaps it and ends closest to it (one to one), never between
+    ranks of one collective group (data-parallel replicas of a stage), to one rank per other group (the
+    one most of the sender's first-pass matches went to), on channels carrying at least a quarter of
+    them. Each
     collective gets coll_group (and group_size where the trace had none)."""
     comm = t.filter((pl.col("kind") == "cpu") & (pl.col("role") == "comm")).select(
         "task_id", "rank", "collective", "msg_bytes", "ts_ns", "end_ns")
     if comm.height == 0:
         return t
     out = []
+    peers: set[tuple[int, int]] = set()  # ranks in one collective group (data-parallel replicas of a stage)
+    group_of: dict[int, tuple] = {}
     coll = comm.filter(~pl.col("collective").is_in(["send", "recv"])).sort(["rank", "ts_ns"]).with_columns(
         seq=pl.int_range(pl.len()).over(["rank", "collective"]))
     if coll.height:
@@ -515,6 +522,8 @@ def _cpu_collective_groups(t: pl.DataFrame) -> pl.DataFrame:
         pair = pair.filter(pl.col("good") & (pl.col("m") == pl.col("n")) & (pl.col("n") == pl.col("n_b")))
         for (c,), g in pair.partition_by("collective", as_dict=True).items():
             comp = _components(list(zip(g["rank"].to_list(), g["rank_b"].to_list())))
+            peers |= {(a, b) for a in comp for b in comp if a != b and comp[a] == comp[b]}
+            group_of.update({a: (c, root) for a, root in comp.items()})
             size = {r: sum(1 for v in comp.values() if v == root) for r, root in comp.items()}
             m = pl.DataFrame({"rank": list(comp), "_root": list(comp.values()), "_size": [size[r] for r in comp]},
                              schema={"rank": pl.Int32, "_root": pl.Int64, "_size": pl.Int32})
@@ -530,13 +539,35 @@ def _cpu_collective_groups(t: pl.DataFrame) -> pl.DataFrame:
             # data arrives after it was sent: a recv does not end before its send started
             & (pl.col("end_ns_r") >= pl.col("ts_ns") - CPU_COMM_TOL_NS))
         cand = cand.with_columns(cost=(pl.col("end_ns_r") - pl.col("end_ns")).abs()).sort(["cost", "task_id", "task_id_r"])
-        used_s, used_r, pairs = set(), set(), []
-        for s_id, r_id, a, b, ts in cand.select("task_id", "task_id_r", "rank", "rank_r", "ts_ns").iter_rows():
-            if s_id in used_s or r_id in used_r:
-                continue
-            used_s.add(s_id)
-            used_r.add(r_id)
-            pairs.append((s_id, r_id, a, b, ts))
+        # replicas of one stage (the same collective group) exchange no point-to-point messages
+        rows = [x for x in cand.select("task_id", "task_id_r", "rank", "rank_r", "ts_ns").iter_rows() if (x[2], x[3]) not in peers]
+
+        def greedy(allowed=None):
+            used_s, used_r, out = set(), set(), []
+            for s_id, r_id, a, b, ts in rows:
+                if s_id in used_s or r_id in used_r or (allowed is not None and (a, b) not in allowed):
+                    continue
+                used_s.add(s_id)
+                used_r.add(r_id)
+                out.append((s_id, r_id, a, b, ts))
+            return out
+        # a rank sends to few peers (its pipeline neighbours): channels carrying under a quarter of a
+        # sender's first-pass matches are coincidences of replicas running in step
+        first = greedy()
+        per = {}
+        for _, _, a, b, _ in first:
+            per[(a, b)] = per.get((a, b), 0) + 1
+        # and a rank talks to one replica of each other stage: per sender and receiving group, the
+        # channel with the most first-pass matches
+        best: dict[tuple, tuple[int, int]] = {}
+        for (a, b), n in per.items():
+            key = (a, group_of.get(b, b))
+            if key not in best or n > per[best[key]]:
+                best[key] = (a, b)
+        tot = {}
+        for (a, _), n in per.items():
+            tot[a] = tot.get(a, 0) + n
+        pairs = greedy({k for k in best.values() if per[k] >= 0.25 * tot[k[0]]})
         if pairs:
             pm = pl.DataFrame(pairs, schema={"s": pl.Int64, "r": pl.Int64, "a": pl.Int32, "b": pl.Int32, "ts": pl.Int64}, orient="row")
             pm = pm.sort("ts").with_columns(k=pl.int_range(pl.len()).over(["a", "b"]))

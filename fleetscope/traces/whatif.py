@@ -108,6 +108,24 @@ def _nnls(x1: np.ndarray, x2: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple
     return float(c1), float(c2)
 
 
+def _concurrency(c: pl.DataFrame) -> np.ndarray:
+    """Per inter-host collective: how many inter-host collectives (itself included) ran at the same time
+    through one of its hosts (their last-arrival-to-end spans overlap); 1 for the others."""
+    inter = (c["link"] == "inter").to_numpy()
+    out = np.ones(c.height)
+    idx = np.flatnonzero(inter)
+    if idx.size == 0 or idx.size > 5000:
+        return out
+    s0, s1 = c["s0"].to_numpy()[idx], c["s1"].to_numpy()[idx]
+    hosts = [set(h) for h in c["hosts"].to_list()]
+    over = (s0[:, None] < s1[None, :]) & (s0[None, :] < s1[:, None])
+    for i, a in enumerate(idx):
+        share = [j for j in np.flatnonzero(over[i]) if hosts[a] & hosts[idx[j]]]
+        # transfers leaving the same host in the same direction share its egress: count per host, take the most
+        out[a] = max(1, max(sum(1 for j in share if h in hosts[idx[j]]) for h in hosts[a]) if hosts[a] else 1)
+    return out
+
+
 def fit_comm_model(graph: Graph) -> CommModel:
     """Non-negative least squares of each collective's own time (after its last member arrived: the
     longest member's sim_dur_ns) on steps and bus bytes, per link type, over the median of each
@@ -115,17 +133,22 @@ def fit_comm_model(graph: Graph) -> CommModel:
     t = graph.tasks.filter((pl.col("role") == "comm") & pl.col("msg_bytes").is_not_null())
     if t.filter(pl.col("coll_group").is_not_null()).height:
         links = collective_links(t)
-        c = t.filter(pl.col("coll_group").is_not_null()).group_by("coll_group").agg(
+        host = pl.col("host") if "host" in t.columns else pl.lit(None, pl.Utf8)
+        c = t.filter(pl.col("coll_group").is_not_null()).with_columns(_h=host).group_by("coll_group").agg(
             y=pl.col("sim_dur_ns").max(), collective=pl.col("collective").first(), nbytes=pl.col("msg_bytes").max(),
-            n=pl.col("group_size").max()).join(links, on="coll_group").with_columns(n=pl.coalesce("n", "members"))
+            n=pl.col("group_size").max(), s0=pl.col("ts_ns").max(), s1=pl.col("end_ns").max(), hosts=pl.col("_h").drop_nulls().unique()
+        ).join(links, on="coll_group").with_columns(n=pl.coalesce("n", "members"))
+        c = c.with_columns(share=_concurrency(c))
     else:  # one rank: each communication kernel on its own
         c = t.select(y="sim_dur_ns", collective="collective", nbytes="msg_bytes", n=pl.col("group_size").fill_null(2),
-                     link=pl.lit("unknown"))
+                     link=pl.lit("unknown"), share=pl.lit(1.0))
     c = c.filter(pl.col("y") > 0)
     if c.height < 2:
         raise ValueError("fit_comm_model: the trace has fewer than 2 collectives with a known message size")
-    b = c.group_by(["link", "collective", "n", "nbytes"]).agg(y=pl.col("y").median(), k=pl.len()).with_columns(
-        x1=steps(pl.col("collective"), pl.col("n")), x2=bus_factor(pl.col("collective"), pl.col("n")) * pl.col("nbytes"))
+    # a host link carrying `share` transfers at once gives each 1/share of its bandwidth: fit the link's own
+    b = c.group_by(["link", "collective", "n", "nbytes"]).agg(y=pl.col("y").median(), k=pl.len(), share=pl.col("share").median()).with_columns(
+        x1=steps(pl.col("collective"), pl.col("n")),
+        x2=bus_factor(pl.col("collective"), pl.col("n")) * pl.col("nbytes") * pl.col("share"))
     fits = {}
     for link, sub in [("all", b), *[(k, b.filter(pl.col("link") == k)) for k in LINKS]]:
         if sub.height == 0 or sub["k"].sum() < 2:
@@ -322,7 +345,8 @@ def parallel_scenarios(graph: Graph, parallel: dict | None) -> list[tuple[str, s
     if has_layers(graph):
         ranks = sorted(t["rank"].unique().to_list())
         sor = {int(r): int(r) // dp for r in ranks}
-        per_stage = [t.filter(pl.col("rank").is_in([r for r, st in sor.items() if st == s]))["layer"].n_unique() for s in range(pp)]
+        per_stage = [t.filter(pl.col("rank").is_in([r for r, st in sor.items() if st == s]))["layer"].drop_nulls().n_unique()
+                     for s in range(pp)]
         total = sum(per_stage)
         if all(per_stage) and len(set(sor.values())) == pp:
             for name, p2 in (("pp_x2", 2 * pp), ("pp_half", pp // 2)):
