@@ -2,23 +2,26 @@
 fleetscope.traces derives, the trace verdicts, and the simulated timeline as a Chrome trace."""
 from __future__ import annotations
 
-import json
-
 import polars as pl
 
 from fleetscope.analysis import Analysis, skipped
 from fleetscope.traces.graph import build_graph
-from fleetscope.traces.replay import export_chrome_trace, replay
+from fleetscope.traces.replay import chrome_trace_bytes, replay
 from fleetscope.traces.tables import trace_collectives, trace_iterations, trace_syncs
 from fleetscope.traces.verdicts import trace_verdicts
-from fleetscope.traces.whatif import DEFAULT_SCENARIOS, predict
+from fleetscope.traces.whatif import DEFAULT_SCENARIOS, parallel_scenarios, predict
+
+
+EXPORT_MAX_TASKS = 200_000  # tasks in the exported simulated timeline
 
 
 def analyze_capture(events: pl.DataFrame, capture_id: str | None = None, scenarios=DEFAULT_SCENARIOS,
-                    job_id: str | None = None, export_replay: bool = False) -> Analysis:
+                    job_id: str | None = None, export_replay: bool = False, parallel: dict | None = None) -> Analysis:
     """-> tables trace_collectives, trace_iterations, trace_syncs, graph_tasks, graph_edges, replays,
     replay_sm_util, whatif (each validated against its schema) and the trace verdicts; with
-    export_replay, the simulated timeline as artifact `replays/<capture>-simulated.json`."""
+    export_replay, the simulated timeline as artifact `replays/<capture>-simulated.json`. With the
+    capture's layout (`parallel`: {dp, pp}, capture.json), also the what-ifs that rebuild the graph
+    (DP degree, PP re-partition, layers; whatif.parallel_scenarios)."""
     if events.height == 0:
         return skipped("no profiler trace events in this capture")
     try:
@@ -26,7 +29,16 @@ def analyze_capture(events: pl.DataFrame, capture_id: str | None = None, scenari
     except ValueError as exc:
         return skipped(f"could not build the execution graph: {exc}")
     r = replay(g)
-    w = predict(g, list(scenarios)) if scenarios else None
+    base = int(r.replays.group_by("rank").agg(pl.col("simulated_ns").mean())["simulated_ns"].max()) if r.replays.height else None
+    scen = list(scenarios or []) + parallel_scenarios(g, parallel)
+    notes = []
+    w = None
+    if scen:
+        try:
+            w = predict(g, scen, baseline_ns=base)
+        except ValueError as exc:  # a what-if the capture cannot support: keep the others
+            notes.append(f"what-if skipped: {exc}")
+            w = predict(g, list(scenarios), baseline_ns=base) if scenarios else None
     tables = {
         "trace_collectives": trace_collectives(events),
         "trace_iterations": trace_iterations(events),
@@ -38,12 +50,17 @@ def analyze_capture(events: pl.DataFrame, capture_id: str | None = None, scenari
     }
     if w is not None:
         tables["whatif"] = w
-    notes = []
     if r.replays.height:
         notes.append(f"replay mean absolute error {float(r.replays['error_pct'].abs().mean()):.2f} % over "
                      f"{r.replays.height} rank-iterations")
     artifacts = {}
     if export_replay:  # the simulated timeline, for Perfetto / chrome://tracing
         cap = capture_id or str(events["capture_id"][0])
-        artifacts[f"replays/{cap}-simulated.json"] = json.dumps(export_chrome_trace(r.tasks)).encode()
+        tk = r.tasks
+        if tk.height > EXPORT_MAX_TASKS:  # the first iterations that fit: a bounded file, quick to write and open
+            its = tk.group_by("iteration").len().sort("iteration").with_columns(c=pl.col("len").cum_sum())
+            keep = its.filter((pl.col("c") <= EXPORT_MAX_TASKS) | (pl.int_range(pl.len()) == 0))["iteration"]
+            tk = tk.filter(pl.col("iteration").is_in(keep.implode()))
+            notes.append(f"simulated timeline exported for {keep.len()} of {its.height} iterations ({tk.height} tasks)")
+        artifacts[f"replays/{cap}-simulated.json"] = chrome_trace_bytes(tk)
     return Analysis(tables=tables, verdicts=trace_verdicts(r.replays, w, job_id=job_id), notes=notes, artifacts=artifacts)

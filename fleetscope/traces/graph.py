@@ -19,6 +19,16 @@ and memsets on their stream. Edges (src -> dst, typed):
                           where the trace shows no record/wait pair
   collective peer         the same collective (process group, sequence) on different ranks
 
+CPU-only ranks (gloo: no kernels) have CPU communication tasks instead of communication kernels: the
+collective's work span (gloo:all_reduce on the backend's worker thread, gloo:send / gloo:recv beside
+the issuing thread), linked by
+
+  cpu_cpu  comm_issue     the c10d:: operator that issued it -> the span
+           comm_wait      the span -> the issuing thread's next task when the thread waited for it
+           comm_order     consecutive collectives of a worker thread
+  collective peer         matched across ranks by size and overlap in time (gloo traces name no
+                          process group or peer), see _cpu_collective_groups
+
 Runtime dependencies of Lumos Algorithm 1 ("a stream sync waits for whatever kernel is last on the
 stream") are resolved here, once: streams are FIFO in launch order and a thread's launch order is
 fixed, so the kernel that is last at the time of the call is known from the launch order.
@@ -48,9 +58,16 @@ class Graph:
     tasks: pl.DataFrame  # graph_tasks
     edges: pl.DataFrame  # graph_edges
     meta: dict = field(default_factory=dict)
+    # simulation arrays per lag column (fleetscope.traces.replay.prepare): they depend on the
+    # structure, lags and traced starts, not on durations, so duration edits share them
+    prepared: dict = field(default_factory=dict, repr=False, compare=False)
 
     def copy(self) -> "Graph":
         return Graph(self.tasks.clone(), self.edges.clone(), dict(self.meta))
+
+    def with_durations(self, tasks: pl.DataFrame) -> "Graph":
+        """The same graph with these tasks, which differ only in sim_dur_ns (keeps the prepared arrays)."""
+        return Graph(tasks, self.edges, dict(self.meta), self.prepared)
 
 
 def _runtime_role(name: pl.Expr) -> pl.Expr:
@@ -66,30 +83,50 @@ def _runtime_role(name: pl.Expr) -> pl.Expr:
 
 
 def _iterations(ev: pl.DataFrame) -> pl.DataFrame:
-    """ProfilerStep#N annotations of one rank: iteration, start_ns, end_ns (next step's start)."""
+    """ProfilerStep#N annotations per rank: rank, iteration, start_ns, end_ns (next step's start)."""
     st = (
         ev.filter((pl.col("cat") == "user_annotation") & pl.col("name").str.contains(_STEP_RX))
-        .select(iteration=pl.col("name").str.extract(_STEP_RX, 1).cast(pl.Int64), start_ns=pl.col("ts_ns"), step_end=pl.col("end_ns"))
-        .sort("start_ns")
-        .unique("iteration", keep="first", maintain_order=True)
+        .select("rank", iteration=pl.col("name").str.extract(_STEP_RX, 1).cast(pl.Int64), start_ns=pl.col("ts_ns"), step_end=pl.col("end_ns"))
+        .sort(["rank", "start_ns"])
+        .unique(["rank", "iteration"], keep="first", maintain_order=True)
     )
-    return st.with_columns(end_ns=pl.max_horizontal(pl.col("start_ns").shift(-1).fill_null(pl.col("step_end")), pl.col("step_end")))
+    return st.with_columns(end_ns=pl.max_horizontal(pl.col("start_ns").shift(-1).over("rank").fill_null(pl.col("step_end")), pl.col("step_end")))
 
 
-def _rank_tasks(ev: pl.DataFrame) -> pl.DataFrame:
-    """CPU leaf tasks and GPU tasks of one rank with processors, roles and iterations."""
-    runtime_corr = ev.filter(pl.col("cat") == "cuda_runtime")["correlation"].drop_nulls().implode()
-    cpu = ev.filter(
-        pl.col("cat").is_in(CPU_CATS) & (pl.col("ph") == "X")
-        # driver calls nested in a runtime call share its correlation: keep the runtime call
-        & ~((pl.col("cat") == "cuda_driver") & (pl.col("correlation").is_null() | pl.col("correlation").is_in(runtime_corr)))
-    ).sort(["pid", "tid", "ts_ns", "dur_ns"], descending=[False, False, False, True])
-    nxt = pl.col("ts_ns").shift(-1).over(["pid", "tid"])
+def _cpu_comm(ev: pl.DataFrame) -> pl.Expr:
+    """Communication tasks of ranks without GPU kernels (gloo): the collective's work span (gloo:all_reduce,
+    gloo:send, ...), which runs on a worker thread or overlaps its issuing thread's next operators; the
+    c10d:: operator that issues it stays a task of its thread."""
+    gpu_ranks = ev.filter(pl.col("cat") == "kernel")["rank"].unique().implode()
+    return (pl.col("is_comm") & (pl.col("cat") == "user_annotation") & pl.col("collective").is_not_null() & (pl.col("ph") == "X")
+            & ~pl.col("rank").is_in(gpu_ranks))
+
+
+def _tasks(ev: pl.DataFrame) -> pl.DataFrame:
+    """CPU leaf tasks, CPU communication tasks (gloo) and GPU tasks of every rank with processors,
+    roles and iterations, ordered by (rank, start, kind, event id)."""
+    runtime_corr = ev.filter(pl.col("cat") == "cuda_runtime").select("rank", "correlation").drop_nulls().unique().with_columns(_rt=pl.lit(True))
+    is_cpu_comm = _cpu_comm(ev)
+    ev = ev.with_columns(_cc=is_cpu_comm)
+    cpu = ev.filter(pl.col("cat").is_in(CPU_CATS) & (pl.col("ph") == "X") & ~pl.col("_cc"))
+    # driver calls nested in a runtime call share its correlation: keep the runtime call
+    cpu = cpu.join(runtime_corr, on=["rank", "correlation"], how="left", maintain_order="left").filter(
+        ~((pl.col("cat") == "cuda_driver") & (pl.col("correlation").is_null() | pl.col("_rt").fill_null(False)))).drop("_rt")
+    cpu = cpu.sort(["rank", "pid", "tid", "ts_ns", "dur_ns"], descending=[False, False, False, False, True])
+    nxt = pl.col("ts_ns").shift(-1).over(["rank", "pid", "tid"])
     cpu = cpu.filter(nxt.is_null() | (nxt >= pl.col("end_ns")) | (pl.col("cat") == "cuda_runtime"))
     cpu = cpu.with_columns(
         kind=pl.lit("cpu"),
         processor=pl.concat_str([pl.lit("thread:"), pl.col("pid"), pl.lit(":"), pl.col("tid")]),
         role=pl.when(pl.col("cat") == "cuda_runtime").then(_runtime_role(pl.col("name"))).otherwise(pl.lit("cpu_op")),
+    )
+    comm = ev.filter(pl.col("_cc")).with_columns(
+        kind=pl.lit("cpu"),
+        # point-to-point work spans overlap each other and their thread's operators: a processor of
+        # their own (no order among them); collectives run in order on the backend's worker thread
+        processor=pl.concat_str([pl.lit("comm:"), pl.col("pid"), pl.lit(":"), pl.col("tid"),
+                                 pl.when(pl.col("collective").is_in(["send", "recv"])).then(pl.lit(":p2p")).otherwise(pl.lit(""))]),
+        role=pl.lit("comm"),
     )
     gpu = ev.filter(pl.col("cat").is_in(GPU_CATS)).with_columns(
         kind=pl.lit("gpu"),
@@ -99,20 +136,28 @@ def _rank_tasks(ev: pl.DataFrame) -> pl.DataFrame:
         .when(pl.col("cat") == "gpu_memset").then(pl.lit("memset"))
         .otherwise(pl.lit("compute")),
     )
-    tasks = pl.concat([cpu, gpu], how="diagonal_relaxed").sort(["ts_ns", "kind", "event_id"])
+    tasks = pl.concat([cpu, comm, gpu], how="diagonal_relaxed").drop("_cc").sort(["rank", "ts_ns", "kind", "event_id"])
     # iteration: CPU tasks by time inside ProfilerStep#N, GPU tasks by their launching call
     its = _iterations(ev)
     if its.height:
-        tasks = tasks.join_asof(its.select("start_ns", "end_ns", "iteration").rename({"start_ns": "_it_start", "end_ns": "_it_end"}),
-                                left_on="ts_ns", right_on="_it_start", strategy="backward", check_sortedness=False)
+        tasks = tasks.join_asof(its.select("rank", "start_ns", "end_ns", "iteration").rename({"start_ns": "_it_start", "end_ns": "_it_end"}).sort("_it_start"),
+                                left_on="ts_ns", right_on="_it_start", by="rank", strategy="backward", check_sortedness=False)
         tasks = tasks.with_columns(iteration=pl.when(pl.col("ts_ns") < pl.col("_it_end")).then(pl.col("iteration"))).drop("_it_start", "_it_end")
-        launch_it = tasks.filter((pl.col("kind") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("cat") != "cpu_op")).select(
-            "correlation", _lit=pl.col("iteration")).unique("correlation", keep="first")
-        tasks = tasks.join(launch_it, on="correlation", how="left", maintain_order="left").with_columns(
+        launch_it = tasks.filter((pl.col("kind") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("cat") != "cpu_op")
+                                 & (pl.col("role") != "comm")).select("rank", "correlation", _lit=pl.col("iteration")).unique(
+            ["rank", "correlation"], keep="first", maintain_order=True)
+        tasks = tasks.join(launch_it, on=["rank", "correlation"], how="left", maintain_order="left").with_columns(
             iteration=pl.when(pl.col("kind") == "gpu").then(pl.coalesce("_lit", "iteration")).otherwise(pl.col("iteration"))).drop("_lit")
     else:
         tasks = tasks.with_columns(iteration=pl.lit(None, pl.Int64))
     return tasks
+
+
+def _host_expr() -> pl.Expr:
+    """The host from Kineto's default trace file name `<host>_<pid>.<ms>.pt.trace.json[.gz]`; null
+    for any other name (the trace itself does not name its host)."""
+    if_kineto = pl.col("source_file").str.extract(r"([^/\\]+)_\d+\.\d+\.pt\.trace\.json(?:\.gz)?$", 1)
+    return if_kineto
 
 
 def build_graph(events: pl.DataFrame, capture_id: str | None = None) -> Graph:
@@ -120,16 +165,17 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None) -> Graph:
     if events.height == 0:
         raise ValueError("build_graph: no trace events")
     cid = capture_id if capture_id is not None else events["capture_id"][0]
-    parts = [_rank_tasks(events.filter(pl.col("rank") == r)) for r in sorted(events["rank"].unique().to_list())]
-    tasks = pl.concat(parts, how="diagonal_relaxed").with_row_index("task_id").with_columns(pl.col("task_id").cast(pl.Int64))
+    tasks = _tasks(events).with_row_index("task_id").with_columns(pl.col("task_id").cast(pl.Int64), host=_host_expr())
     edges = [
         _thread_edges(tasks),
         _launch_edges(tasks),
         _stream_edges(tasks),
         _sync_edges(tasks, events),
         _event_wait_edges(tasks, events),
+        _cpu_comm_edges(tasks),
     ]
     tasks = _collective_groups(tasks)
+    tasks = _cpu_collective_groups(tasks)
     tasks = _mark_layers(tasks, events)
     edges.append(_collective_edges(tasks))
     e = pl.concat([x for x in edges if x.height], how="vertical_relaxed") if any(x.height for x in edges) else pl.DataFrame(
@@ -156,7 +202,7 @@ def _edge(df: pl.DataFrame, etype: str, sub: str) -> pl.DataFrame:
 
 
 def _thread_edges(t: pl.DataFrame) -> pl.DataFrame:
-    cpu = t.filter(pl.col("kind") == "cpu").sort(["rank", "processor", "ts_ns", "task_id"])
+    cpu = t.filter((pl.col("kind") == "cpu") & (pl.col("role") != "comm")).sort(["rank", "processor", "ts_ns", "task_id"])
     order = cpu.select(
         "rank", "pid", "processor", "task_id", "ts_ns", "end_ns",
         src=pl.col("task_id").shift(1).over(["rank", "processor"]),
@@ -319,18 +365,23 @@ def _infer_stream_waits(t: pl.DataFrame, e: pl.DataFrame) -> pl.DataFrame:
     return _edge(cand.select(src="o_id", dst="task_id"), "gpu_gpu", "inferred_wait")
 
 
+# the layer's number: `layers.3`, `layer_3`, `TransformerLayer3` (not a line number such as `transformer_layer.py(120)`)
+LAYER_NUMBER_RX = r"(?i)layers?[._]?(\d+)"
 LAYER_RX = r"(?i)(transformer_?layer|decoder_?layer|encoder_?layer|gpt_?block|llama_?decoder|layers\.\d+)"
 
 
 def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX) -> pl.DataFrame:
-    """in_layer: the task belongs to a repeated model layer. Forward: CPU tasks inside a span (Python
-    function, operator or annotation) whose name looks like a layer, and what they launch. Backward:
-    the spans of autograd operators whose sequence number is that of a forward operator inside a
-    layer (PyTorch tags both with the same number)."""
+    """in_layer: the task belongs to a repeated model layer; layer: its number when the span's name
+    carries one (`layers.3`, `TransformerLayer_3`); layer_pass: fwd or bwd. Forward: CPU tasks inside
+    a span (Python function, operator or annotation) whose name looks like a layer, and what they
+    launch. Backward: the spans of autograd operators whose sequence number is that of a forward
+    operator inside a layer (PyTorch tags both with the same number)."""
     cpu_ev = events.filter(pl.col("cat").is_in(["python_function", "cpu_op", "user_annotation"]) & (pl.col("ph") == "X"))
-    fwd = cpu_ev.filter(pl.col("name").str.contains(layer_rx)).select("rank", "pid", "tid", s0="ts_ns", s1="end_ns")
+    fwd = cpu_ev.filter(pl.col("name").str.contains(layer_rx)).select(
+        "rank", "pid", "tid", s0="ts_ns", s1="end_ns", layer=pl.col("name").str.extract(LAYER_NUMBER_RX, 1).cast(pl.Int32, strict=False),
+        layer_pass=pl.lit("fwd"))
     if fwd.height == 0:
-        return t.with_columns(in_layer=pl.lit(False))
+        return t.with_columns(in_layer=pl.lit(False), layer=pl.lit(None, pl.Int32), layer_pass=pl.lit(None, pl.Utf8))
     ops = cpu_ev.filter(pl.col("sequence_number").is_not_null() & (pl.col("cat") == "cpu_op")).select(
         "rank", "pid", "tid", "sequence_number", "name", o0="ts_ns", o1="end_ns")
 
@@ -341,14 +392,16 @@ def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX
         return j.filter(pl.col("s1").is_not_null() & (pl.col(t0) < pl.col("s1")))
 
     fwd_ops = inside(ops, fwd, "o0")
-    bwd = ops.join(fwd_ops.select("rank", "sequence_number").unique(), on=["rank", "sequence_number"]).filter(
-        pl.col("name").str.contains(r"(?i)backward")).select("rank", "pid", "tid", s0="o0", s1="o1")
-    spans = pl.concat([fwd, bwd])
+    bwd = ops.join(fwd_ops.select("rank", "sequence_number", "layer").unique(["rank", "sequence_number"]), on=["rank", "sequence_number"]).filter(
+        pl.col("name").str.contains(r"(?i)backward")).select("rank", "pid", "tid", "layer", s0="o0", s1="o1", layer_pass=pl.lit("bwd"))
+    spans = pl.concat([fwd, bwd.select(fwd.columns)])
     cpu_in = inside(t.filter(pl.col("kind") == "cpu").select("task_id", "rank", "pid", "tid", "correlation", "ts_ns"), spans, "ts_ns")
-    launched = t.filter(pl.col("kind") == "gpu").join(
-        cpu_in.filter(pl.col("correlation").is_not_null()).select("rank", "correlation"), on=["rank", "correlation"]).select("task_id")
-    ids = pl.concat([cpu_in.select("task_id"), launched])["task_id"].implode()
-    return t.with_columns(in_layer=pl.col("task_id").is_in(ids))
+    launched = t.filter(pl.col("kind") == "gpu").select("task_id", "rank", "correlation").join(
+        cpu_in.filter(pl.col("correlation").is_not_null()).select("rank", "correlation", "layer", "layer_pass").unique(["rank", "correlation"]),
+        on=["rank", "correlation"]).select("task_id", "layer", "layer_pass")
+    marks = pl.concat([cpu_in.select("task_id", "layer", "layer_pass"), launched]).unique("task_id").with_columns(in_layer=pl.lit(True))
+    t = t.join(marks, on="task_id", how="left", maintain_order="left")
+    return t.with_columns(pl.col("in_layer").fill_null(False))
 
 
 # ---------------------------------------------------------------- collectives across ranks
@@ -385,8 +438,154 @@ def _collective_edges(t: pl.DataFrame) -> pl.DataFrame:
     return _edge(e, "collective", "peer")
 
 
+# ---------------------------------------------------------------- CPU collectives (gloo)
+CPU_COMM_TOL_NS = 1_000_000  # clock skew allowed between ranks when matching CPU collectives by time
+
+
+def _empty_edges() -> pl.DataFrame:
+    return pl.DataFrame(schema={"src": pl.Int64, "dst": pl.Int64, "edge_type": pl.Utf8, "subtype": pl.Utf8})
+
+
+def _cpu_comm_edges(t: pl.DataFrame) -> pl.DataFrame:
+    """CPU communication tasks (gloo work spans) and their threads:
+
+      comm_issue  the c10d:: operator that issues it -> the work span (the k-th operator of a
+                  (rank, collective) issues the k-th span; lag counted from the operator's start)
+      comm_wait   the work span -> the issuing thread's next task, when the span ended while the
+                  thread was between tasks (blocked in wait(): a synchronous collective, or the
+                  wait of an asynchronous one); the gap's part before the span ended was the wait."""
+    comm = t.filter((pl.col("kind") == "cpu") & (pl.col("role") == "comm"))
+    if comm.height == 0:
+        return _empty_edges()
+    thread = t.filter((pl.col("kind") == "cpu") & (pl.col("role") != "comm"))
+    ops = thread.filter(pl.col("is_comm") & pl.col("collective").is_not_null()).sort(["rank", "ts_ns"]).select(
+        "rank", "collective", src="task_id", op_ts="ts_ns", op_proc="processor",
+        k=pl.int_range(pl.len()).over(["rank", "collective"]))
+    spans = comm.sort(["rank", "ts_ns"]).select("rank", "collective", dst="task_id", c_ts="ts_ns", c_end="end_ns",
+                                                k=pl.int_range(pl.len()).over(["rank", "collective"]))
+    issue = spans.join(ops, on=["rank", "collective", "k"]).filter(pl.col("op_ts") <= pl.col("c_ts") + CPU_COMM_TOL_NS)
+    # the issuing thread's first task starting after the span ended, and the task before it
+    order = thread.sort(["rank", "processor", "ts_ns", "task_id"]).select(
+        "rank", op_proc="processor", d="task_id", d_ts="ts_ns", p_end=pl.col("end_ns").shift(1).over(["rank", "processor"]))
+    wait = issue.select("rank", "op_proc", "dst", "c_end").sort("c_end").join_asof(
+        order.sort("d_ts"), left_on="c_end", right_on="d_ts", by=["rank", "op_proc"], strategy="forward", check_sortedness=False)
+    wait = wait.filter(pl.col("d").is_not_null() & pl.col("p_end").is_not_null() & (pl.col("p_end") <= pl.col("c_end")))
+    # collectives run one after another on the backend's worker thread
+    seq = comm.filter(~pl.col("processor").str.ends_with(":p2p")).sort(["rank", "processor", "ts_ns", "task_id"]).select(
+        src=pl.col("task_id").shift(1).over(["rank", "processor"]), dst=pl.col("task_id")).filter(pl.col("src").is_not_null())
+    return pl.concat([_edge(issue, "cpu_cpu", "comm_issue"), _edge(wait.select(src="dst", dst="d"), "cpu_cpu", "comm_wait"),
+                      _edge(seq, "cpu_cpu", "comm_order")])
+
+
+def _components(pairs: list[tuple[int, int]]) -> dict[int, int]:
+    """Union-find over ranks: rank -> smallest rank of its component."""
+    parent: dict[int, int] = {}
+
+    def find(x):
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+    for a, b in pairs:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+    return {x: find(x) for x in list(parent)}
+
+
+def _cpu_collective_groups(t: pl.DataFrame) -> pl.DataFrame:
+    """Cross-rank collectives among CPU communication tasks, which carry no process group or peer (gloo
+    traces): ranks whose k-th collectives of a kind have the same sizes and all overlap in time (every
+    member is inside the collective while the others are) form a group; a send matches the recv of
+    another rank with the same size that overlaps it and ends closest to it (one to one), never between
+    ranks of one collective group (data-parallel replicas of a stage), to one rank per other group (the
+    one most of the sender's first-pass matches went to), on channels carrying at least a quarter of
+    them. Each
+    collective gets coll_group (and group_size where the trace had none)."""
+    comm = t.filter((pl.col("kind") == "cpu") & (pl.col("role") == "comm")).select(
+        "task_id", "rank", "collective", "msg_bytes", "ts_ns", "end_ns")
+    if comm.height == 0:
+        return t
+    out = []
+    peers: set[tuple[int, int]] = set()  # ranks in one collective group (data-parallel replicas of a stage)
+    group_of: dict[int, tuple] = {}
+    coll = comm.filter(~pl.col("collective").is_in(["send", "recv"])).sort(["rank", "ts_ns"]).with_columns(
+        seq=pl.int_range(pl.len()).over(["rank", "collective"]))
+    if coll.height:
+        n = coll.group_by(["rank", "collective"]).agg(n=pl.len())
+        j = coll.join(coll, on=["collective", "seq"], suffix="_b").filter(pl.col("rank") < pl.col("rank_b"))
+        ok = (pl.col("msg_bytes").eq_missing(pl.col("msg_bytes_b"))
+              & (pl.max_horizontal("ts_ns", "ts_ns_b") <= pl.min_horizontal("end_ns", "end_ns_b") + CPU_COMM_TOL_NS))
+        pair = j.group_by(["rank", "rank_b", "collective"]).agg(m=pl.len(), good=ok.all()).join(
+            n, on=["rank", "collective"]).join(n.rename({"rank": "rank_b", "n": "n_b"}), on=["rank_b", "collective"])
+        pair = pair.filter(pl.col("good") & (pl.col("m") == pl.col("n")) & (pl.col("n") == pl.col("n_b")))
+        for (c,), g in pair.partition_by("collective", as_dict=True).items():
+            comp = _components(list(zip(g["rank"].to_list(), g["rank_b"].to_list())))
+            peers |= {(a, b) for a in comp for b in comp if a != b and comp[a] == comp[b]}
+            group_of.update({a: (c, root) for a, root in comp.items()})
+            size = {r: sum(1 for v in comp.values() if v == root) for r, root in comp.items()}
+            m = pl.DataFrame({"rank": list(comp), "_root": list(comp.values()), "_size": [size[r] for r in comp]},
+                             schema={"rank": pl.Int32, "_root": pl.Int64, "_size": pl.Int32})
+            sub = coll.filter(pl.col("collective") == c).join(m, on="rank")
+            out.append(sub.select("task_id", _g=pl.concat_str([pl.lit(f"cpu/{c}/"), pl.col("_root").cast(pl.Utf8), pl.lit("#"),
+                                                                pl.col("seq").cast(pl.Utf8)]), _n=pl.col("_size")))
+    sends = comm.filter(pl.col("collective") == "send")
+    recvs = comm.filter(pl.col("collective") == "recv")
+    if sends.height and recvs.height:
+        cand = sends.join(recvs, on="msg_bytes", suffix="_r").filter(
+            (pl.col("rank") != pl.col("rank_r")) & (pl.col("ts_ns_r") <= pl.col("end_ns") + CPU_COMM_TOL_NS)
+            & (pl.col("ts_ns") <= pl.col("end_ns_r") + CPU_COMM_TOL_NS)
+            # data arrives after it was sent: a recv does not end before its send started
+            & (pl.col("end_ns_r") >= pl.col("ts_ns") - CPU_COMM_TOL_NS))
+        cand = cand.with_columns(cost=(pl.col("end_ns_r") - pl.col("end_ns")).abs()).sort(["cost", "task_id", "task_id_r"])
+        # replicas of one stage (the same collective group) exchange no point-to-point messages
+        rows = [x for x in cand.select("task_id", "task_id_r", "rank", "rank_r", "ts_ns").iter_rows() if (x[2], x[3]) not in peers]
+
+        def greedy(allowed=None):
+            used_s, used_r, out = set(), set(), []
+            for s_id, r_id, a, b, ts in rows:
+                if s_id in used_s or r_id in used_r or (allowed is not None and (a, b) not in allowed):
+                    continue
+                used_s.add(s_id)
+                used_r.add(r_id)
+                out.append((s_id, r_id, a, b, ts))
+            return out
+        # a rank sends to few peers (its pipeline neighbours): channels carrying under a quarter of a
+        # sender's first-pass matches are coincidences of replicas running in step
+        first = greedy()
+        per = {}
+        for _, _, a, b, _ in first:
+            per[(a, b)] = per.get((a, b), 0) + 1
+        # and a rank talks to one replica of each other stage: per sender and receiving group, the
+        # channel with the most first-pass matches
+        best: dict[tuple, tuple[int, int]] = {}
+        for (a, b), n in per.items():
+            key = (a, group_of.get(b, b))
+            if key not in best or n > per[best[key]]:
+                best[key] = (a, b)
+        tot = {}
+        for (a, _), n in per.items():
+            tot[a] = tot.get(a, 0) + n
+        pairs = greedy({k for k in best.values() if per[k] >= 0.25 * tot[k[0]]})
+        if pairs:
+            pm = pl.DataFrame(pairs, schema={"s": pl.Int64, "r": pl.Int64, "a": pl.Int32, "b": pl.Int32, "ts": pl.Int64}, orient="row")
+            pm = pm.sort("ts").with_columns(k=pl.int_range(pl.len()).over(["a", "b"]))
+            key = pl.concat_str([pl.lit("p2p:"), pl.col("a").cast(pl.Utf8), pl.lit("->"), pl.col("b").cast(pl.Utf8), pl.lit("#"),
+                                 pl.col("k").cast(pl.Utf8)])
+            pm = pm.with_columns(_g=key)
+            out.append(pl.concat([pm.select(task_id="s", _g="_g"), pm.select(task_id="r", _g="_g")]).with_columns(_n=pl.lit(2, pl.Int32)))
+    if not out:
+        return t
+    g = pl.concat(out, how="vertical_relaxed")
+    t = t.join(g, on="task_id", how="left", maintain_order="left")
+    return t.with_columns(coll_group=pl.coalesce("coll_group", "_g"),
+                          group_size=pl.coalesce(pl.col("group_size"), pl.col("_n").cast(pl.Int32))).drop("_g", "_n")
+
+
 # ---------------------------------------------------------------- lags and simulation durations
 CONTRADICTION_NS = 1_000  # a dependency whose dst started this much before src ended was not one
+KEPT_LAGS = ["thread_order", "comm_wait"]  # untraced CPU work: the observed delay is kept as the lag
 
 
 def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
@@ -404,7 +603,7 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataF
         ts.select(src="task_id", s_end="end_ns", s_ts="ts_ns"), on="src").join(
         ts.select(dst="task_id", d_ts="ts_ns", d_end="end_ns"), on="dst")
     is_wait = pl.col("edge_type") == "gpu_cpu"
-    checked = ~pl.col("subtype").is_in(["thread_order", "stream_order", "launch"])
+    checked = ~pl.col("subtype").is_in(["thread_order", "stream_order", "launch", "comm_issue"])
     contradicted = checked & pl.when(is_wait).then(pl.col("s_end") > pl.col("d_end") + CONTRADICTION_NS).otherwise(
         pl.col("d_ts") < pl.col("s_end") - CONTRADICTION_NS)
     dropped = flow.filter(contradicted).group_by("subtype").len()
@@ -423,7 +622,7 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataF
     ).drop("c", "g_start")
     waiting = t.filter(pl.col("wait_ref").is_not_null()).select(src="task_id").with_columns(from_start=pl.lit(True))
     flow = flow.join(waiting, on="src", how="left").with_columns(
-        from_start=(pl.col("from_start").fill_null(False) & (pl.col("subtype") == "launch")))
+        from_start=(pl.col("from_start").fill_null(False) & (pl.col("subtype") == "launch")) | (pl.col("subtype") == "comm_issue"))
     flow = flow.with_columns(slack=pl.when(is_wait).then(pl.lit(0, pl.Int64)).otherwise(
         pl.col("d_ts") - pl.when(pl.col("from_start")).then(pl.col("s_ts")).otherwise(pl.col("s_end"))))
     start_edges = ~is_wait
@@ -433,27 +632,29 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataF
     flow = flow.join(typical, on="subtype", how="left").with_columns(pl.col("typ").fill_null(0))
     lag = (
         pl.when(is_wait).then(pl.lit(0, pl.Int64))
-        # CPU work between consecutive tasks of a thread is real work: keep it
-        .when(pl.col("subtype") == "thread_order").then(pl.col("slack"))
+        # CPU work between consecutive tasks of a thread is real work: keep it (and the work after a
+        # wait for a CPU collective)
+        .when(pl.col("subtype").is_in(KEPT_LAGS)).then(pl.col("slack"))
         .when(pl.col("binding")).then(pl.col("slack"))
         .otherwise(pl.min_horizontal("slack", pl.col("typ").cast(pl.Int64)))
     )
     # model lags: the typical delay of the edge's type everywhere except the CPU work between a
     # thread's tasks and the waits of synchronizing calls (used by replay and what-if); calibrated
     # lags: exact for the binding edge, so the unchanged graph reproduces the trace exactly
-    unexplained = (pl.col("binding") & ~is_wait & (pl.col("subtype") != "thread_order")
+    unexplained = (pl.col("binding") & ~is_wait & ~pl.col("subtype").is_in(KEPT_LAGS)
                    & (pl.col("slack") > pl.col("typ") + UNEXPLAINED_NS))
     model = (pl.when(is_wait).then(pl.lit(0, pl.Int64))
-             .when(pl.col("subtype") == "thread_order").then(pl.col("slack"))
+             .when(pl.col("subtype").is_in(KEPT_LAGS)).then(pl.col("slack"))
              # a delay no modeled dependency explains is kept as observed (counted in graph.meta)
              .when(unexplained).then(pl.col("slack"))
              .otherwise(pl.col("typ").cast(pl.Int64)))
     strict = (pl.when(is_wait).then(pl.lit(0, pl.Int64))
-              .when(pl.col("subtype") == "thread_order").then(pl.col("slack"))
+              .when(pl.col("subtype").is_in(KEPT_LAGS)).then(pl.col("slack"))
               .otherwise(pl.col("typ").cast(pl.Int64)))
     flow = flow.with_columns(lag_calibrated_ns=lag.cast(pl.Int64), lag_ns=model.cast(pl.Int64), lag_typical_ns=strict.cast(pl.Int64))
     # a thread gap explained by another thread: the thread edge keeps only a short gap
-    inter = flow.filter((pl.col("subtype") == "inter_thread") & pl.col("binding")).select("dst").unique().with_columns(_it=pl.lit(True))
+    inter = flow.filter(pl.col("subtype").is_in(["inter_thread", "comm_wait"]) & pl.col("binding")).select("dst").unique().with_columns(
+        _it=pl.lit(True))
     cap = (pl.col("subtype") == "thread_order") & pl.col("_it").fill_null(False)
     flow = flow.join(inter, on="dst", how="left").with_columns(
         lag_ns=pl.when(cap).then(pl.min_horizontal("lag_ns", pl.lit(INTER_THREAD_GAP_NS))).otherwise("lag_ns"),

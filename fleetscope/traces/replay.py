@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 import polars as pl
 
 from fleetscope.schemas.base import conform
@@ -30,6 +31,7 @@ from fleetscope.traces.graph import Graph
 from fleetscope.traces.schemas import REPLAY_SM_UTIL, REPLAYS
 
 SM_BUCKET_NS = 1_000_000
+_MIN_NS = -(2 ** 63)
 
 
 @dataclass
@@ -39,23 +41,40 @@ class Simulation:
     order_fallback: bool = False
 
 
-def simulate_graph(tasks: pl.DataFrame, edges: pl.DataFrame, sim_dur: np.ndarray | None = None, lag_col: str = "lag_ns") -> Simulation:
-    """Simulated start/end (int64 ns, indexed by task_id; task_id must be 0..n-1).
+@dataclass
+class Prepared:
+    """The graph as arrays for the simulation loop (CSR edge lists by dst, visit order). Depends on
+    the structure, lags and traced starts only, not on durations: edits that change durations reuse it."""
+    n: int
+    p1: np.ndarray
+    s1: np.ndarray
+    l1: np.ndarray
+    p2: np.ndarray
+    s2: np.ndarray
+    l2: np.ndarray
+    ref: np.ndarray
+    has_w: np.ndarray
+    gid: np.ndarray
+    gptr: np.ndarray
+    gmem: np.ndarray
+    nodes: np.ndarray
+    phases: np.ndarray
+    fallback: bool
 
-    tasks: task_id, sim_dur_ns, sim_start_ref, wait_ref (sync calls), coll_group (optional);
-    edges: src, dst, edge_type, lag_ns, from_start (optional)."""
+
+def prepare(tasks: pl.DataFrame, edges: pl.DataFrame, lag_col: str = "lag_ns") -> Prepared:
+    """tasks: task_id (0..n-1 in order), sim_start_ref, wait_ref (sync calls, optional), coll_group
+    (optional); edges: src, dst, edge_type, <lag_col>, from_start (optional)."""
     n = tasks.height
-    if n == 0:
-        return Simulation(np.zeros(0, np.int64), np.zeros(0, np.int64))
     tid = tasks["task_id"].to_numpy()
     if not np.array_equal(tid, np.arange(n)):
         raise ValueError("simulate: tasks must be sorted by task_id = 0..n-1")
-    dur = (tasks["sim_dur_ns"].to_numpy() if sim_dur is None else np.asarray(sim_dur)).astype(np.int64)
     ref = tasks["sim_start_ref"].to_numpy().astype(np.int64)
     wref_s = tasks["wait_ref"] if "wait_ref" in tasks.columns else pl.Series([None] * n, dtype=pl.Int64)
     has_w = wref_s.is_not_null().to_numpy()
     wref = wref_s.fill_null(0).to_numpy().astype(np.int64)
-    flow = edges.filter(pl.col("edge_type") != "collective")
+    cols = ["src", "dst", "edge_type", lag_col] + (["from_start"] if "from_start" in edges.columns else [])
+    flow = edges.select(cols).filter(pl.col("edge_type") != "collective")
     src = flow["src"].to_numpy().astype(np.int64)
     dst = flow["dst"].to_numpy().astype(np.int64)
     lag = flow[lag_col].to_numpy().astype(np.int64)
@@ -67,7 +86,7 @@ def simulate_graph(tasks: pl.DataFrame, edges: pl.DataFrame, sim_dur: np.ndarray
     def csr(mask):
         d, sl, lg = dst[mask], slot[mask], lag[mask]
         o = np.argsort(d, kind="stable")
-        return np.searchsorted(d[o], np.arange(n + 1)), sl[o], lg[o]
+        return np.searchsorted(d[o], np.arange(n + 1)).astype(np.int64), sl[o], lg[o]
     p1, s1, l1 = csr(~is_wait)
     p2, s2, l2 = csr(is_wait)
     has_w = has_w | (np.diff(p2) > 0)
@@ -75,7 +94,7 @@ def simulate_graph(tasks: pl.DataFrame, edges: pl.DataFrame, sim_dur: np.ndarray
     # collective groups -> integer ids; the group is visited at the latest traced arrival
     gid = np.full(n, -1, np.int64)
     if "coll_group" in tasks.columns and tasks["coll_group"].null_count() < n:
-        codes = tasks.select(pl.col("coll_group").cast(pl.Categorical).to_physical()).to_series()
+        codes = tasks.select(pl.col("coll_group").rank("dense").cast(pl.Int64) - 1).to_series()
         m = codes.is_not_null().to_numpy()
         gid[m] = codes.to_numpy()[m]
     key1 = ref.copy()
@@ -105,24 +124,61 @@ def simulate_graph(tasks: pl.DataFrame, edges: pl.DataFrame, sim_dur: np.ndarray
     same_group = gm[src] & (gid[src] == gid[dst])
     fallback = bool(np.any((src_ready >= dst_need) & ~same_group))
     if fallback:
-        ev_node, ev_phase = _kahn_order(n, src, dst, fs, is_wait, has_w, ev_key, ev_node, ev_phase, gid)
-        order = np.arange(ev_node.size)
-    times = _run(ev_node[order].tolist(), ev_phase[order].tolist(), p1.tolist(), s1.tolist(), l1.tolist(),
-                 p2.tolist(), s2.tolist(), l2.tolist(), dur.tolist(), ref.tolist(), has_w.tolist(), gid.tolist())
-    t = np.asarray(times, np.int64)
-    return Simulation(t[0::2], t[1::2], fallback)
+        nodes, phases = _kahn_order(n, src, dst, fs, is_wait, has_w, ev_key, ev_node, ev_phase, gid)
+    else:
+        nodes, phases = ev_node[order], ev_phase[order]
+    gptr, gmem = _csr_members(gid)
+    return Prepared(n, p1, s1, l1, p2, s2, l2, ref, has_w, gid, gptr, gmem, nodes.astype(np.int64), phases.astype(np.int8), fallback)
 
 
-def _run(nodes, phases, p1, s1, l1, p2, s2, l2, dur, ref, has_w, gid):
-    n = len(dur)
-    T = [0] * (2 * n)
-    done = [False] * n
-    members: dict[int, list[int]] = {}
-    for i, g in enumerate(gid):
-        if g >= 0:
-            members.setdefault(g, []).append(i)
-    for v, ph in zip(nodes, phases):
-        if ph:  # a synchronizing call ends `dur` after its start and the end of what it waits on
+def run(prep: Prepared, dur: np.ndarray) -> Simulation:
+    """Simulate prepared arrays with these durations (int64 ns per task)."""
+    if prep.n == 0:
+        return Simulation(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    dur = np.ascontiguousarray(dur, dtype=np.int64)
+    if dur.size != prep.n:
+        raise ValueError(f"simulate: {dur.size} durations for {prep.n} tasks")
+    t = _run(prep.nodes, prep.phases, prep.p1, prep.s1, prep.l1, prep.p2, prep.s2, prep.l2, dur, prep.ref, prep.has_w,
+             prep.gid, prep.gptr, prep.gmem)
+    return Simulation(t[0::2], t[1::2], prep.fallback)
+
+
+def simulate_graph(tasks: pl.DataFrame, edges: pl.DataFrame, sim_dur: np.ndarray | None = None, lag_col: str = "lag_ns") -> Simulation:
+    """Simulated start/end (int64 ns, indexed by task_id; task_id must be 0..n-1). See prepare()."""
+    if tasks.height == 0:
+        return Simulation(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    dur = tasks["sim_dur_ns"].to_numpy() if sim_dur is None else np.asarray(sim_dur)
+    return run(prepare(tasks, edges, lag_col), dur)
+
+
+def simulate(graph: Graph, sim_dur: np.ndarray | None = None, lag_col: str = "lag_ns") -> Simulation:
+    """simulate_graph with the graph's prepared arrays cached on it (graph.prepared)."""
+    if graph.tasks.height == 0:
+        return Simulation(np.zeros(0, np.int64), np.zeros(0, np.int64))
+    prep = graph.prepared.get(lag_col)
+    if prep is None:
+        prep = graph.prepared[lag_col] = prepare(graph.tasks, graph.edges, lag_col)
+    return run(prep, graph.tasks["sim_dur_ns"].to_numpy() if sim_dur is None else np.asarray(sim_dur))
+
+
+def _csr_members(gid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Members of each collective group (ascending task id), CSR by group id."""
+    m = np.flatnonzero(gid >= 0)
+    ng = int(gid[m].max()) + 1 if m.size else 0
+    o = m[np.argsort(gid[m], kind="stable")]
+    return np.searchsorted(gid[o], np.arange(ng + 1)).astype(np.int64), o.astype(np.int64)
+
+
+# The two loops below are sequential by nature (a longest path in visit order); numba compiles
+# them (cached on disk), which makes a million-task replay take milliseconds instead of seconds.
+@njit(cache=True, nogil=True)
+def _run(nodes, phases, p1, s1, l1, p2, s2, l2, dur, ref, has_w, gid, gptr, gmem):  # pragma: no cover - compiled
+    n = dur.size
+    T = np.zeros(2 * n, np.int64)
+    done = np.zeros(n, np.bool_)
+    for i in range(nodes.size):
+        v = nodes[i]
+        if phases[i]:  # a synchronizing call ends `dur` after its start and the end of what it waits on
             s = T[2 * v]
             for k in range(p2[v], p2[v + 1]):
                 x = T[s2[k]] + l2[k]
@@ -149,17 +205,58 @@ def _run(nodes, phases, p1, s1, l1, p2, s2, l2, dur, ref, has_w, gid):
             done[v] = True
             continue
         # a collective: every member arrives on its own, all finish after the last arrival
-        last = None
-        for m in members[g]:
+        last = _MIN_NS
+        for j in range(gptr[g], gptr[g + 1]):
+            m = gmem[j]
             a, b = p1[m], p1[m + 1]
-            s = ref[m] if a == b else max(T[s1[k]] + l1[k] for k in range(a, b))
+            if a == b:
+                s = ref[m]
+            else:
+                s = T[s1[a]] + l1[a]
+                for k in range(a + 1, b):
+                    x = T[s1[k]] + l1[k]
+                    if x > s:
+                        s = x
             T[2 * m] = s
-            if last is None or s > last:
+            if s > last:
                 last = s
-        for m in members[g]:
+        for j in range(gptr[g], gptr[g + 1]):
+            m = gmem[j]
             T[2 * m + 1] = last + dur[m]
             done[m] = True
     return T
+
+
+@njit(cache=True, nogil=True)
+def _kahn(ne, a, b, unit, key):  # pragma: no cover - compiled
+    """Kahn's algorithm over units (an event, or a collective group's phase-1 events), ready units
+    picked by smallest (key, unit); returns the events in visit order."""
+    indeg = np.zeros(ne, np.int64)
+    for k in range(b.size):
+        indeg[b[k]] += 1
+    o = np.argsort(a, kind="mergesort")
+    a_s, b_s = a[o], b[o]
+    ptr = np.searchsorted(a_s, np.arange(ne + 1))
+    mo = np.argsort(unit, kind="mergesort")
+    mptr = np.searchsorted(unit[mo], np.arange(ne + 1))
+    heap = [(key[0], np.int64(0))]
+    heap.pop()
+    for u in range(ne):
+        if unit[u] == u and indeg[u] == 0:
+            heapq.heappush(heap, (key[u], np.int64(u)))
+    out = np.empty(ne, np.int64)
+    c = 0
+    while len(heap) > 0:
+        _, u = heapq.heappop(heap)
+        for j in range(mptr[u], mptr[u + 1]):
+            out[c] = mo[j]
+            c += 1
+        for k in range(ptr[u], ptr[u + 1]):
+            w = b_s[k]
+            indeg[w] -= 1
+            if indeg[w] == 0:
+                heapq.heappush(heap, (key[w], np.int64(w)))
+    return out[:c]
 
 
 def _kahn_order(n, src, dst, fs, is_wait, has_w, ev_key, ev_node, ev_phase, gid):
@@ -168,14 +265,15 @@ def _kahn_order(n, src, dst, fs, is_wait, has_w, ev_key, ev_node, ev_phase, gid)
     ne = ev_node.size
     ev_of = np.full((n, 2), -1, np.int64)
     ev_of[ev_node, ev_phase] = np.arange(ne)
-    # unit of each event: groups merge their members' phase-1 events
+    # unit of each event: groups merge their members' phase-1 events into the first member's
     unit = np.arange(ne)
     gm = gid >= 0
     if gm.any():
-        first = {}
-        for v in np.flatnonzero(gm).tolist():
-            e1 = ev_of[v, 0]
-            unit[e1] = first.setdefault(int(gid[v]), e1)
+        mem = np.flatnonzero(gm)
+        e1 = ev_of[mem, 0]
+        first = np.full(int(gid.max()) + 1, ne, np.int64)
+        np.minimum.at(first, gid[mem], e1)
+        unit[e1] = first[gid[mem]]
     # dependencies between events: reading slot (start or end of src) -> needing phase of dst
     src_ev = np.where(fs | ~has_w[src], ev_of[src, 0], ev_of[src, 1])
     dst_ev = np.where(is_wait, ev_of[dst, 1], ev_of[dst, 0])
@@ -184,33 +282,9 @@ def _kahn_order(n, src, dst, fs, is_wait, has_w, ev_key, ev_node, ev_phase, gid)
     a = np.concatenate([a, unit[ev_of[has_w, 0]]])
     b = np.concatenate([b, unit[ev_of[has_w, 1]]])
     keep = a != b
-    a, b = a[keep], b[keep]
-    indeg = np.zeros(ne, np.int64)
-    np.add.at(indeg, b, 1)
-    o = np.argsort(a, kind="stable")
-    a, b = a[o], b[o]
-    ptr = np.searchsorted(a, np.arange(ne + 1)).tolist()
-    bl = b.tolist()
-    is_unit = unit == np.arange(ne)
-    members = {}
-    for e_, u in enumerate(unit.tolist()):
-        members.setdefault(u, []).append(e_)
-    key = ev_key.tolist()
-    heap = [(key[u], u) for u in np.flatnonzero(is_unit & (indeg == 0)).tolist()]
-    heapq.heapify(heap)
-    indeg = indeg.tolist()
-    out = []
-    while heap:
-        _, u = heapq.heappop(heap)
-        out.extend(members[u])
-        for k in range(ptr[u], ptr[u + 1]):
-            w = bl[k]
-            indeg[w] -= 1
-            if indeg[w] == 0:
-                heapq.heappush(heap, (key[w], w))
-    if len(out) < ne:
-        raise ValueError(f"simulate: the execution graph has a cycle ({ne - len(out)} task phases never become ready)")
-    out = np.asarray(out, np.int64)
+    out = _kahn(ne, a[keep].astype(np.int64), b[keep].astype(np.int64), unit.astype(np.int64), ev_key.astype(np.int64))
+    if out.size < ne:
+        raise ValueError(f"simulate: the execution graph has a cycle ({ne - out.size} task phases never become ready)")
     return ev_node[out], ev_phase[out]
 
 
@@ -283,9 +357,24 @@ def _windows(t: pl.DataFrame, start_col: str, end_col: str) -> pl.DataFrame:
     """Per rank and iteration: from the completion of iteration N-1 (its last CPU or GPU task) to the
     completion of N; the first iteration starts at its first task. Completion to completion is the
     throughput the GPU sustains even when the CPU runs ahead (no synchronization per step)."""
-    it = t.filter(pl.col("iteration").is_not_null()).group_by(["rank", "iteration"]).agg(
-        first=pl.col(start_col).min(), w1=pl.col(end_col).max()).sort(["rank", "iteration"])
+    it = t.select("rank", "iteration", start_col, end_col).filter(pl.col("iteration").is_not_null()).group_by(
+        ["rank", "iteration"]).agg(first=pl.col(start_col).min(), w1=pl.col(end_col).max()).sort(["rank", "iteration"])
     return it.with_columns(w0=pl.col("w1").shift(1).over("rank").fill_null(pl.col("first"))).drop("first")
+
+
+def _with_iterations(t: pl.DataFrame) -> pl.DataFrame:
+    if t["iteration"].null_count() == t.height:  # no ProfilerStep annotations: the whole capture is one
+        return t.with_columns(iteration=pl.lit(0, pl.Int64))
+    return t
+
+
+def iteration_times(graph: Graph, sim_dur: np.ndarray | None = None, lag_col: str = "lag_ns") -> pl.DataFrame:
+    """Simulated time per rank and iteration (rank, iteration, simulated_ns): a replay without the
+    breakdown and the comparison with the trace (what-if predictions need only this)."""
+    sim = simulate(graph, sim_dur, lag_col)
+    t = _with_iterations(graph.tasks.select("rank", "iteration").with_columns(s=pl.Series(sim.start), e=pl.Series(sim.end)))
+    w = _windows(t, "s", "e")
+    return w.select("rank", "iteration", simulated_ns=pl.col("w1") - pl.col("w0"))
 
 
 def replay(graph: Graph, sim_dur: np.ndarray | None = None, sm_bucket_ns: int = SM_BUCKET_NS,
@@ -296,11 +385,9 @@ def replay(graph: Graph, sim_dur: np.ndarray | None = None, sm_bucket_ns: int = 
     measures how well the graph's structure explains the trace; calibrated=True uses the exact lags
     and reproduces the trace of the unchanged graph; lag_col="lag_typical_ns" also replaces the
     delays no dependency explains by typical ones (how much those unexplained delays matter)."""
-    t = graph.tasks
-    sim = simulate_graph(t, graph.edges, sim_dur, lag_col or ("lag_calibrated_ns" if calibrated else "lag_ns"))
-    t = t.with_columns(sim_start_ns=pl.Series(sim.start), sim_end_ns=pl.Series(sim.end))
-    if t["iteration"].null_count() == t.height:  # no ProfilerStep annotations: the whole capture is one
-        t = t.with_columns(iteration=pl.lit(0, pl.Int64))
+    sim = simulate(graph, sim_dur, lag_col or ("lag_calibrated_ns" if calibrated else "lag_ns"))
+    full = graph.tasks.with_columns(sim_start_ns=pl.Series(sim.start), sim_end_ns=pl.Series(sim.end))
+    t = _with_iterations(full.select("rank", "iteration", "kind", "cat", "is_comm", "ts_ns", "end_ns", "sim_start_ns", "sim_end_ns"))
     wa = _windows(t, "ts_ns", "end_ns").rename({"w0": "a0", "w1": "a1"})
     ws = _windows(t, "sim_start_ns", "sim_end_ns").rename({"w0": "s0", "w1": "s1"})
     w = wa.join(ws, on=["rank", "iteration"])
@@ -321,13 +408,15 @@ def replay(graph: Graph, sim_dur: np.ndarray | None = None, sm_bucket_ns: int = 
     rep = pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
     rep = REPLAYS.validate(conform(rep.with_columns(capture_id=pl.lit(cid)) if rows else rep, REPLAYS))
     util = sm_utilization(t, sm_bucket_ns).with_columns(capture_id=pl.lit(cid))
-    return ReplayResult(t, rep, REPLAY_SM_UTIL.validate(conform(util, REPLAY_SM_UTIL)), sim.order_fallback)
+    if full["iteration"].null_count() == full.height:
+        full = full.with_columns(iteration=pl.lit(0, pl.Int64))
+    return ReplayResult(full, rep, REPLAY_SM_UTIL.validate(conform(util, REPLAY_SM_UTIL)), sim.order_fallback)
 
 
 def sm_utilization(t: pl.DataFrame, bucket_ns: int = SM_BUCKET_NS) -> pl.DataFrame:
     """Share of each bucket (from each timeline's own start) with any kernel running, actual vs simulated."""
     out = []
-    k = t.filter(pl.col("cat") == "kernel")
+    k = t.select("rank", "cat", "ts_ns", "end_ns", "sim_start_ns", "sim_end_ns").filter(pl.col("cat") == "kernel")
     for (r,), g in k.partition_by("rank", as_dict=True).items():
         res = {}
         for name, sc, ec in (("actual_util", "ts_ns", "end_ns"), ("simulated_util", "sim_start_ns", "sim_end_ns")):
@@ -346,20 +435,52 @@ def sm_utilization(t: pl.DataFrame, bucket_ns: int = SM_BUCKET_NS) -> pl.DataFra
     return pl.concat(out)
 
 
-def export_chrome_trace(tasks: pl.DataFrame, path: str | Path | None = None) -> dict:
-    """Simulated timeline as a Chrome / Perfetto trace (one process per rank, a row per thread or stream)."""
+def chrome_trace_bytes(tasks: pl.DataFrame) -> bytes:
+    """The simulated timeline as Chrome / Perfetto trace JSON (one process per rank, a row per thread or
+    stream), written by polars' JSON writer (no Python object per event)."""
     t = tasks.select(
+        ph=pl.lit("X"),
         pid=pl.concat_str([pl.lit("rank "), pl.col("rank").cast(pl.Utf8)]),
         tid=pl.col("processor"),
         name="name",
         cat="role",
         ts=pl.col("sim_start_ns") / 1000.0,
         dur=(pl.col("sim_end_ns") - pl.col("sim_start_ns")).clip(lower_bound=0) / 1000.0,
-        task_id="task_id",
+        args=pl.struct(task_id="task_id"),
     )
-    ev = [{"ph": "X", "pid": p, "tid": q, "name": n, "cat": c, "ts": ts, "dur": d, "args": {"task_id": i}}
-          for p, q, n, c, ts, d, i in t.iter_rows()]
-    doc = {"traceEvents": ev, "displayTimeUnit": "ns", "otherData": {"producer": "fleetscope.traces.replay"}}
+    events = t.write_json().encode() if t.height else b"[]"
+    return (b'{"traceEvents": ' + events + b', "displayTimeUnit": "ns", '
+            b'"otherData": {"producer": "fleetscope.traces.replay"}}')
+
+
+def export_chrome_trace(tasks: pl.DataFrame, path: str | Path | None = None) -> dict:
+    """The simulated timeline (chrome_trace_bytes) as a dict, written to `path` when given."""
+    raw = chrome_trace_bytes(tasks)
     if path is not None:
-        Path(path).write_text(json.dumps(doc))
-    return doc
+        Path(path).write_bytes(raw)
+    return json.loads(raw)
+
+
+def holdout_lags(graph: Graph, fit_iteration: int | None = None) -> tuple[Graph, int]:
+    """The graph with every edge delay taken from one iteration only (for an out-of-sample replay
+    error: fit on that iteration, replay the others). Per rank, the edges into tasks of the other
+    iterations get the lag of the same edge in the fit iteration (same rank, processor, subtype and
+    position of the task on its processor within the iteration), else the median lag of the subtype
+    in the fit iteration. fit_iteration: default the first iteration every rank has in full (the
+    second one traced). Returns the graph (lag_ns replaced) and the fit iteration."""
+    t = graph.tasks.select("task_id", "rank", "iteration", "processor", "ts_ns")
+    its = sorted(t["iteration"].drop_nulls().unique().to_list())
+    if not its:
+        raise ValueError("holdout_lags: the graph has no iterations")
+    fit = fit_iteration if fit_iteration is not None else its[1 if len(its) > 2 else 0]
+    pos = t.sort(["rank", "processor", "iteration", "ts_ns", "task_id"]).with_columns(
+        k=pl.int_range(pl.len()).over(["rank", "processor", "iteration"]))
+    e = graph.edges.join(pos.select(dst="task_id", d_rank="rank", d_it="iteration", d_proc="processor", d_k="k"), on="dst", how="left")
+    ref = e.filter(pl.col("d_it") == fit).group_by(["d_rank", "d_proc", "subtype", "d_k"]).agg(fit_lag=pl.col("lag_ns").median())
+    typ = e.filter(pl.col("d_it") == fit).group_by("subtype").agg(typ_lag=pl.col("lag_ns").median())
+    e = e.join(ref, on=["d_rank", "d_proc", "subtype", "d_k"], how="left", maintain_order="left").join(
+        typ, on="subtype", how="left", maintain_order="left")
+    lag = pl.when(pl.col("d_it") == fit).then(pl.col("lag_ns")).otherwise(
+        pl.coalesce("fit_lag", "typ_lag", "lag_ns")).round(0).cast(pl.Int64)
+    e = e.with_columns(lag_ns=lag).drop("d_rank", "d_it", "d_proc", "d_k", "fit_lag", "typ_lag")
+    return Graph(graph.tasks, e, dict(graph.meta)), fit

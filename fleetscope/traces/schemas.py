@@ -69,7 +69,7 @@ ROLES = ["cpu_op", "runtime", "stream_sync", "context_sync", "event_sync", "even
          "compute", "comm", "memcpy", "memset"]
 EDGE_TYPES = ["cpu_cpu", "cpu_gpu", "gpu_cpu", "gpu_gpu", "collective"]
 EDGE_SUBTYPES = ["thread_order", "inter_thread", "launch", "stream_sync", "context_sync", "event_sync", "blocking_copy",
-                 "stream_order", "event_wait", "inferred_wait", "peer"]
+                 "stream_order", "event_wait", "inferred_wait", "peer", "comm_issue", "comm_wait", "comm_order"]
 
 # Lumos execution graph: one row per task (CPU leaf event on a thread, GPU op on a stream)
 GRAPH_TASKS = pa.DataFrameSchema(
@@ -104,6 +104,9 @@ GRAPH_TASKS = pa.DataFrameSchema(
         "coll_seq": _c(pl.Int64, True),
         "coll_group": _c(pl.Utf8, True),  # same value on every rank taking part in one collective
         "in_layer": _c(pl.Boolean, True),  # part of a repeated model layer (forward or backward), see graph.py
+        "layer": _c(pl.Int32, True),  # the layer's number where its span names one (layers.3)
+        "layer_pass": _c(pl.Utf8, True, pa.Check.isin(["fwd", "bwd"])),
+        "host": _c(pl.Utf8, True),  # from Kineto's default file name <host>_<pid>.<ms>.pt.trace.json, else null
     },
     strict=False,
     unique=["task_id"],

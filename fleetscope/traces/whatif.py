@@ -5,11 +5,11 @@ Edits (each returns a new Graph; `predict` simulates and compares with the unedi
   remove_sync      synchronizing calls removed (their waits and their own time)
   dp_degree        data-parallel degree changed: DP collectives get the duration a bandwidth/latency
                    model fitted on the trace's own collectives predicts for the new group size
-  pp_repartition   pipeline stages re-partitioned: each rank's compute scales with its stage's
-                   new share of layers (cross-rank send/recv collectives keep the pipeline coupled)
-  layers           layers added or removed: the layers' kernels and CPU work (where the trace marks
-                   its layers, else all compute and CPU work) and the DP gradient volume scale
-                   with the number of layers (identical layers)
+                   (per link type: intra-host / inter-host, see CommModel)
+  pp_repartition   pipeline stages re-partitioned: the graph is rebuilt with the new stages, their
+                   sends and receives and a 1F1B schedule (rebuild.pp_repartition)
+  layers           layers added or removed: duplicated with their tasks, kernels and collectives where
+                   the trace numbers its layers (rebuild.duplicate_layers), else scaled
 
 The prediction is the simulated mean iteration time of the slowest rank (model lags, see graph.py),
 for both the edited and the unedited graph, so the ratio isolates the edit."""
@@ -20,11 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
+from scipy.optimize import nnls
 
 from fleetscope.common import bus_factor
 from fleetscope.schemas.base import conform
 from fleetscope.traces.graph import Graph
-from fleetscope.traces.replay import replay
+from fleetscope.traces.rebuild import duplicate_layers, has_layers, pp_repartition
+from fleetscope.traces.replay import iteration_times
 from fleetscope.traces.schemas import WHATIF
 
 KERNEL_CLASSES = {
@@ -32,43 +34,135 @@ KERNEL_CLASSES = {
     "attention": r"(?i)flash|fmha|attention|attn|sdpa|softmax",
 }
 
-# bytes on the wire per rank relative to the message size, by collective (nccl-tests bus factors)
+LINKS = ("intra", "inter", "unknown")  # a collective's members on one host / several hosts / hosts not known
+
+
+def steps(collective: pl.Expr, n: pl.Expr) -> pl.Expr:
+    """Latency-bound steps of a ring algorithm: all-reduce 2(n-1), all-gather / reduce-scatter /
+    all-to-all n-1, the rest (send, recv, broadcast, ...) 1."""
+    n = n.cast(pl.Float64)
+    return (pl.when(collective == "allreduce").then(2 * (n - 1))
+            .when(collective.is_in(["allgather", "reduce_scatter", "all_to_all"])).then(n - 1)
+            .otherwise(1.0))
+
+
 @dataclass
-class CommModel:
-    """t = latency_ns + bus_bytes / bandwidth, fitted on the trace's communication kernels."""
-    latency_ns: float
+class LinkFit:
+    """Own time of a collective on one link type: step_ns x steps(collective, n) + ns_per_byte x bus bytes."""
+    step_ns: float
     ns_per_byte: float
     n_samples: int
+
+
+@dataclass
+class CommModel:
+    """Per link type (intra-host, inter-host, unknown), fitted on the trace's own collectives; `all`
+    is fitted on every collective (used where a link type has no samples). latency_ns and
+    bandwidth_bps describe the `all` fit at the trace's most common group size."""
+    fits: dict[str, LinkFit]
+    group_size: int = 2
+    collective: str = "allreduce"
+
+    def fit_for(self, link: str) -> LinkFit:
+        return self.fits.get(link) or self.fits["all"]
+
+    def expr(self, link: pl.Expr | str, collective: pl.Expr, n: pl.Expr, nbytes: pl.Expr) -> pl.Expr:
+        """Predicted own time (ns, float) per row."""
+        link = pl.lit(link) if isinstance(link, str) else link
+        out = None
+        for name in ("intra", "inter", "unknown"):
+            f = self.fit_for(name)
+            t = f.step_ns * steps(collective, n) + f.ns_per_byte * bus_factor(collective, n) * nbytes.cast(pl.Float64)
+            out = pl.when(link == name).then(t) if out is None else out.when(link == name).then(t)
+        f = self.fits["all"]
+        return out.otherwise(f.step_ns * steps(collective, n) + f.ns_per_byte * bus_factor(collective, n) * nbytes.cast(pl.Float64))
+
+    @property
+    def latency_ns(self) -> float:
+        n = float(self.group_size)
+        k = 2 * (n - 1) if self.collective == "allreduce" else (n - 1 if self.collective in ("allgather", "reduce_scatter") else 1)
+        return self.fits["all"].step_ns * k
+
+    @property
+    def ns_per_byte(self) -> float:
+        return self.fits["all"].ns_per_byte
 
     @property
     def bandwidth_bps(self) -> float:
         return 1e9 / self.ns_per_byte if self.ns_per_byte > 0 else float("inf")
 
-    def predict(self, bus_bytes: np.ndarray) -> np.ndarray:
-        return self.latency_ns + self.ns_per_byte * bus_bytes
+
+def collective_links(tasks: pl.DataFrame) -> pl.DataFrame:
+    """coll_group -> link (intra when every member's host is the same, inter when they differ,
+    unknown when a host is not known) and members (ranks taking part)."""
+    host = pl.col("host") if "host" in tasks.columns else pl.lit(None, pl.Utf8)
+    g = tasks.filter(pl.col("coll_group").is_not_null()).with_columns(_h=host).group_by("coll_group").agg(
+        members=pl.col("rank").n_unique(), _nh=pl.col("_h").n_unique(), _null=pl.col("_h").null_count())
+    return g.select("coll_group", "members", link=pl.when(pl.col("_null") > 0).then(pl.lit("unknown"))
+                    .when(pl.col("_nh") == 1).then(pl.lit("intra")).otherwise(pl.lit("inter")))
+
+
+def _nnls(x1: np.ndarray, x2: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+    a = np.vstack([x1, x2]).T * w[:, None]
+    (c1, c2), _ = nnls(a, y * w)
+    return float(c1), float(c2)
+
+
+def _concurrency(c: pl.DataFrame) -> np.ndarray:
+    """Per inter-host collective: how many inter-host collectives (itself included) ran at the same time
+    through one of its hosts (their last-arrival-to-end spans overlap); 1 for the others."""
+    inter = (c["link"] == "inter").to_numpy()
+    out = np.ones(c.height)
+    idx = np.flatnonzero(inter)
+    if idx.size == 0 or idx.size > 5000:
+        return out
+    s0, s1 = c["s0"].to_numpy()[idx], c["s1"].to_numpy()[idx]
+    hosts = [set(h) for h in c["hosts"].to_list()]
+    over = (s0[:, None] < s1[None, :]) & (s0[None, :] < s1[:, None])
+    for i, a in enumerate(idx):
+        share = [j for j in np.flatnonzero(over[i]) if hosts[a] & hosts[idx[j]]]
+        # transfers leaving the same host in the same direction share its egress: count per host, take the most
+        out[a] = max(1, max(sum(1 for j in share if h in hosts[idx[j]]) for h in hosts[a]) if hosts[a] else 1)
+    return out
 
 
 def fit_comm_model(graph: Graph) -> CommModel:
-    """Least squares (non-negative) of the collectives' own durations on their bus bytes."""
-    c = graph.tasks.filter((pl.col("role") == "comm") & pl.col("msg_bytes").is_not_null() & (pl.col("sim_dur_ns") > 0))
+    """Non-negative least squares of each collective's own time (after its last member arrived: the
+    longest member's sim_dur_ns) on steps and bus bytes, per link type, over the median of each
+    (link, collective, group size, size) so a few slow instances do not pull the fit."""
+    t = graph.tasks.filter((pl.col("role") == "comm") & pl.col("msg_bytes").is_not_null())
+    if t.filter(pl.col("coll_group").is_not_null()).height:
+        links = collective_links(t)
+        host = pl.col("host") if "host" in t.columns else pl.lit(None, pl.Utf8)
+        c = t.filter(pl.col("coll_group").is_not_null()).with_columns(_h=host).group_by("coll_group").agg(
+            y=pl.col("sim_dur_ns").max(), collective=pl.col("collective").first(), nbytes=pl.col("msg_bytes").max(),
+            n=pl.col("group_size").max(), s0=pl.col("ts_ns").max(), s1=pl.col("end_ns").max(), hosts=pl.col("_h").drop_nulls().unique()
+        ).join(links, on="coll_group").with_columns(n=pl.coalesce("n", "members"))
+        c = c.with_columns(share=_concurrency(c))
+    else:  # one rank: each communication kernel on its own
+        c = t.select(y="sim_dur_ns", collective="collective", nbytes="msg_bytes", n=pl.col("group_size").fill_null(2),
+                     link=pl.lit("unknown"), share=pl.lit(1.0))
+    c = c.filter(pl.col("y") > 0)
     if c.height < 2:
         raise ValueError("fit_comm_model: the trace has fewer than 2 collectives with a known message size")
-    x = c.select(bus_factor(pl.col("collective"), pl.col("group_size").fill_null(2)) * pl.col("msg_bytes")).to_series().to_numpy()
-    y = c["sim_dur_ns"].to_numpy().astype(float)
-    a = np.vstack([np.ones_like(x), x]).T
-    (lat, slope), *_ = np.linalg.lstsq(a, y, rcond=None)
-    if slope <= 0:  # sizes explain nothing: bandwidth from the largest transfers, no latency
-        slope, lat = float(np.median(y / np.maximum(x, 1))), 0.0
-    if lat < 0:
-        lat, slope = 0.0, float((x @ y) / (x @ x))
-    return CommModel(float(lat), float(slope), int(c.height))
+    # a host link carrying `share` transfers at once gives each 1/share of its bandwidth: fit the link's own
+    b = c.group_by(["link", "collective", "n", "nbytes"]).agg(y=pl.col("y").median(), k=pl.len(), share=pl.col("share").median()).with_columns(
+        x1=steps(pl.col("collective"), pl.col("n")),
+        x2=bus_factor(pl.col("collective"), pl.col("n")) * pl.col("nbytes") * pl.col("share"))
+    fits = {}
+    for link, sub in [("all", b), *[(k, b.filter(pl.col("link") == k)) for k in LINKS]]:
+        if sub.height == 0 or sub["k"].sum() < 2:
+            continue
+        x1, x2, y, w = (sub[k].to_numpy().astype(float) for k in ("x1", "x2", "y", "k"))
+        c1, c2 = _nnls(x1, x2, y, np.sqrt(w))
+        fits[link] = LinkFit(c1, c2, int(sub["k"].sum()))
+    common = c.group_by(["collective", "n"]).len().sort("len", descending=True).row(0, named=True)
+    return CommModel(fits, int(common["n"] or 2), str(common["collective"]))
 
 
 def _scale(graph: Graph, mask: pl.Expr, factor: float | pl.Expr) -> Graph:
-    g = graph.copy()
-    g.tasks = g.tasks.with_columns(
-        sim_dur_ns=pl.when(mask).then((pl.col("sim_dur_ns") * factor).round(0)).otherwise(pl.col("sim_dur_ns")).cast(pl.Int64))
-    return g
+    return graph.with_durations(graph.tasks.with_columns(
+        sim_dur_ns=pl.when(mask).then((pl.col("sim_dur_ns") * factor).round(0)).otherwise(pl.col("sim_dur_ns")).cast(pl.Int64)))
 
 
 def kernel_class_mask(kernel_class: str) -> pl.Expr:
@@ -104,29 +198,59 @@ def remove_sync(graph: Graph, name: str | None = None) -> Graph:
     return g
 
 
+DP_COLLECTIVES = ["allreduce", "allgather", "reduce_scatter"]
+
+
 def _dp_mask(dp_old: int | None) -> pl.Expr:
-    m = (pl.col("role") == "comm") & pl.col("collective").is_in(["allreduce", "allgather", "reduce_scatter"])
+    m = (pl.col("role") == "comm") & pl.col("collective").is_in(DP_COLLECTIVES)
     if dp_old is not None:
         m = m & (pl.col("group_size").is_null() | (pl.col("group_size") == dp_old))
     return m
 
 
-def dp_degree(graph: Graph, dp_new: int, dp_old: int | None = None, model: CommModel | None = None) -> Graph:
-    """DP collectives (all-reduce / all-gather / reduce-scatter of group size dp_old) take the time the
-    fitted model predicts at dp_new; each kernel keeps its own residual (observed / model at dp_old)."""
+def ranks_per_host(tasks: pl.DataFrame) -> int | None:
+    """The most ranks the capture has on one host (None when hosts are not known)."""
+    if "host" not in tasks.columns or tasks["host"].null_count() == tasks.height:
+        return None
+    return int(tasks.filter(pl.col("host").is_not_null()).group_by("host").agg(pl.col("rank").n_unique())["rank"].max())
+
+
+def dp_degree(graph: Graph, dp_new: int, dp_old: int | None = None, model: CommModel | None = None,
+              link: str | None = None) -> Graph:
+    """Data-parallel degree dp_old -> dp_new (weak scaling: each rank's compute stays). Each DP
+    collective (all-reduce / all-gather / reduce-scatter of group size dp_old) takes the time the
+    link model fitted on the trace predicts for dp_new on the new group's link type, times its own
+    residual (observed / predicted at dp_old on its old link). The new group's link: `link` when
+    given; else inter-host when the trace's group was inside a host and dp_new ranks no longer fit
+    on one host (more than the capture has per host), else the old group's link. dp_new = 1: no
+    DP communication."""
     if dp_new < 1:
         raise ValueError("dp_degree: dp_new must be >= 1")
+    if link is not None and link not in LINKS:
+        raise ValueError(f"dp_degree: link must be one of {LINKS}")
     model = model or fit_comm_model(graph)
-    m = _dp_mask(dp_old)
-    n_old = pl.col("group_size").fill_null(dp_old or 2)
-    bytes_ = pl.col("msg_bytes").fill_null(0).cast(pl.Float64)
-    old = model.latency_ns + model.ns_per_byte * bytes_ * bus_factor(pl.col("collective"), n_old)
-    new = pl.when(pl.lit(dp_new) == 1).then(0.0).otherwise(
-        model.latency_ns + model.ns_per_byte * bytes_ * bus_factor(pl.col("collective"), pl.lit(dp_new)))
-    return _scale(graph, m & pl.col("msg_bytes").is_not_null(), new / old)
+    t = graph.tasks
+    m = _dp_mask(dp_old) & pl.col("msg_bytes").is_not_null()
+    links = collective_links(t)
+    t = t.join(links.select("coll_group", _old_link="link", _members="members"), on="coll_group", how="left", maintain_order="left")
+    old_link = pl.col("_old_link").fill_null("unknown")
+    rph = ranks_per_host(graph.tasks)
+    if link is not None:
+        new_link = pl.lit(link)
+    elif rph is not None:
+        new_link = pl.when((old_link == "intra") & (dp_new > rph)).then(pl.lit("inter")).otherwise(old_link)
+    else:
+        new_link = old_link
+    n_old = pl.coalesce(pl.col("group_size"), pl.col("_members"), pl.lit(dp_old or 2)).cast(pl.Float64)
+    nbytes = pl.col("msg_bytes").cast(pl.Float64)
+    old = model.expr(old_link, pl.col("collective"), n_old, nbytes)
+    new = model.expr(new_link, pl.col("collective"), pl.lit(float(dp_new)), nbytes)
+    ratio = pl.when(pl.lit(dp_new) == 1).then(0.0).when(old > 0).then(new / old).otherwise(1.0)
+    t = t.with_columns(sim_dur_ns=pl.when(m).then((pl.col("sim_dur_ns") * ratio).round(0)).otherwise(pl.col("sim_dur_ns")).cast(pl.Int64))
+    return graph.with_durations(t.drop("_old_link", "_members"))
 
 
-def layers(graph: Graph, layers_old: int, layers_new: int, model: CommModel | None = None) -> Graph:
+def _scaled_layers(graph: Graph, layers_old: int, layers_new: int, model: CommModel | None = None) -> Graph:
     """Layers added or removed (identical layers): the work of the layers scales by
     layers_new / layers_old, and so does the DP gradient volume. When the trace marks its layers
     (graph_tasks.in_layer: Python/operator spans named like a layer and their backward operators) only
@@ -145,6 +269,7 @@ def layers(graph: Graph, layers_old: int, layers_new: int, model: CommModel | No
         # the CPU side of the layers: operator and launch time, and the CPU work between them
         g = _scale(g, (pl.col("kind") == "cpu") & pl.col("wait_ref").is_null() & pl.col("iteration").is_not_null(), r)
         scaled = g.tasks.filter(pl.col("iteration").is_not_null() & (pl.col("kind") == "cpu"))["task_id"].implode()
+    g = Graph(g.tasks, g.edges, dict(g.meta))  # lags change below: not the prepared arrays of the original
     g.edges = g.edges.with_columns(
         lag_ns=pl.when((pl.col("subtype") == "thread_order") & pl.col("dst").is_in(scaled) & (pl.col("lag_ns") > 0))
         .then((pl.col("lag_ns") * r).round(0).cast(pl.Int64)).otherwise(pl.col("lag_ns")))
@@ -158,13 +283,15 @@ def layers(graph: Graph, layers_old: int, layers_new: int, model: CommModel | No
     return g
 
 
-def pp_repartition(graph: Graph, stage_of_rank: dict[int, int], layers_old: list[int], layers_new: list[int]) -> Graph:
-    """Stage s held layers_old[s] layers and gets layers_new[s]: its ranks' compute scales by the ratio."""
-    if len(layers_old) != len(layers_new) or sum(layers_old) != sum(layers_new):
-        raise ValueError("pp_repartition: layers_old and layers_new must list the same stages and total")
-    ratio = {int(r): layers_new[s] / layers_old[s] for r, s in stage_of_rank.items()}
-    factor = pl.col("rank").replace_strict(ratio, default=1.0, return_dtype=pl.Float64)
-    return _scale(graph, (pl.col("kind") == "gpu") & (pl.col("role") == "compute"), factor)
+def layers(graph: Graph, layers_old: int, layers_new: int, model: CommModel | None = None,
+           stage_of_rank: dict[int, int] | None = None) -> Graph:
+    """Layers added or removed. Where the trace numbers its layers (spans like `layers.3`), the graph is
+    rebuilt: layers duplicated with their tasks, kernels and collectives (rebuild.duplicate_layers).
+    Otherwise the work of the marked layers (or, with no marks, all compute and CPU work) and the
+    DP gradient volume scale by layers_new / layers_old (identical layers)."""
+    if has_layers(graph):
+        return duplicate_layers(graph, layers_old, layers_new, stage_of_rank)
+    return _scaled_layers(graph, layers_old, layers_new, model)
 
 
 EDITS = {"kernel_speedup": kernel_speedup, "remove_sync": remove_sync, "dp_degree": dp_degree,
@@ -173,10 +300,13 @@ EDITS = {"kernel_speedup": kernel_speedup, "remove_sync": remove_sync, "dp_degre
 
 def iteration_time(graph: Graph) -> int:
     """Simulated mean iteration time of the slowest rank (model lags)."""
-    rep = replay(graph).replays
-    if rep.height == 0:
+    return _slowest_rank_mean(iteration_times(graph))
+
+
+def _slowest_rank_mean(it: pl.DataFrame) -> int:
+    if it.height == 0:
         raise ValueError("iteration_time: the graph has no iterations")
-    return int(rep.group_by("rank").agg(pl.col("simulated_ns").mean())["simulated_ns"].max())
+    return int(it.group_by("rank").agg(pl.col("simulated_ns").mean())["simulated_ns"].max())
 
 
 def predict(graph: Graph, scenarios: list[tuple[str, str, dict]], baseline_ns: int | None = None) -> pl.DataFrame:
@@ -198,3 +328,29 @@ DEFAULT_SCENARIOS = [
     ("attention_1.5x", "kernel_speedup", {"kernel_class": "attention", "factor": 1.5}),
     ("no_sync", "remove_sync", {}),
 ]
+
+
+def parallel_scenarios(graph: Graph, parallel: dict | None) -> list[tuple[str, str, dict]]:
+    """The graph-rebuilding what-ifs a capture supports, from its layout ({dp, pp} as capture.json's
+    `parallel` gives it; stage of rank r = r // dp, Megatron's order): DP x2 and /2 where the trace
+    has DP collectives; PP x2 (and /2) where the trace numbers its layers and they split evenly;
+    layers x2 where the trace numbers its layers."""
+    if not parallel:
+        return []
+    dp, pp = int(parallel.get("dp") or 1), int(parallel.get("pp") or 1)
+    t = graph.tasks
+    out: list[tuple[str, str, dict]] = []
+    if dp > 1 and t.filter(_dp_mask(dp) & pl.col("msg_bytes").is_not_null()).height:
+        out += [("dp_x2", "dp_degree", {"dp_new": 2 * dp, "dp_old": dp}), ("dp_half", "dp_degree", {"dp_new": max(1, dp // 2), "dp_old": dp})]
+    if has_layers(graph):
+        ranks = sorted(t["rank"].unique().to_list())
+        sor = {int(r): int(r) // dp for r in ranks}
+        per_stage = [t.filter(pl.col("rank").is_in([r for r, st in sor.items() if st == s]))["layer"].drop_nulls().n_unique()
+                     for s in range(pp)]
+        total = sum(per_stage)
+        if all(per_stage) and len(set(sor.values())) == pp:
+            for name, p2 in (("pp_x2", 2 * pp), ("pp_half", pp // 2)):
+                if p2 >= 1 and p2 != pp and total % p2 == 0 and total // p2 >= 1:
+                    out.append((name, "pp_repartition", {"stage_of_rank": sor, "layers_old": per_stage, "layers_new": [total // p2] * p2}))
+            out.append(("layers_x2", "layers", {"layers_old": total, "layers_new": 2 * total, "stage_of_rank": sor}))
+    return out
