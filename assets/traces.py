@@ -29,8 +29,9 @@ TABLES = {
 def traces_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     wh = warehouse.get()
     key = context.partition_key
-    result = analyze_capture(wh.read("trace_events", partitions=[key]), key, job_id=capture_info(wh, key)["job_id"],
-                             export_replay=True)
+    info = capture_info(wh, key)
+    result = analyze_capture(wh.read("trace_events", partitions=[key]), key, job_id=info["job_id"], export_replay=True,
+                             parallel=info["layout"])
     yield from materialize_analysis(wh, key, result, TABLES, "traces_verdicts", "traces", capture_id=key, artifacts_on="replays")
 
 
