@@ -18,6 +18,7 @@ order falls back to Kahn's algorithm on the same keys (Lumos' pick())."""
 from __future__ import annotations
 
 import heapq
+import datetime as _dt
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -435,22 +436,59 @@ def sm_utilization(t: pl.DataFrame, bucket_ns: int = SM_BUCKET_NS) -> pl.DataFra
     return pl.concat(out)
 
 
+def _lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Lane per slice of one track (slices sorted by start, longer first): a slice stays on a lane
+    where it fits entirely inside the open slice or after it (properly nested), else the next lane
+    (Perfetto draws partially overlapping slices of one thread wrongly)."""
+    stacks: list[list[int]] = []
+    lane = np.zeros(len(start), dtype=np.int64)
+    for i in range(len(start)):
+        s, e = start[i], end[i]
+        for k, st in enumerate(stacks):
+            while st and st[-1] <= s:
+                st.pop()
+            if not st or e <= st[-1]:
+                st.append(e)
+                lane[i] = k
+                break
+        else:
+            stacks.append([e])
+            lane[i] = len(stacks) - 1
+    return lane
+
+
 def chrome_trace_bytes(tasks: pl.DataFrame) -> bytes:
-    """The simulated timeline as Chrome / Perfetto trace JSON (one process per rank, a row per thread or
-    stream), written by polars' JSON writer (no Python object per event)."""
-    t = tasks.select(
+    """The simulated timeline as Chrome / Perfetto trace JSON: one process per rank, a track per
+    thread or stream (overlapping work on extra tracks `<thread> (overlap k)`), timestamps in
+    microseconds from a stated origin (otherData.t0_ns / t0_utc: float64 keeps every ns), written by
+    polars' JSON writer (no Python object per event)."""
+    if tasks.height == 0:
+        return b'{"traceEvents": [], "displayTimeUnit": "ms", "otherData": {"producer": "fleetscope.traces.replay"}}'
+    t0 = int(tasks["sim_start_ns"].min())
+    t = tasks.select("rank", "processor", "name", "role", "task_id", s=pl.col("sim_start_ns"),
+                     e=pl.max_horizontal("sim_start_ns", "sim_end_ns")).sort("rank", "processor", "s", pl.col("e"), descending=[False, False, False, True])
+    keys = (t["rank"].cast(pl.Utf8) + "\x1f" + t["processor"].cast(pl.Utf8)).to_numpy()
+    s, e = t["s"].to_numpy(), t["e"].to_numpy()
+    lane = np.zeros(len(t), dtype=np.int64)
+    bounds = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1], True])
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        lane[a:b] = _lanes(s[a:b], e[a:b])
+    t = t.with_columns(lane=pl.Series(lane))
+    out = t.select(
         ph=pl.lit("X"),
         pid=pl.concat_str([pl.lit("rank "), pl.col("rank").cast(pl.Utf8)]),
-        tid=pl.col("processor"),
+        tid=pl.when(pl.col("lane") == 0).then(pl.col("processor").cast(pl.Utf8))
+        .otherwise(pl.format("{} (overlap {})", pl.col("processor").cast(pl.Utf8), pl.col("lane"))),
         name="name",
         cat="role",
-        ts=pl.col("sim_start_ns") / 1000.0,
-        dur=(pl.col("sim_end_ns") - pl.col("sim_start_ns")).clip(lower_bound=0) / 1000.0,
+        ts=((pl.col("s") - t0) / 1000.0).round(3),
+        dur=((pl.col("e") - pl.col("s")) / 1000.0).round(3),
         args=pl.struct(task_id="task_id"),
     )
-    events = t.write_json().encode() if t.height else b"[]"
-    return (b'{"traceEvents": ' + events + b', "displayTimeUnit": "ns", '
-            b'"otherData": {"producer": "fleetscope.traces.replay"}}')
+    t0_utc = _dt.datetime.fromtimestamp(t0 / 1e9, tz=_dt.timezone.utc).isoformat(timespec="microseconds")
+    return (b'{"traceEvents": ' + out.write_json().encode() + b', "displayTimeUnit": "ms", '
+            b'"otherData": {"producer": "fleetscope.traces.replay", "time_unit": "microseconds since t0", '
+            + f'"t0_ns": {t0}, "t0_utc": "{t0_utc}"'.encode() + b"}}")
 
 
 def export_chrome_trace(tasks: pl.DataFrame, path: str | Path | None = None) -> dict:

@@ -9,7 +9,7 @@ from fleetscope.traces.graph import build_graph
 from fleetscope.ingest.traces import read_trace
 from fleetscope.traces.replay import breakdown, replay, simulate_graph
 from tests.traces import synth
-from tests.traces.conftest import GPU_TRACES
+from tests.traces.conftest import GPU_TRACES, real
 
 
 @pytest.mark.parametrize("path", GPU_TRACES, ids=lambda p: p.name[:40])
@@ -113,3 +113,39 @@ def test_breakdown_hand_intervals():
     e = np.array([100, 150, 250])
     b = breakdown(comm, s, e, 0, 300)
     assert b == {"exposed_compute_ns": 100, "exposed_comm_ns": 50, "overlap_ns": 50, "idle_ns": 100}
+
+
+def test_chrome_trace_opens_cleanly_in_perfetto():
+    """Relative timestamps from a stated origin, and on every track slices are nested or disjoint
+    (partially overlapping work goes to its own track)."""
+    from fleetscope.traces.replay import chrome_trace_bytes
+    g = build_graph(read_trace(real("nccl_parser_config"), "cap").events)
+    r = replay(g)
+    doc = json.loads(chrome_trace_bytes(r.tasks))
+    t0 = doc["otherData"]["t0_ns"]
+    assert t0 == int(r.tasks["sim_start_ns"].min()) and doc["otherData"]["t0_utc"].startswith("20")
+    ev = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(ev) == r.tasks.height and min(e["ts"] for e in ev) == 0.0
+    assert max(e["ts"] for e in ev) < 1e9  # microseconds since the origin, not since 1970
+    by_track: dict = {}
+    for e in ev:
+        by_track.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_track.values():
+        spans.sort(key=lambda x: (x[0], -x[1]))
+        open_ends: list[float] = []
+        for s, e in spans:
+            while open_ends and open_ends[-1] <= s + 1e-3:
+                open_ends.pop()
+            assert not open_ends or e <= open_ends[-1] + 1e-3, "partially overlapping slices on one track"
+            open_ends.append(e)
+
+
+def test_partially_overlapping_work_goes_to_its_own_track():
+    from fleetscope.traces.replay import chrome_trace_bytes
+    tasks = pl.DataFrame({"rank": [0] * 4, "processor": ["stream 7"] * 4, "name": ["a", "b", "c", "d"], "role": ["compute"] * 4,
+                          "task_id": [0, 1, 2, 3], "sim_start_ns": [1_000, 2_000, 1_500, 9_000],
+                          "sim_end_ns": [5_000, 3_000, 6_000, 9_500]})
+    ev = {e["name"]: e for e in json.loads(chrome_trace_bytes(tasks))["traceEvents"]}
+    assert ev["a"]["tid"] == ev["b"]["tid"] == ev["d"]["tid"] == "stream 7"  # b nested in a, d after both
+    assert ev["c"]["tid"] == "stream 7 (overlap 1)"                          # c starts inside a and ends after it
+    assert ev["a"]["ts"] == 0.0 and ev["c"]["ts"] == 0.5 and ev["c"]["dur"] == 4.5
