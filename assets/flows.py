@@ -1,5 +1,6 @@
 """LLMPrism over one time window of flows (flow_windows partitions): jobs, job_clusters, comm_pairs,
-step_timelines, flow_background and the flow verdicts, plus a Perfetto trace per job."""
+step_timelines, flow_background and the flow verdicts. (One Perfetto timeline per job across every
+window is written with the fleet health page.)"""
 from dagster import AllPartitionMapping, AssetDep, AssetExecutionContext, MetadataValue, multi_asset
 
 from fleetscope.assets._tables import analysis_specs, materialize_analysis
@@ -37,11 +38,11 @@ def flows_window(context: AssetExecutionContext, warehouse: WarehouseResource, s
     context.log.info(f"window {key}: {flows.height} flows (with a {settings.window_margin_seconds} s margin), {topo.height} topology rows")
     seconds: dict = {}
     result = analyze_window(flows, topo, start, end, config=FlowConfig(k_sigma=settings.k_sigma), window_id=key,
-                            timings=seconds, export_timelines=True)
+                            timings=seconds)
     jobs = result.table("jobs")
     extra = {"jobs": {"jobs": MetadataValue.json(jobs.select("job_id", "n_gpus", "n_hosts").to_dicts())} if jobs.height else {},
              "step_timelines": {f"seconds/{k}": MetadataValue.float(round(v, 3)) for k, v in seconds.items()}}
-    yield from materialize_analysis(wh, key, result, TABLES, "flows_verdicts", "flows", extra=extra, artifacts_on="step_timelines")
+    yield from materialize_analysis(wh, key, result, TABLES, "flows_verdicts", "flows", extra=extra)
 
 
 ASSETS = [flows_window]
