@@ -111,11 +111,13 @@ def _utc(ns) -> str:
 
 
 def _headline(explanation: str) -> str:
-    """The first statement of a detector's explanation (its finding, not its advice)."""
-    s = explanation.strip()
-    for sep in (". ", "; "):
-        if sep in s:
-            s = s.split(sep, 1)[0]
+    """The first statement of a detector's explanation (its finding, not its advice): up to the
+    first '. ' or '; ' outside parentheses."""
+    s, depth = explanation.strip(), 0
+    for i, ch in enumerate(s):
+        depth += ch in "([" and 1 or (-1 if ch in ")]" else 0)
+        if depth == 0 and s[i:i + 2] in (". ", "; "):
+            return s[:i]
     return s.rstrip(".")
 
 
