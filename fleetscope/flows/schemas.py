@@ -16,7 +16,7 @@ JOBS = register(
             "window_id": pa.Column(pl.Utf8),
             "job_id": pa.Column(pl.Utf8),
             "n_gpus": pa.Column(pl.Int64, pa.Check.ge(1)),
-            "n_hosts": pa.Column(pl.Int64, pa.Check.ge(1)),
+            "n_hosts": pa.Column(pl.Int64, pa.Check.ge(0)),  # 0: no topology, hosts unknown
             # additions: when the job's traffic was seen inside the window (jobs starting/stopping)
             "first_ns": pa.Column(pl.Int64, nullable=True),
             "last_ns": pa.Column(pl.Int64, nullable=True),
@@ -35,7 +35,7 @@ JOB_CLUSTERS = register(
             "window_id": pa.Column(pl.Utf8),
             "job_id": pa.Column(pl.Utf8),
             "ip": pa.Column(pl.Utf8),
-            "host": pa.Column(pl.Utf8),
+            "host": pa.Column(pl.Utf8, nullable=True),  # null: no topology, hosts unknown
             "gpu": pa.Column(pl.Utf8, nullable=True),
             "cluster_id": pa.Column(pl.Int64),  # cross-machine cluster (before host-set merging)
         },

@@ -11,7 +11,7 @@ from fleetscope.flows.comm_types import classify_pairs
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.diagnosis import flow_verdicts
 from fleetscope.flows.jobs import pair_summary, recognize_jobs
-from fleetscope.flows.prepare import add_pairs, check_flows, check_topology, segment
+from fleetscope.flows.prepare import add_pairs, check_flows, check_topology, empty_topology, segment
 from fleetscope.flows.schemas import COMM_PAIRS, JOB_CLUSTERS, JOBS, STEP_TIMELINES
 from fleetscope.flows.timelines import ip_flows, reconstruct_steps
 from fleetscope.schemas.base import conform, register
@@ -34,7 +34,7 @@ def window_id_for(window_start_ns: int, window_end_ns: int) -> str:
     return f"{window_start_ns}-{window_end_ns}"
 
 
-def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns: int, window_end_ns: int,
+def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_start_ns: int, window_end_ns: int,
                    config: FlowConfig | None = None, window_id: str | None = None,
                    timings: dict | None = None) -> dict[str, pl.DataFrame]:
     """flows: normalized flows (CONTRACT 1.2) starting in [window_start_ns - margin, window_end_ns);
@@ -50,12 +50,29 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns:
     tm = timings if timings is not None else {}
     t = time.perf_counter()
 
+    notes: list[str] = []
     f = add_pairs(check_flows(flows))
-    topo = check_topology(topology)
+    topo = check_topology(topology) if topology is not None and topology.height else None
     f = f.filter(pl.col("start_ns") < window_end_ns)
+    if topo is None:
+        # flows alone still give jobs, pairs and steps; what needs hosts is skipped, and said so
+        ips_seen = pl.concat([f["src_ip"], f["dst_ip"]]).unique().sort()
+        topo = empty_topology(ips_seen)
+        notes.append(
+            "WARNING: no topology (missing or rejected): every address in the flows was taken as a GPU NIC. "
+            "Skipped: the host merge (a job's tensor-parallel ranks on the same hosts stay separate jobs), host "
+            "and leaf names in job_clusters and verdicts, and the split of background traffic by address. "
+            "Land a topology (CONTRACT 1.1: ip, host) to get them.")
+        has_hosts = False
+    else:
+        has_hosts = True
     known = topo["ip"].implode()
     is_in = pl.col("src_ip").is_in(known) & pl.col("dst_ip").is_in(known)
     inside, outside = f.filter(is_in), f.filter(~is_in)
+    if has_hosts and f.height and inside.height < 0.5 * f.height:
+        notes.append(
+            f"WARNING: {outside.height} of {f.height} flows ({outside.height / f.height:.0%}) have an address outside "
+            "the topology: is the topology stale or of another cluster? Those flows were set aside as background.")
     # an integer key per pair: the heavy sorts and group-bys run on it, not on address strings
     ips, ixs = topo["ip"].to_list(), list(range(topo.height))
     inside = inside.with_columns(pid=pl.col("ip_a").replace_strict(ips, ixs, return_dtype=pl.Int64) * (1 << 32)
@@ -91,7 +108,7 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns:
     span = win.join(labeled.select("pid", "job_id"), on="pid").group_by("job_id").agg(
         first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max(), n_flows=pl.len().cast(pl.Int64))
     jobs = members.group_by("job_id").agg(
-        n_gpus=pl.col("ip").n_unique().cast(pl.Int64), n_hosts=pl.col("host").n_unique().cast(pl.Int64),
+        n_gpus=pl.col("ip").n_unique().cast(pl.Int64), n_hosts=pl.col("host").drop_nulls().n_unique().cast(pl.Int64),
         n_clusters=pl.col("cluster_id").n_unique().cast(pl.Int64),
     ).join(span, on="job_id", how="left").join(period, on="job_id", how="left").with_columns(
         window_id=pl.lit(wid), n_flows=pl.col("n_flows").fill_null(0)).sort("job_id")
@@ -116,4 +133,26 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns:
                                                pairs=labeled)
     tm["verdicts"] = time.perf_counter() - t
     tables["_ip_flows"] = ipf  # for export_perfetto; not a warehouse table
+    notes += no_job_notes(win, outside.filter(pl.col("start_ns") >= window_start_ns), pairs, tables["jobs"])
+    tables["notes"] = notes
     return tables
+
+
+def no_job_notes(win: pl.DataFrame, outside: pl.DataFrame, pairs: pl.DataFrame, jobs: pl.DataFrame) -> list[str]:
+    """Flows landed but no job was found: a warning with the likely cause, never a quiet success."""
+    n_win = win.height + outside.height
+    if n_win == 0 or jobs.height:
+        return []
+    if win.height == 0:
+        return [f"WARNING: {n_win} flows in the window but none between two topology addresses: no job can be "
+                "found. Likely cause: the topology lists other addresses than the flow records (another cluster, "
+                "a renumbering, or management instead of RDMA NIC addresses)."]
+    n_pairs = pairs.height
+    n_periodic = int(pairs["periodic"].sum()) if n_pairs else 0
+    if n_periodic == 0:
+        return [f"WARNING: {n_win} flows over {n_pairs} address pairs but no pair repeats traffic of recurring sizes, "
+                "so no training job was found. Likely causes: the window holds only background traffic (storage, "
+                "monitoring, control), the jobs' steps are longer than the window, or the collector exports one "
+                "record per connection instead of per message/burst."]
+    return [f"WARNING: {n_periodic} pairs carry recurring traffic but none forms a training job (too few steps or "
+            "traffic judged background). Check the window length against the jobs' step time."]
