@@ -37,6 +37,16 @@ class FlowConfig:
     k_sigma: float = 3.0
     min_rel_excess: float = 0.10
     min_steps_for_verdict: int = 2
+    # false-alarm budget per detector: the bars of its tests come from it (Bonferroni over the
+    # window's tests, fleetscope.flows.stats), not from a fixed k-sigma
+    fa_per_job_hour: float = 0.01
+    # cross-step: rolling mean over this many steps (a sustained slowdown, not one long step), a
+    # scale floor (share of the step) for perfectly regular jobs, warm-up steps after a launch, and
+    # the quiet time before a job's first flow that makes it a launch
+    step_run: int = 5
+    min_rel_scale: float = 0.01
+    warmup_steps: int = 2
+    launch_quiet_ns: int = 5_000_000_000
     # switch over-subscription: max concurrent DP flows a switch carries (None: compare switches)
     switch_dp_flow_capacity: int | None = None
     dp_flows_per_nic: int = 8  # default capacity: 4 channels each way per NIC at line rate

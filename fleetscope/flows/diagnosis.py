@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 
 from fleetscope.flows.config import FlowConfig
+from fleetscope.flows.job_health import job_health
 from fleetscope.verdicts import make_verdicts
 
 MAD_SIGMA = 1.4826
@@ -257,15 +258,23 @@ def _oversubscription(flows: pl.DataFrame, pairs: pl.DataFrame, topo: pl.DataFra
 
 
 def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology: pl.DataFrame, window_id: str,
-                  cfg: FlowConfig, ipf: pl.DataFrame | None = None, pairs: pl.DataFrame | None = None) -> pl.DataFrame:
+                  cfg: FlowConfig, ipf: pl.DataFrame | None = None, pairs: pl.DataFrame | None = None,
+                  steps_all: pl.DataFrame | None = None, ipf_all: pl.DataFrame | None = None,
+                  bg_ip: pl.DataFrame | None = None, data_span: tuple[int, int] | None = None,
+                  window: tuple[int, int] | None = None) -> pl.DataFrame:
     """All flow verdicts of a window. flows: the window's in-topology flows with ip_a/ip_b and the
     pair key pid; pairs: classify_pairs output (with pid; default tables["comm_pairs"]);
-    ipf: timelines.ip_flows of them (PP timing), optional."""
+    ipf: timelines.ip_flows of them (PP timing), optional; steps_all / ipf_all: steps and ip flows
+    of window + margin (the jobs' history); bg_ip: GPU addresses' non-job traffic."""
     st = tables["step_timelines"]
     pairs = tables["comm_pairs"] if pairs is None else pairs
     rows = []
     if st.height:
-        rows += _cross_step(st, window_id, cfg)
+        if steps_all is not None and window is not None:
+            jr, _ = job_health(steps_all, ipf_all if ipf_all is not None else ipf, bg_ip if bg_ip is not None else
+                               pl.DataFrame(schema={"ip": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64, "bytes": pl.Int64}),
+                               data_span or window, window[0], window[1], window_id, cfg)
+            rows += jr
         rows += _cross_group(st, pairs, window_id, cfg)
         if ipf is not None:
             rows += _slow_pp_compute(ipf, pairs, st, window_id, cfg)

@@ -37,7 +37,8 @@ def ip_flows(flows: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
 
 def reconstruct_steps(ipf: pl.DataFrame, window_start_ns: int, window_end_ns: int, window_id: str,
                       cfg: FlowConfig) -> pl.DataFrame:
-    """ip_flows rows (window + margin) -> step_timelines rows claimed by this window."""
+    """ip_flows rows (window + margin) -> step rows: those claimed by this window (`claimed`, the
+    step_timelines table) and the margin's earlier steps (history for the verdicts' baselines)."""
     has_dp = ipf.filter(pl.col("comm_type") == "DP").select("ix").unique()
     src = ipf.join(has_dp.with_columns(dp=pl.lit(True)), on="ix", how="left").with_columns(
         source=pl.when(pl.col("dp")).then(pl.lit("DP")).otherwise(pl.lit("PP")))
@@ -75,9 +76,11 @@ def reconstruct_steps(ipf: pl.DataFrame, window_start_ns: int, window_end_ns: in
         dp_bytes=pl.when(pl.col("boundary_source") == "DP").then("dp_bytes").otherwise(0),
         n_dp_flows=pl.when(pl.col("boundary_source") == "DP").then("n_dp_flows").otherwise(0),
     )
+    # steps before the window (its margin) stay as the jobs' recent history (baselines), unclaimed
     claim = (pl.col("end_ns") + cfg.edge_guard_ns >= window_start_ns) & (pl.col("end_ns") + cfg.edge_guard_ns < window_end_ns)
-    steps = steps.filter(claim).sort("ip", "end_ns").with_columns(
-        step=pl.int_range(pl.len()).over("ip").cast(pl.Int64), window_id=pl.lit(window_id))
+    steps = steps.filter(pl.col("end_ns") + cfg.edge_guard_ns < window_end_ns).with_columns(claimed=claim)
+    steps = steps.sort("ip", "end_ns").with_columns(
+        step=(pl.col("claimed").cast(pl.Int64).cum_sum() - 1).over("ip").cast(pl.Int64), window_id=pl.lit(window_id))
     return _align_job_steps(steps)
 
 

@@ -99,7 +99,8 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
 
     t = time.perf_counter()
     ipf = ip_flows(inside, labeled)
-    steps = reconstruct_steps(ipf, window_start_ns, window_end_ns, wid, cfg)
+    steps_all = reconstruct_steps(ipf, window_start_ns, window_end_ns, wid, cfg)
+    steps = steps_all.filter("claimed")
     tm["timelines"] = time.perf_counter() - t
 
     # tables
@@ -128,9 +129,17 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
     tables["flow_background"] = FLOW_BACKGROUND.validate(conform(bg, FLOW_BACKGROUND))
 
     t = time.perf_counter()
+    # GPU addresses' traffic with non-job peers (storage, monitoring): tells a checkpoint from a stall
+    jobpid = labeled.filter(pl.col("comm_type").is_in(["DP", "PP"])).select("pid")
+    cols = ["src_ip", "dst_ip", "start_ns", "end_ns", "bytes"]
+    bgf = pl.concat([inside.join(jobpid, on="pid", how="anti").select(cols), outside.select(cols)])
+    bg_ip = pl.concat([bgf.select(ip="src_ip", start_ns="start_ns", end_ns="end_ns", bytes="bytes"),
+                       bgf.select(ip="dst_ip", start_ns="start_ns", end_ns="end_ns", bytes="bytes")])
+    data_span = (int(f["start_ns"].min()), int(f["end_ns"].max())) if f.height else (window_start_ns, window_end_ns)
     tables["anomaly_verdicts"] = flow_verdicts(tables, inside.filter(pl.col("start_ns") >= window_start_ns),
                                                topo, wid, cfg, ipf=ipf.filter(pl.col("start_ns") >= window_start_ns),
-                                               pairs=labeled)
+                                               pairs=labeled, steps_all=steps_all, ipf_all=ipf, bg_ip=bg_ip,
+                                               data_span=data_span, window=(window_start_ns, window_end_ns))
     tm["verdicts"] = time.perf_counter() - t
     tables["_ip_flows"] = ipf  # for export_perfetto; not a warehouse table
     notes += no_job_notes(win, outside.filter(pl.col("start_ns") >= window_start_ns), pairs, tables["jobs"])
