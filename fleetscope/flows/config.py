@@ -26,9 +26,12 @@ class FlowConfig:
     fallback_span: float = 0.25
     # DP transitivity propagates from size-count DP labels resting on at least this many steps
     min_edge_steps: int = 5
-    # a step belongs to the window [ws, we) when end + edge_guard_ns falls in it; the guard must
-    # exceed any gap inside one step's DP phase (so a step cut by the window end is not claimed)
-    edge_guard_ns: int = 2_000_000_000
+    # a step belongs to the window holding its closing boundary + a guard of about half the job's
+    # period (timelines module doc); jobs whose period is unknown use the fallback guard
+    edge_guard_ns: int = 250_000_000  # the smallest claim guard (timelines: about half a step period)
+    # the shortest step period looked for (autocorrelation lags below it are within-step structure)
+    min_period_ns: int = 20_000_000
+    fallback_guard_ns: int = 2_000_000_000
     # a reconstructed step shorter than this share of the ip's median step is a split inside a DP
     # phase and is merged into the step before it
     min_step_frac: float = 0.5
