@@ -12,7 +12,13 @@ class FlowConfig:
     # a pair is job traffic (periodic) with at least this many flows of recurring sizes; fewer is
     # aperiodic background (control, one-off copies) and never creates or merges jobs
     min_pair_flows: int = 4
-    min_data_bytes: int = 1024  # smaller flows are control messages (credits, notifications, store)
+    # a training message (an activation, a gradient chunk) carries tens of KB to MBs; smaller flows
+    # are control, heartbeats, probes: they never make a pair job traffic nor delimit a step
+    min_data_bytes: int = 16_384
+    # an address talking to far more peers than its peers do (storage, monitoring, a probe server)
+    # is a service, not a GPU of a job: its pairs never join or bridge jobs
+    hub_factor: float = 4.0
+    hub_min_peers: int = 8
     size_tol: float = 0.01  # flow sizes within 1 % are one size
     min_size_share: float = 0.02  # a size counts when >= 2 % of the pair's flows have it
     # two cross-machine clusters on the same host set are one job only when they move in lockstep:

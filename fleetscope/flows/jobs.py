@@ -61,8 +61,26 @@ def pair_summary(seg_flows: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
     by = f.group_by("pid").agg(ip_a=pl.col("ip_a").first(), ip_b=pl.col("ip_b").first(), bytes=pl.col("bytes").sum().cast(pl.Int64),
                                         n_recurring=pl.col("rec").sum().cast(pl.Int64))
     out = base.join(out, on="pid", how="left").join(by, on="pid")
-    # job traffic repeats: enough flows of recurring sizes (one-off control or copy flows do not)
-    return out.with_columns(periodic=pl.col("n_recurring") >= cfg.min_pair_flows).sort("ip_a", "ip_b")
+    # job traffic repeats: enough flows of recurring sizes (one-off control or copy flows do not),
+    # over more than one step (a checkpoint copy cut into equal messages is one burst)
+    return out.with_columns(periodic=(pl.col("n_recurring") >= cfg.min_pair_flows) & (pl.col("n_steps") >= 2)
+                            ).sort("ip_a", "ip_b")
+
+
+def hub_addresses(pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
+    """Addresses (ip) whose data peers (pairs with data flows, periodic or not) far outnumber their
+    peers' own: services (storage, monitoring, probe servers) that talk to many GPUs of many jobs.
+    A GPU's peers are its ring or tree neighbours, pipeline stages and a service or two, about as
+    many as each of those peers has."""
+    e = pairs.select("ip_a", "ip_b")
+    if e.height == 0:
+        return pl.DataFrame(schema={"ip": pl.Utf8, "peers": pl.UInt32})
+    und = pl.concat([e.select(ip="ip_a", peer="ip_b"), e.select(ip="ip_b", peer="ip_a")])
+    deg = und.group_by("ip").agg(peers=pl.len())
+    nb = und.join(deg.rename({"ip": "peer", "peers": "peer_peers"}), on="peer").group_by("ip").agg(
+        nb=pl.col("peer_peers").median())
+    return deg.join(nb, on="ip").filter(
+        (pl.col("peers") >= cfg.hub_min_peers) & (pl.col("peers") >= cfg.hub_factor * pl.col("nb"))).select("ip", "peers")
 
 
 def pair_step_ends(seg_flows: pl.DataFrame) -> pl.DataFrame:
@@ -99,6 +117,9 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
     cluster_id, job_id), (job_pairs: ip_a, ip_b, job_id for every in-topology pair whose two ends
     are in one job; aperiodic pairs between jobs are left out and reported as background)."""
     edges = pairs.filter("periodic")
+    hubs = hub_addresses(pairs, cfg)["ip"]
+    if hubs.len():
+        edges = edges.filter(~pl.col("ip_a").is_in(hubs.implode()) & ~pl.col("ip_b").is_in(hubs.implode()))
     ips = pl.concat([edges["ip_a"], edges["ip_b"]]).unique().sort()
     empty_m = pl.DataFrame(schema={"ip": pl.Utf8, "host": pl.Utf8, "gpu": pl.Utf8, "cluster_id": pl.Int64, "job_id": pl.Utf8})
     if ips.len() == 0:
