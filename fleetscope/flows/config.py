@@ -19,19 +19,22 @@ class FlowConfig:
     # is a service, not a GPU of a job: its pairs never join or bridge jobs
     hub_factor: float = 4.0
     hub_min_peers: int = 8
+    # a job pair carries at least this share of the bytes of each end's biggest pair (pipeline
+    # activations are several percent of a ring's gradients; a scrape or a probe a millionth)
+    min_pair_share: float = 0.005
     size_tol: float = 0.01  # flow sizes within 1 % are one size
     min_size_share: float = 0.02  # a size counts when >= 2 % of the pair's flows have it
     # two cross-machine clusters on the same host set are one job only when they move in lockstep:
     # at least sync_min_share of one's flows start within sync_tol_ns of a same-size flow of the other
     sync_tol_ns: int = 2_000_000
     sync_min_share: float = 0.5
-    # timing fallback for pairs whose size count says PP: DP if most of their flows fall inside
-    # the endpoints' DP phases (found from unambiguous DP pairs), or, with no such pair in the job,
-    # if their traffic is a burst (<= fallback_span of a step) once per job step
-    fallback_in_dp_phase: float = 0.5
-    fallback_span: float = 0.25
-    # DP transitivity propagates from size-count DP labels resting on at least this many steps
-    min_edge_steps: int = 5
+    # comm types (comm_types module doc): a pair is one-way below one_way_share in its minority
+    # direction, two-way from two_way_share; DP when its directions overlap in >= dp_overlap of its
+    # flows, PP when two-way and < pp_overlap
+    one_way_share: float = 0.15
+    two_way_share: float = 0.25
+    dp_overlap: float = 0.75
+    pp_overlap: float = 0.5
     # a step belongs to the window holding its closing boundary + a guard of about half the job's
     # period (timelines module doc); jobs whose period is unknown use the fallback guard
     edge_guard_ns: int = 250_000_000  # the smallest claim guard (timelines: about half a step period)

@@ -72,7 +72,7 @@ def hub_addresses(pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
     peers' own: services (storage, monitoring, probe servers) that talk to many GPUs of many jobs.
     A GPU's peers are its ring or tree neighbours, pipeline stages and a service or two, about as
     many as each of those peers has."""
-    e = pairs.select("ip_a", "ip_b")
+    e = pairs.filter(pl.col("n_steps") > 0).select("ip_a", "ip_b")  # pairs with data flows
     if e.height == 0:
         return pl.DataFrame(schema={"ip": pl.Utf8, "peers": pl.UInt32})
     und = pl.concat([e.select(ip="ip_a", peer="ip_b"), e.select(ip="ip_b", peer="ip_a")])
@@ -81,6 +81,46 @@ def hub_addresses(pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
         nb=pl.col("peer_peers").median())
     return deg.join(nb, on="ip").filter(
         (pl.col("peers") >= cfg.hub_min_peers) & (pl.col("peers") >= cfg.hub_factor * pl.col("nb"))).select("ip", "peers")
+
+
+def _components(edges: pl.DataFrame, ips: pl.Series) -> tuple[pl.DataFrame, np.ndarray]:
+    idx = pl.DataFrame({"ip": ips, "i": np.arange(ips.len())})
+    e = edges.join(idx.rename({"ip": "ip_a", "i": "a"}), on="ip_a").join(idx.rename({"ip": "ip_b", "i": "b"}), on="ip_b")
+    n = ips.len()
+    g = coo_matrix((np.ones(e.height), (e["a"].to_numpy(), e["b"].to_numpy())), shape=(n, n))
+    return idx, connected_components(g, directed=False)[1]
+
+
+def job_edges(pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
+    """The pairs that make jobs: periodic, not negligible for either end, and between no service.
+
+    - strength: a pair's bytes are at least min_pair_share of the biggest pair of each of its ends
+      (a GPU's ring and pipeline peers carry comparable volumes; a storage read, a monitoring scrape
+      or a probe is a tiny share of a busy GPU's traffic);
+    - services: addresses with far more data peers than their peers have (hub_addresses), and
+      addresses whose data peers lie in two or more jobs other than their own (a GPU belongs to one
+      job; a storage or monitoring server serves many)."""
+    data = pairs.filter(pl.col("n_steps") > 0)
+    top = pl.concat([data.select(ip="ip_a", b="bytes"), data.select(ip="ip_b", b="bytes")]).group_by("ip").agg(top=pl.col("b").max())
+    cand = data.filter("periodic").join(top.rename({"ip": "ip_a", "top": "ta"}), on="ip_a") \
+        .join(top.rename({"ip": "ip_b", "top": "tb"}), on="ip_b") \
+        .filter(pl.col("bytes") >= cfg.min_pair_share * pl.max_horizontal("ta", "tb")).drop("ta", "tb")
+    hubs = hub_addresses(pairs, cfg)["ip"]
+    if hubs.len():
+        cand = cand.filter(~pl.col("ip_a").is_in(hubs.implode()) & ~pl.col("ip_b").is_in(hubs.implode()))
+    ips = pl.concat([cand["ip_a"], cand["ip_b"]]).unique().sort()
+    if ips.len() == 0:
+        return cand
+    idx, comp = _components(cand, ips)
+    cm = idx.select("ip", c=pl.Series(comp, dtype=pl.Int64)).with_columns(size=pl.len().over("c"))
+    und = pl.concat([data.select(ip="ip_a", peer="ip_b"), data.select(ip="ip_b", peer="ip_a")])
+    other = und.join(cm.select("ip", "c"), on="ip", how="left").join(
+        cm.filter(pl.col("size") >= 2).select(peer="ip", pc="c"), on="peer") \
+        .filter(pl.col("c").is_null() | (pl.col("pc") != pl.col("c"))).group_by("ip").agg(n=pl.col("pc").n_unique())
+    services = other.filter(pl.col("n") >= 2)["ip"]
+    if services.len():
+        cand = cand.filter(~pl.col("ip_a").is_in(services.implode()) & ~pl.col("ip_b").is_in(services.implode()))
+    return cand
 
 
 def pair_step_ends(seg_flows: pl.DataFrame) -> pl.DataFrame:
@@ -112,23 +152,17 @@ def _co_occurrence(fa: pl.DataFrame, fb: pl.DataFrame, tol_ns: int, sample: int 
 
 
 def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.DataFrame,
-                   cfg: FlowConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
+                   cfg: FlowConfig) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """pairs: pair_summary rows of in-topology pairs. Returns (membership: ip, host, gpu,
     cluster_id, job_id), (job_pairs: ip_a, ip_b, job_id for every in-topology pair whose two ends
-    are in one job; aperiodic pairs between jobs are left out and reported as background)."""
-    edges = pairs.filter("periodic")
-    hubs = hub_addresses(pairs, cfg)["ip"]
-    if hubs.len():
-        edges = edges.filter(~pl.col("ip_a").is_in(hubs.implode()) & ~pl.col("ip_b").is_in(hubs.implode()))
+    are in one job; aperiodic pairs between jobs are left out and reported as background), (edges:
+    the pairs that made the jobs)."""
+    edges = job_edges(pairs, cfg)
     ips = pl.concat([edges["ip_a"], edges["ip_b"]]).unique().sort()
     empty_m = pl.DataFrame(schema={"ip": pl.Utf8, "host": pl.Utf8, "gpu": pl.Utf8, "cluster_id": pl.Int64, "job_id": pl.Utf8})
     if ips.len() == 0:
-        return empty_m, pl.DataFrame(schema={"ip_a": pl.Utf8, "ip_b": pl.Utf8, "job_id": pl.Utf8})
-    idx = pl.DataFrame({"ip": ips, "i": np.arange(ips.len())})
-    e = edges.join(idx.rename({"ip": "ip_a", "i": "a"}), on="ip_a").join(idx.rename({"ip": "ip_b", "i": "b"}), on="ip_b")
-    n = ips.len()
-    g = coo_matrix((np.ones(e.height), (e["a"].to_numpy(), e["b"].to_numpy())), shape=(n, n))
-    _, comp = connected_components(g, directed=False)
+        return empty_m, pl.DataFrame(schema={"ip_a": pl.Utf8, "ip_b": pl.Utf8, "job_id": pl.Utf8}), edges
+    idx, comp = _components(edges, ips)
     members = idx.with_columns(cluster_id=pl.Series(comp, dtype=pl.Int64)).join(
         topology.select("ip", "host", "gpu"), on="ip", how="left")
 
@@ -173,4 +207,4 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
                  .join(m.rename({"ip": "ip_a", "job_id": "ja"}), on="ip_a")
                  .join(m.rename({"ip": "ip_b", "job_id": "jb"}), on="ip_b")
                  .filter(pl.col("ja") == pl.col("jb")).select("ip_a", "ip_b", job_id="ja"))
-    return members, job_pairs
+    return members, job_pairs, edges

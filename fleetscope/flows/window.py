@@ -90,11 +90,11 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
         first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max())
     pairs = pl.concat([pairs, ctrl.with_columns(n_steps=pl.lit(0, dtype=pl.Int64), periodic=pl.lit(False))],
                       how="diagonal_relaxed").sort("ip_a", "ip_b")
-    members, job_pairs = recognize_jobs(pairs, seg, topo, cfg)
+    members, job_pairs, edges = recognize_jobs(pairs, seg, topo, cfg)
     tm["jobs"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    labeled = classify_pairs(pairs, job_pairs, seg, cfg)
+    labeled = classify_pairs(pairs, job_pairs, seg, cfg, edges=edges)
     tm["comm_types"] = time.perf_counter() - t
 
     t = time.perf_counter()
