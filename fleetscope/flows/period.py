@@ -23,7 +23,7 @@ UNIT = 1_000_000  # a period in normalized time units
 
 
 def autocorr_period(t: np.ndarray, min_lag_ns: int, bin_ns: int | None = None, near: float = 0.85,
-                    smooth_bins: int = 4) -> float | None:
+                    smooth_bins: int = 4, min_peak: float = 0.2) -> float | None:
     """Step period (ns) of an event train (start times), or None when it shows no repetition."""
     if len(t) < 8:
         return None
@@ -54,13 +54,20 @@ def autocorr_period(t: np.ndarray, min_lag_ns: int, bin_ns: int | None = None, n
     pk = np.flatnonzero((seg[1:-1] >= seg[:-2]) & (seg[1:-1] >= seg[2:]) & (seg[1:-1] > 0)) + 1
     if len(pk) == 0:
         return None
-    best = pk[np.argmax(seg[pk])]
+    mass0 = ac[0] + 2 * ac[1:smooth_bins + 1].sum()  # the same kernel at lag 0: perfect repetition
+    best = int(pk[np.argmax(seg[pk])])
     top = seg[best]
-    if top < 0.2 * len(k):
+    if top < min_peak * mass0:
         return None
-    # the smallest lag nearly as self-similar as the best one (the period, not a multiple of it)
-    first = pk[seg[pk] >= near * top][0]
-    lag = first + lo
+    # the smallest lag nearly as self-similar as the best one and dividing it (the period, not a
+    # multiple of it; and not the spacing of buckets or microbatches inside a step, which repeats
+    # less and seldom divides the best lag)
+    lag = best + lo
+    for c in pk[seg[pk] >= near * top]:
+        r = (best + lo) / (c + lo)
+        if abs(r - round(r)) <= 0.1:
+            lag = int(c + lo)
+            break
     # refine to sub-bin precision with a parabola through the peak
     if 1 <= lag < len(ac) - 1:
         y0, y1, y2 = ac[lag - 1], ac[lag], ac[lag + 1]
@@ -71,20 +78,57 @@ def autocorr_period(t: np.ndarray, min_lag_ns: int, bin_ns: int | None = None, n
     return float((lag + off) * b)
 
 
-def job_periods(bnd: pl.DataFrame, min_lag_ns: int, max_ips: int = 32) -> pl.DataFrame:
-    """bnd: boundary flows (job_id, ix, start_ns). Per job its step period (period_ns, null when no
-    repetition shows). A job's first max_ips addresses are enough: they all step together."""
+def gap_ladder_period(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.2) -> float | None:
+    """Step period of one address's flow sequence from its gaps: the gap level whose occurrences are
+    evenly spaced. Taking the k largest gaps as boundaries, for k on a geometric ladder: too few
+    (only pauses, or some steps merged) leaves spacings of several periods; too many (buckets, ring
+    chunks) leaves most of the time in a few long spacings between bursts of short ones. At the
+    step level the spacings tile the time evenly. t: start time after each gap (ns), gap: > 0."""
+    n = len(gap)
+    if n < 3:
+        return None
+    order = np.argsort(-gap, kind="stable")
+    best = None
+    for k in np.unique(np.round(np.geomspace(3, n, num=min(n - 2, 48))).astype(int)):
+        sp = np.diff(np.sort(t[order[:k]]))
+        if len(sp) < 2:
+            continue
+        med = float(np.median(sp))
+        if med <= 0:
+            continue
+        # share of the span in spacings far longer than typical: merged steps or bursts with pauses
+        irregular = float(sp[sp > 1.5 * med].sum() / sp.sum())
+        if irregular > max_irregular:
+            continue
+        q10, q90 = np.quantile(sp, [0.1, 0.9])
+        score = q90 / max(q10, 1.0)
+        if best is None or score < best[0]:
+            best = (score, med)
+    return None if best is None else best[1]
+
+
+def job_periods(bnd: pl.DataFrame, min_lag_ns: int, max_ips: int = 4) -> pl.DataFrame:
+    """bnd: boundary flows (job_id, ix, start_ns, end_ns, gap) sorted by (ix, start_ns). Per job its
+    step period (period_ns, null when no repetition shows): the median of its first max_ips
+    addresses' gap-ladder periods, else the autocorrelation of their flows."""
     if bnd.height == 0:
         return pl.DataFrame(schema={"job_id": pl.Utf8, "period_ns": pl.Float64})
-    sub = bnd.select("job_id", "ix", "start_ns").with_columns(
+    sub = bnd.select("job_id", "ix", "start_ns", "gap").with_columns(
         r=pl.col("ix").rank("dense").over("job_id")).filter(pl.col("r") <= max_ips)
     out = []
     for (job,), g in sub.group_by(["job_id"]):
-        out.append((job, autocorr_period(g["start_ns"].to_numpy(), min_lag_ns)))
+        per = []
+        for (_,), h in g.group_by(["ix"]):
+            pos = h.filter(pl.col("gap") > 0)
+            p = gap_ladder_period(pos["start_ns"].to_numpy(), pos["gap"].to_numpy())
+            if p is not None and p >= min_lag_ns:
+                per.append(p)
+        p = float(np.median(per)) if per else autocorr_period(g["start_ns"].to_numpy(), min_lag_ns)
+        out.append((job, p))
     return pl.DataFrame(out, schema={"job_id": pl.Utf8, "period_ns": pl.Float64}, orient="row")
 
 
-def periodic_boundaries(seq: pl.DataFrame, min_ratio: float, half: float = 0.45) -> pl.Series:
+def periodic_boundaries(seq: pl.DataFrame, half: float = 0.45, min_share: float = 0.25) -> pl.Series:
     """seq: rows sorted by (ix, start_ns) with gap (ns, null at a group's first row), period_ns
     (the job's, null: unknown) and ix. True where a flow starts a new step."""
     x = seq.select("ix", "start_ns", "gap", "period_ns").with_row_index("_i").with_columns(
@@ -97,12 +141,10 @@ def periodic_boundaries(seq: pl.DataFrame, min_ratio: float, half: float = 0.45)
     rev = known.with_columns(ur=-pl.col("u")).sort("ix", "ur").with_columns(
         fmax=pl.col("g").rolling_max_by("ur", window_size=w).over("ix")).select("_i", "fmax")
     k = fwd.join(rev, on="_i")
-    # the address's typical gap: boundaries stand well above it (a lone flow inside a long pause
-    # is not a step); its typical boundary gap: a boundary is at least a fair share of it
-    k = k.with_columns(med=pl.col("g").filter(pl.col("g") > 0).median().over("ix"))
-    k = k.with_columns(cand=(pl.col("g") >= pl.col("bmax")) & (pl.col("g") >= pl.col("fmax"))
-                       & (pl.col("g") > min_ratio * pl.col("med")))
+    # a boundary is at least a fair share of the address's typical boundary gap (a lone small gap
+    # with no bigger one within half a period, inside a long pause or a sparse stretch, is not one)
+    k = k.with_columns(cand=(pl.col("g") >= pl.col("bmax")) & (pl.col("g") >= pl.col("fmax")) & (pl.col("g") > 0))
     k = k.with_columns(typ=pl.col("g").filter("cand").median().over("ix"))
-    k = k.with_columns(b=pl.col("cand") & (pl.col("g") >= 0.25 * pl.col("typ")))
+    k = k.with_columns(b=pl.col("cand") & (pl.col("g") >= min_share * pl.col("typ")))
     out = x.select("_i").join(k.select("_i", "b"), on="_i", how="left").sort("_i")["b"].fill_null(False)
     return out

@@ -101,19 +101,19 @@ def split_ip_steps(bnd: pl.DataFrame, cfg: FlowConfig) -> tuple[pl.DataFrame, pl
     if bnd.height == 0:
         return bnd.with_columns(seg=pl.lit(0, dtype=pl.Int64)), pl.DataFrame(
             schema={"job_id": pl.Utf8, "period_ns": pl.Float64, "guard_ns": pl.Int64})
-    periods = job_periods(bnd, cfg.min_period_ns)
+    df = bnd.sort("ix", "start_ns")
+    gid = df["ix"].to_numpy()
+    start, end = df["start_ns"].to_numpy(), df["end_ns"].to_numpy()
+    gaps = sequence_gaps(gid, start, end)
+    df = df.with_columns(gap=pl.Series(gaps))
+    periods = job_periods(df, cfg.min_period_ns)
     # the guard: half a period, quantized (powers of two of the minimum) so that two windows with
     # slightly different period estimates still pick the same guard
     g0 = cfg.edge_guard_ns
     periods = periods.with_columns(guard_ns=pl.when(pl.col("period_ns").is_not_null()).then(
         (g0 * (2.0 ** (0.5 * pl.col("period_ns") / g0).log(2).ceil().clip(lower_bound=0))).cast(pl.Int64)))
-    df = bnd.sort("ix", "start_ns").join(periods.select("job_id", "period_ns"), on="job_id", how="left",
-                                          maintain_order="left")
-    gid = df["ix"].to_numpy()
-    start, end = df["start_ns"].to_numpy(), df["end_ns"].to_numpy()
-    gaps = sequence_gaps(gid, start, end)
-    df = df.with_columns(gap=pl.Series(gaps))
-    periodic = periodic_boundaries(df, cfg.split.min_ratio).to_numpy()
+    df = df.join(periods.select("job_id", "period_ns"), on="job_id", how="left", maintain_order="left")
+    periodic = periodic_boundaries(df).to_numpy()
     known = df["period_ns"].is_not_null().to_numpy()
     if (~known).any():
         online = split_steps(gid, gaps, cfg.split, durations=(end - start).astype(np.float64))
