@@ -78,7 +78,7 @@ def autocorr_period(t: np.ndarray, min_lag_ns: int, bin_ns: int | None = None, n
     return float((lag + off) * b)
 
 
-def gap_ladder_period(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.2) -> float | None:
+def gap_ladder_period(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) -> float | None:
     """Step period of one address's flow sequence from its gaps: the gap level whose occurrences are
     evenly spaced. Taking the k largest gaps as boundaries, for k on a geometric ladder: too few
     (only pauses, or some steps merged) leaves spacings of several periods; too many (buckets, ring
