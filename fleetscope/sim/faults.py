@@ -1,13 +1,21 @@
-"""Fault injection for the fleet simulator: parse the spec, pick subjects, describe the effect.
+"""Fault injection for the fleet simulator: parse the spec, draw places, times and magnitudes.
 
 Spec: comma-separated `kind[:count]`, e.g. "congested_switch:1,degraded_nic:1,slow_gpu:1";
-"" or "none" for a healthy fleet.
+`random[:n]` draws n kinds (per seed) from the faults flow records can show; "", "none" or
+"healthy" give a healthy fleet (benign events such as launches, checkpoints, dataloader stalls and
+finishes still happen: they are not faults).
+
+Places and times are drawn per seed: any job (not the biggest first), any GPU or NIC of it, a leaf
+or a spine carrying its traffic; a fault may start anywhere in the window, end inside it or last
+past it, or be there all along (a misconfiguration, a card that was slow before the window).
 
 magnitude (column `unit` says which):
-- factor   slow_gpu, throttled_racks, nvlink_down: compute time multiplier of the GPUs it touches
+- factor   slow_gpu, throttled_racks, nvlink_down: compute time multiplier of the GPUs it touches;
+           straggler: mean extra compute share of its rank (varies step to step)
 - bw_frac  congested_switch, degraded_nic: remaining bandwidth fraction of flows crossing it
-- seconds  gc_stall (per pause), slow_dataloader (per dataloader next(), one per microbatch on
-           the first stage), sync_in_forward (per forward microbatch)
+- seconds  gc_stall (per pause), slow_dataloader (per dataloader next()), sync_in_forward (per
+           forward microbatch), flapping_link (total time the link was down)
+- nics     nic_overload: NICs per host the job's traffic goes through (1)
 - none     hang (the rank stops; the job makes no progress afterwards)
 """
 from __future__ import annotations
@@ -16,14 +24,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fleetscope.sim.fabric import GPUS_PER_HOST, HOSTS_PER_RACK, Fabric
-from fleetscope.sim.jobs import JobSpec, dp_rings
+from fleetscope.sim.fabric import GPUS_PER_HOST, HOSTS_PER_RACK, Fabric, mix
+from fleetscope.sim.jobs import JobSpec, dp_plan, pp_pairs
 
 KINDS = {
     # kind: (scope, unit, team)
     "slow_gpu": ("gpu", "factor", "operations"),
     "congested_switch": ("switch", "bw_frac", "operations"),
     "degraded_nic": ("link", "bw_frac", "operations"),
+    "flapping_link": ("link", "seconds", "operations"),
+    "straggler": ("gpu", "factor", "operations"),
+    "nic_overload": ("job", "nics", "algorithm"),
     "nvlink_down": ("host", "factor", "operations"),
     "gc_stall": ("gpu", "seconds", "algorithm"),
     "sync_in_forward": ("job", "seconds", "algorithm"),
@@ -31,8 +42,11 @@ KINDS = {
     "hang": ("gpu", "none", "operations"),
     "throttled_racks": ("rack", "factor", "operations"),
 }
-NETWORK = {"congested_switch", "degraded_nic"}
+NETWORK = {"congested_switch", "degraded_nic", "flapping_link"}
 COMPUTE = {"slow_gpu", "nvlink_down", "throttled_racks"}
+# what `random` draws from: faults whose effect shows in flow records
+FLOW_KINDS = ["congested_switch", "degraded_nic", "slow_gpu", "straggler", "flapping_link", "nic_overload"]
+HEALTHY = ("", "none", "healthy")
 
 
 @dataclass
@@ -48,11 +62,13 @@ class Fault:
     job_id: str | None = None
     ips: list[str] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
-    gpu_mask: np.ndarray | None = None     # compute / dataloader / gc: GPUs touched
-    endpoint: int | None = None            # degraded_nic
+    gpu_mask: np.ndarray | None = None     # compute / dataloader / gc / straggler: GPUs touched
+    endpoint: int | None = None            # degraded_nic, flapping_link
     switch: int | None = None              # congested_switch
     p_step: float = 1.0                    # gc_stall: share of steps with a pause
     ranks: list[int] = field(default_factory=list)  # ranks of job_id the fault names
+    flaps: list[tuple[int, int]] = field(default_factory=list)   # flapping_link: down intervals
+    retrans_mult: float = 1.0              # degraded_nic by errors: more retransmission splits
 
     def row(self) -> dict:
         scope, unit, team = KINDS[self.kind]
@@ -68,7 +84,7 @@ class Fault:
 
 def parse_spec(spec: str | None) -> list[tuple[str, int]]:
     spec = (spec or "").strip()
-    if spec.lower() in ("", "none"):
+    if spec.lower() in HEALTHY:
         return []
     out = []
     for part in spec.split(","):
@@ -77,8 +93,9 @@ def parse_spec(spec: str | None) -> list[tuple[str, int]]:
             continue
         kind, _, cnt = part.partition(":")
         kind = kind.strip()
-        if kind not in KINDS:
-            raise ValueError(f"unknown fault kind {kind!r} in --faults {spec!r}; known kinds: {', '.join(sorted(KINDS))}")
+        if kind not in KINDS and kind != "random":
+            raise ValueError(f"unknown fault kind {kind!r} in --faults {spec!r}; known kinds: random, "
+                             f"{', '.join(sorted(KINDS))}")
         try:
             n = int(cnt) if cnt.strip() else 1
         except ValueError:
@@ -89,11 +106,36 @@ def parse_spec(spec: str | None) -> list[tuple[str, int]]:
     return out
 
 
+def _expand_random(want: list[tuple[str, int]], rng: np.random.Generator) -> list[tuple[str, int]]:
+    out = []
+    for kind, n in want:
+        if kind != "random":
+            out.append((kind, n))
+            continue
+        kinds = list(rng.permutation(FLOW_KINDS))
+        while len(kinds) < n:
+            kinds += list(rng.permutation(FLOW_KINDS))
+        out += [(str(k), 1) for k in kinds[:n]]
+    return out
+
+
+def _window_time(rng: np.random.Generator, window: tuple[int, int], all_along_p: float = 0.0) -> tuple[int, int]:
+    W0, W1 = window
+    span = W1 - W0
+    if rng.random() < all_along_p:
+        return int(W0 - rng.uniform(0.1, 1.0) * span), W1 + 1
+    start = int(W0 + rng.uniform(0.1, 0.6) * span)
+    end = W1 + 1 if rng.random() < 0.4 else int(min(W1 + 1, start + rng.uniform(0.3, 0.9) * span))
+    return start, max(end, start + int(0.15 * span))
+
+
 def choose_faults(spec: str | None, jobs: list[JobSpec], fab: Fabric, rng: np.random.Generator,
                   window: tuple[int, int]) -> list[Fault]:
-    """Pick a subject for each requested fault. Each fault goes to a different job where possible
-    (largest jobs first, jobs that stop or start late last) so detectors can tell them apart."""
-    want = parse_spec(spec)
+    """Draw a subject, a time span and a magnitude for each requested fault. Each fault goes to a
+    different job where possible (jobs running through the whole window first, in random order)."""
+    want = _expand_random(parse_spec(spec), rng)
+    # a hang ends its job's traffic: place it first, and keep the other faults off its job where possible
+    want = [w for w in want if w[0] == "hang"] + [w for w in want if w[0] != "hang"]
     if not want:
         return []
     if not jobs:
@@ -102,86 +144,122 @@ def choose_faults(spec: str | None, jobs: list[JobSpec], fab: Fabric, rng: np.ra
     W0, W1 = window
     span = W1 - W0
     hosts = fab.host_name
-    # jobs that run the whole window and have a DP ring of >= 3 hosts are the clearest subjects
-    pref = sorted(range(len(jobs)), key=lambda i: (jobs[i].stop_ns is not None or jobs[i].start_ns > W0,
-                                                   jobs[i].dp < 3, -jobs[i].world, i))
+    whole = [i for i, j in enumerate(jobs) if j.launch_ns is None and j.stop_ns is None and j.crash_ns is None]
+    rest = [i for i in range(len(jobs)) if i not in whole]
+    pref = [int(i) for i in rng.permutation(whole)] + [int(i) for i in rng.permutation(rest)] if rest else \
+        [int(i) for i in rng.permutation(whole)]
     used: list[int] = []
     faults: list[Fault] = []
+    switches_used: set[int] = set()
 
-    def next_job() -> int:
+    hung: set[int] = set()
+
+    def next_job(ok=lambda j: True) -> int:
         for i in pref:
-            if i not in used:
+            if i not in used and ok(jobs[i]):
                 used.append(i)
                 return i
-        return pref[len(faults) % len(pref)]
+        cand = [i for i in pref if ok(jobs[i]) and i not in hung] or [i for i in pref if ok(jobs[i])] or pref
+        return cand[len(faults) % len(cand)]
 
     for kind, count in want:
         for _ in range(count):
             fid = f"F{len(faults):03d}"
             scope = KINDS[kind][0]
-            ji = next_job()
+            ji = next_job((lambda j: j.nic_overload is False) if kind == "nic_overload" else (lambda j: True))
             job = jobs[ji]
-            start = int(W0 + rng.uniform(0.3, 0.4) * span)
-            end = W1 + 1
+            start, end = _window_time(rng, window, 0.2 if kind in ("slow_gpu", "degraded_nic", "straggler") else 0.0)
             g_mask = np.zeros(fab.n_gpus, bool)
             f = Fault(fid, kind, scope, "", start, end, 0.0, job_idx=ji, job_id=job.job_id)
-            if kind == "slow_gpu":
+            if kind == "hang":
+                hung.add(ji)
+            if kind in ("slow_gpu", "straggler", "gc_stall", "hang"):
                 g = int(rng.choice(job.gpus))
                 g_mask[g] = True
                 f.ranks = [int(np.nonzero(job.gpus == g)[0][0])]
-                f.subject, f.magnitude = str(fab.ip[g]), round(float(rng.uniform(1.3, 1.5)), 3)
+                f.subject = str(fab.ip[g])
                 f.ips = [f.subject]   # not hosts: that would name every GPU of the host
+                if kind == "slow_gpu":
+                    f.magnitude = round(float(rng.uniform(1.15, 1.5)), 3)
+                elif kind == "straggler":
+                    f.magnitude = round(float(rng.uniform(0.1, 0.35)), 3)
+                elif kind == "gc_stall":
+                    f.magnitude, f.p_step = round(float(rng.uniform(0.2, 0.35)), 3), 0.5
+                else:
+                    f.magnitude = 0.0
             elif kind == "nvlink_down":
-                h = int(rng.choice(np.unique(job.gpus // GPUS_PER_HOST)))
+                h = int(rng.choice(job.hosts))
                 g_mask[h * GPUS_PER_HOST:(h + 1) * GPUS_PER_HOST] = True
                 f.subject, f.magnitude, f.hosts = str(hosts[h]), 1.25, [str(hosts[h])]
             elif kind == "throttled_racks":
-                h = int(rng.choice(np.unique(job.gpus // GPUS_PER_HOST)))
+                h = int(rng.choice(job.hosts))
                 r = h // HOSTS_PER_RACK
                 hs = np.arange(r * HOSTS_PER_RACK, min((r + 1) * HOSTS_PER_RACK, fab.n_hosts))
                 for x in hs:
                     g_mask[x * GPUS_PER_HOST:(x + 1) * GPUS_PER_HOST] = True
                 f.subject, f.magnitude, f.hosts = f"rack{r:03d}", round(float(rng.uniform(1.2, 1.35)), 3), [str(hosts[x]) for x in hs]
                 f.job_id = None   # a rack can hold several jobs
-            elif kind == "gc_stall":
-                g = int(rng.choice(job.gpus))
-                g_mask[g] = True
-                rank = int(np.nonzero(job.gpus == g)[0][0])
-                f.subject, f.magnitude, f.p_step = str(fab.ip[g]), round(float(rng.uniform(0.2, 0.35)), 3), 0.5
-                f.ips = [f.subject]   # not hosts: that would name every GPU of the host
-                f.ranks = [rank]
             elif kind == "sync_in_forward":
                 g_mask[job.gpus] = True
-                f.subject, f.magnitude, f.start_ns = job.job_id, 0.004, W0 - 1   # a code bug: there all along
+                f.subject, f.magnitude, f.start_ns, f.end_ns = job.job_id, 0.004, W0 - 1, W1 + 1   # a code bug: there all along
             elif kind == "slow_dataloader":
                 g0 = job.rank_gpu(np.arange(job.tp), 0, 0)     # first stage, first DP replica
                 h = int(g0[0] // GPUS_PER_HOST)
                 g_mask[h * GPUS_PER_HOST:(h + 1) * GPUS_PER_HOST] = True
                 f.subject, f.magnitude, f.hosts = str(hosts[h]), 0.04, [str(hosts[h])]
-            elif kind == "hang":
-                g = int(rng.choice(job.gpus))
-                g_mask[g] = True
-                f.subject, f.magnitude = str(fab.ip[g]), 0.0
-                f.ranks = [int(np.nonzero(job.gpus == g)[0][0])]
-                f.ips = [f.subject]   # not hosts: that would name every GPU of the host
-            elif kind == "degraded_nic":
-                src, dst = dp_rings(job)
-                e = int(rng.choice(src.reshape(-1)))
-                f.endpoint, f.subject, f.magnitude = e, str(fab.ip[e]), round(float(rng.uniform(0.3, 0.5)), 3)
-                f.ips = [f.subject]
-                f.end_ns = int(W0 + rng.uniform(0.8, 0.9) * span)
+            elif kind == "nic_overload":
+                # a launch config (NCCL_IB_HCA naming one device): every channel of a host through one NIC
+                job.nic_overload = True
+                nics = np.unique(job.nic_of(job.gpus))
+                f.subject, f.magnitude, f.ips = job.job_id, 1.0, [str(fab.ip[n]) for n in nics]
+                f.start_ns, f.end_ns = min(job.start_ns, W0) - 1, W1 + 1
+            elif kind in ("degraded_nic", "flapping_link"):
+                nics = _busy_nics(job)
+                e = int(rng.choice(nics))
+                f.endpoint, f.subject, f.ips = e, str(fab.ip[e]), [str(fab.ip[e])]
+                if kind == "degraded_nic":
+                    if rng.random() < 0.5:       # link trained down (400 -> 200 or 100 Gb/s)
+                        f.magnitude = float(rng.choice([0.25, 0.5]))
+                    else:                        # bit errors: lower goodput and retransmissions
+                        f.magnitude = round(float(rng.uniform(0.3, 0.6)), 3)
+                        f.retrans_mult = float(rng.uniform(5, 20))
+                else:
+                    n = int(rng.integers(2, 7))
+                    t0 = np.sort(rng.uniform(f.start_ns, min(f.end_ns, W1), n))
+                    d = rng.uniform(0.2e9, 2e9, n)
+                    f.flaps = [(int(a), int(a + b)) for a, b in zip(t0, d)]
+                    f.magnitude = round(float(d.sum() / 1e9), 3)
             elif kind == "congested_switch":
-                src, dst = dp_rings(job)
-                ls, sp, ld = fab.path_switches(src.reshape(-1), dst.reshape(-1))
-                cand = sp[sp >= 0]
-                if cand.size == 0:
-                    cand = ls
-                vals, cnt = np.unique(cand, return_counts=True)
-                sw = int(vals[np.argmax(cnt)])          # the switch most of its DP hops cross
+                sw = _busy_switch(job, fab, rng, switches_used)
+                switches_used.add(sw)
                 f.switch, f.subject = sw, str(fab.switch_name[sw])
-                f.magnitude = round(float(rng.uniform(0.45, 0.6)), 3)
-                f.end_ns = int(W0 + rng.uniform(0.8, 0.9) * span)
+                f.magnitude = round(float(rng.uniform(0.3, 0.6)), 3)
                 f.job_id = None   # every job crossing it is hit; affected_jobs lists them
             f.gpu_mask = g_mask if g_mask.any() else None
             faults.append(f)
     return faults
+
+
+def _busy_nics(job: JobSpec) -> np.ndarray:
+    """NICs carrying the job's DP (or PP) traffic."""
+    nics = [dp_plan(job, s)["src"].reshape(-1) for s in range(job.pp)]
+    if job.pp > 1:
+        nics.append(pp_pairs(job)[0].reshape(-1))
+    return np.unique(np.concatenate(nics))
+
+
+def _busy_switch(job: JobSpec, fab: Fabric, rng: np.random.Generator, avoid: set[int]) -> int:
+    """A leaf or a spine the job's DP traffic crosses (weighted by how many hops cross it)."""
+    src = np.concatenate([dp_plan(job, s)["src"].reshape(-1) for s in range(job.pp)])
+    dst = np.concatenate([dp_plan(job, s)["dst"].reshape(-1) for s in range(job.pp)])
+    fh = mix(src, dst, np.arange(src.size) % 7)
+    ls, sp, ld = fab.path_switches(src, dst, fh)
+    spines = sp[sp >= 0]
+    leaves = np.concatenate([ls, ld[ld >= 0]])
+    pick_spine = spines.size > 0 and rng.random() < 0.5
+    cand = spines if pick_spine else leaves
+    vals, cnt = np.unique(cand, return_counts=True)
+    keep = ~np.isin(vals, list(avoid)) if avoid else np.ones(vals.size, bool)
+    if keep.any():
+        vals, cnt = vals[keep], cnt[keep]
+    return int(rng.choice(vals, p=cnt / cnt.sum()))

@@ -1,21 +1,23 @@
-"""Each injected fault changes the execution where it should, and only there. The faulty fleet and
-its healthy twin share the seed (same jobs, same hosts, same compute noise)."""
+"""Each injected fault changes the execution where it should, and only there. The faulty fleet and its
+healthy twin share the seed (same jobs, same hosts, same conventions, same compute noise)."""
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 import pytest
 
-from fleetscope.sim.faults import KINDS, parse_spec
+from fleetscope.sim import simulate
+from fleetscope.sim.faults import FLOW_KINDS, KINDS, parse_spec
+from tests.sim.conftest import Fleet
 
 
-def _step_med(fleet, job_id, lo=None, hi=None, stat="median") -> float:
+def _steps(fleet, job_id, lo=None, hi=None) -> pl.Series:
     s = fleet.truth("steps").filter(pl.col("job_id") == job_id)
     if lo is not None:
         s = s.filter(pl.col("start_ns") >= lo)
     if hi is not None:
         s = s.filter(pl.col("end_ns") < hi)
-    d = s["end_ns"] - s["start_ns"]
-    return float(d.median() if stat == "median" else d.mean())
+    return s["end_ns"] - s["start_ns"]
 
 
 def _fault(fleet, kind) -> dict:
@@ -30,100 +32,126 @@ def test_healthy_fleet_has_no_faults_and_the_faulty_one_lists_each(healthy256, f
     assert set(f["kind"]) == set(KINDS)
     assert f["fault_id"].n_unique() == f.height
     assert (f["end_ns"] > f["start_ns"]).all()
-    # CONTRACT scopes / subjects: an ip for gpu and link, a switch id, a host name
-    topo = pl.read_csv(faulty256.landing / "topology" / "topology.csv")
-    for r in f.iter_rows(named=True):
-        if r["scope"] in ("gpu", "link"):
-            assert r["subject"] in set(topo["ip"]), r
-        elif r["scope"] == "switch":
-            assert r["subject"] in set(topo["leaf"]) | set(topo["spine"]), r
-        elif r["scope"] == "host":
-            assert r["subject"] in set(topo["host"]), r
-        elif r["scope"] == "rack":
-            assert r["subject"] in set(topo["rack"]), r
+    # every fault but the hang shows in its job's step times: impact = mean step with / without it
+    shown = f.filter(pl.col("kind") != "hang")
+    assert (shown["impact"] >= 1.0).all() and (shown["impact"] > 1.02).mean() > 0.6
 
 
-@pytest.mark.parametrize("kind,min_ratio", [("slow_gpu", 1.15), ("nvlink_down", 1.08), ("throttled_racks", 1.06),
-                                            ("slow_dataloader", 1.04), ("gc_stall", 1.02)])
-def test_compute_faults_slow_the_job_once_they_start(healthy256, faulty256, kind, min_ratio):
+@pytest.mark.parametrize("kind", ["slow_gpu", "straggler", "nvlink_down", "throttled_racks", "slow_dataloader",
+                                  "congested_switch", "degraded_nic", "flapping_link", "nic_overload"])
+def test_a_fault_slows_a_job_it_touches_once_it_starts(healthy256, faulty256, kind):
     r = _fault(faulty256, kind)
-    job = r["job_id"] or r["affected_jobs"].split("|")[0]
-    stat = "mean" if kind == "gc_stall" else "median"       # GC pauses hit some steps, not all
-    during = _step_med(faulty256, job, lo=r["start_ns"], stat=stat)
-    twin = _step_med(healthy256, job, lo=r["start_ns"], stat=stat)
-    before = _step_med(faulty256, job, hi=r["start_ns"])
-    twin_before = _step_med(healthy256, job, hi=r["start_ns"])
-    assert during / twin >= min_ratio, (kind, during, twin)
-    assert abs(before / twin_before - 1) < 0.01            # nothing changes before it starts
+    hung = _fault(faulty256, "hang")["job_id"]
+    jobs = [j for j in (r["affected_jobs"] or r["job_id"] or "").split("|") if j and j != hung]
+    assert jobs
+    lo, hi = faulty256.window
+    ratios = []
+    for j in jobs:
+        # the same steps in both fleets (step numbers are the same; a hang may cut the faulty one short)
+        a = faulty256.truth("steps").filter((pl.col("job_id") == j) & (pl.col("start_ns") >= max(r["start_ns"], lo))
+                                            & (pl.col("end_ns") < r["end_ns"]))
+        b = healthy256.truth("steps").filter(pl.col("job_id") == j)
+        m = a.join(b, on=["ip", "step"], suffix="_h")
+        if m.height:
+            ratios.append(float(((m["end_ns"] - m["start_ns"]).sum()) / (m["end_ns_h"] - m["start_ns_h"]).sum()))
+    assert ratios and max(ratios) > 1.005, (kind, ratios)
 
 
-def test_sync_in_forward_slows_its_job_all_along_and_no_other(healthy64, tmp_path):
-    from fleetscope.sim import simulate
+def test_nothing_changes_before_a_fault_starts_and_other_jobs_never_change(tmp_path, healthy64):
+    simulate(tmp_path, gpus=64, seed=0, faults="slow_gpu:1", captures=False)
+    f = Fleet(tmp_path, {})
+    r = _fault(f, "slow_gpu")
+    lo, _ = healthy64.window
+    if r["start_ns"] > lo:
+        a, b = _steps(f, r["job_id"], hi=r["start_ns"]), _steps(healthy64, r["job_id"], hi=r["start_ns"])
+        assert a.len() == b.len() and (a == b).all()
+    assert _steps(f, r["job_id"], lo=r["start_ns"]).mean() > 1.05 * _steps(healthy64, r["job_id"], lo=r["start_ns"]).mean()
+    for j in set(healthy64.truth("job_layout")["job_id"]) - {r["job_id"]}:
+        a, b = _steps(f, j), _steps(healthy64, j)
+        assert a.len() == b.len() and (a == b).all(), j
 
-    simulate(tmp_path, gpus=64, seed=0, faults="sync_in_forward:1", captures=False)
 
-    class F:
-        truth = staticmethod(lambda name: pl.read_csv(tmp_path / "ground_truth" / f"{name}.csv"))
-
-    r = _fault(F, "sync_in_forward")
-    lo, hi = healthy64.window
+def test_sync_in_forward_is_there_all_along(faulty256):
+    r = _fault(faulty256, "sync_in_forward")
+    lo, hi = faulty256.window
     assert r["start_ns"] < lo and r["end_ns"] > hi                     # a code bug: there all along
-    assert _step_med(F, r["job_id"]) / _step_med(healthy64, r["job_id"]) > 1.005
-    others = set(healthy64.truth("job_layout")["job_id"]) - {r["job_id"]}
-    assert others
-    for j in others:
-        assert _step_med(F, j) == pytest.approx(_step_med(healthy64, j), rel=1e-12)
+    assert r["scope"] == "job" and r["subject"] == r["job_id"]
 
 
-def _bandwidth_ratio(fleet, hit: pl.Expr, r: dict) -> float:
-    """Median over DP pairs crossing the fault of (bandwidth while active / bandwidth otherwise)."""
-    p = fleet.truth("pairs").filter(pl.col("comm_type") == "DP")
-    f = fleet.flows().with_columns(ip_a=pl.min_horizontal("src_ip", "dst_ip"), ip_b=pl.max_horizontal("src_ip", "dst_ip"),
-                                   path_s=pl.col("path").list.join(">"))
-    f = f.join(p.select("ip_a", "ip_b"), on=["ip_a", "ip_b"], how="semi").filter(hit).filter(pl.col("bytes") > 1_000_000)
-    f = f.with_columns(bw=pl.col("bytes") / pl.col("duration_ns"),
-                       on=(pl.col("start_ns") >= r["start_ns"]) & (pl.col("start_ns") < r["end_ns"]))
-    g = f.group_by("src_ip", "dst_ip", "src_qp", "bytes").agg(
-        a=pl.col("bw").filter(pl.col("on")).median(), b=pl.col("bw").filter(~pl.col("on")).median()).drop_nulls()
-    assert g.height >= 3
-    return float((g["a"] / g["b"]).median())
-
-
-def test_congested_switch_lowers_the_bandwidth_of_dp_flows_through_it(healthy256, faulty256):
-    r = _fault(faulty256, "congested_switch")
-    hit = pl.col("path_s").str.contains(r["subject"] + "(>|$)")
-    ratio = _bandwidth_ratio(faulty256, hit, r)
-    assert ratio == pytest.approx(r["magnitude"], rel=0.05)
-    assert 0.4 <= ratio <= 0.7                           # 30-60 % slower: realistic and detectable
-    # flows elsewhere keep their bandwidth
-    assert _bandwidth_ratio(faulty256, ~hit, r) == pytest.approx(1.0, abs=0.02)
-    assert _bandwidth_ratio(healthy256, hit, r) == pytest.approx(1.0, abs=0.02)
-
-
-def test_degraded_nic_lowers_its_flows_bandwidth_only(faulty256):
+def test_degraded_nic_slows_its_rings_records_but_not_the_jobs_other_rings(healthy256, faulty256):
     r = _fault(faulty256, "degraded_nic")
     ip = r["subject"]
-    mine = (pl.col("src_ip") == ip) | (pl.col("dst_ip") == ip)
-    assert _bandwidth_ratio(faulty256, mine, r) == pytest.approx(r["magnitude"], rel=0.05)
-    # its DP group's other ring hops are not degraded themselves
-    other = ~mine & pl.col("src_ip").is_in(faulty256.truth("jobs").filter(pl.col("job_id") == r["job_id"])["ip"].implode())
-    assert _bandwidth_ratio(faulty256, other, r) > 0.95
+    lo, hi = max(r["start_ns"], faulty256.window[0]), r["end_ns"]
+    pairs = faulty256.truth("pairs").filter((pl.col("job_id") == r["job_id"]) & (pl.col("comm_type") == "DP"))
+
+    def busy_bw(fleet, sel):
+        f = fleet.flows().filter((pl.col("start_ns") >= lo) & (pl.col("start_ns") < hi) & (pl.col("bytes") > 100_000))
+        f = f.with_columns(ip_a=pl.min_horizontal("src_ip", "dst_ip"), ip_b=pl.max_horizontal("src_ip", "dst_ip"))
+        f = f.join(sel.select("ip_a", "ip_b"), on=["ip_a", "ip_b"], how="semi")
+        return float((f["bytes"] / f["duration_ns"].clip(1)).median()) if f.height else float("nan")
+
+    mine = pairs.filter((pl.col("ip_a") == ip) | (pl.col("ip_b") == ip))
+    if mine.height == 0:
+        pytest.skip("the degraded NIC carries only PP traffic in this draw")
+    # the landed records through the NIC move fewer bytes per second than in the healthy twin
+    assert busy_bw(faulty256, mine) < 0.9 * busy_bw(healthy256, mine)
+    # a ring on another rail of the same job is not paced by it
+    rail = faulty256.truth("jobs").with_columns(rail=pl.col("gpu").str.extract(r"gpu(\d+)$"))
+    my_rail = rail.filter(pl.col("ip") == ip)["rail"][0]
+    other_ips = rail.filter((pl.col("job_id") == r["job_id"]) & (pl.col("rail") != my_rail))["ip"]
+    other = pairs.filter(pl.col("ip_a").is_in(other_ips.implode()) & pl.col("ip_b").is_in(other_ips.implode()))
+    if other.height:
+        assert busy_bw(faulty256, other) == pytest.approx(busy_bw(healthy256, other), rel=0.1)
+
+
+def test_nic_overload_puts_a_hosts_traffic_on_one_nic(faulty256):
+    r = _fault(faulty256, "nic_overload")
+    jobs = faulty256.truth("jobs").filter(pl.col("job_id") == r["job_id"])
+    seen = jobs.filter("observed")
+    assert seen.group_by("host").len()["len"].max() == 1
+    assert set(seen["ip"]) == set(r["ips"].split("|"))
+    assert r["start_ns"] < faulty256.window[0]
+
+
+def test_flapping_link_stalls_the_steps_it_hits(healthy256, faulty256):
+    r = _fault(faulty256, "flapping_link")
+    a = faulty256.truth("steps").filter(pl.col("job_id") == r["job_id"]).with_columns(d=pl.col("end_ns") - pl.col("start_ns"))
+    b = healthy256.truth("steps").filter(pl.col("job_id") == r["job_id"]).with_columns(d=pl.col("end_ns") - pl.col("start_ns"))
+    ratio = a.group_by("step").agg(pl.col("d").median()).join(b.group_by("step").agg(pl.col("d").median()), on="step")
+    ratio = (ratio["d"] / ratio["d_right"]).to_numpy()
+    assert ratio.max() > 1.05 and np.median(ratio) < ratio.max()
 
 
 def test_hang_stops_the_job(faulty256, healthy256):
     r = _fault(faulty256, "hang")
     job = r["job_id"]
     ips = faulty256.truth("jobs").filter(pl.col("job_id") == job)["ip"]
-    f = faulty256.flows().filter(pl.col("src_ip").is_in(ips.implode()) & pl.col("dst_ip").is_in(ips.implode()))
-    assert f["start_ns"].max() < r["start_ns"] + 100_000      # nothing after the hang (but skew)
-    assert f.filter(pl.col("start_ns") < r["start_ns"] - 1_000_000_000).height > 0
+    pairs = faulty256.truth("pairs").filter(pl.col("job_id") == job)
+    f = faulty256.flows().with_columns(ip_a=pl.min_horizontal("src_ip", "dst_ip"), ip_b=pl.max_horizontal("src_ip", "dst_ip"))
+    f = f.join(pairs.select("ip_a", "ip_b"), on=["ip_a", "ip_b"], how="semi")
+    assert f.height == 0 or f["start_ns"].max() < r["start_ns"] + 200_000      # nothing after the hang (but skew)
     steps = faulty256.truth("steps").filter(pl.col("job_id") == job)
-    assert steps["end_ns"].max() < r["start_ns"]
+    assert steps.height == 0 or steps["end_ns"].max() < r["start_ns"]
     assert healthy256.truth("steps").filter((pl.col("job_id") == job) & (pl.col("end_ns") > r["start_ns"])).height > 0
+    assert ips.len() > 0
+
+
+def test_random_faults_are_drawn_per_seed(tmp_path):
+    kinds, subjects, starts = set(), set(), []
+    for seed in range(6):
+        s = simulate(tmp_path / str(seed), gpus=128, seed=seed, faults="random:2", minutes=0.5, captures=False)
+        f = pl.read_csv(tmp_path / str(seed) / "ground_truth" / "faults.csv")
+        assert f.height == 2 and set(f["kind"]) <= set(FLOW_KINDS)
+        kinds |= set(f["kind"])
+        subjects |= set(f["subject"])
+        starts += ((f["start_ns"] - s["window"][0]) / (s["window"][1] - s["window"][0])).to_list()
+    assert len(kinds) >= 4 and len(subjects) >= 10
+    assert max(starts) - min(starts) > 0.3
 
 
 def test_fault_spec_parsing():
-    assert parse_spec("") == [] and parse_spec("none") == [] and parse_spec(None) == []
+    assert parse_spec("") == [] and parse_spec("none") == [] and parse_spec(None) == [] and parse_spec("healthy") == []
     assert parse_spec("slow_gpu, congested_switch:2") == [("slow_gpu", 1), ("congested_switch", 2)]
+    assert parse_spec("random:3") == [("random", 3)]
     with pytest.raises(ValueError, match="known kinds"):
         parse_spec("slow:1")
