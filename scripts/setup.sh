@@ -3,7 +3,7 @@
 # a virtualenv in .venv with the pinned dependencies (constraints.txt) and fleetscope itself.
 #   --with-collectors  also torch==2.13.0 (collectors and their tests run real PyTorch jobs)
 #   --with-system      also Debian packages the test suite uses (chromium for the UI test,
-#                      tcpdump/iproute2 for the real-traffic test); needs root
+#                      tcpdump/iproute2/ethtool/iptables for the real-traffic tests and the recorder); needs root
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -29,6 +29,8 @@ if [ "$system" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; the
   command -v chromium >/dev/null || need="$need chromium chromium-driver"
   command -v tcpdump >/dev/null || need="$need tcpdump"
   command -v ip >/dev/null || need="$need iproute2"
+  command -v ethtool >/dev/null || need="$need ethtool"      # the recorder turns offloads off
+  command -v iptables >/dev/null || need="$need iptables"    # the recorder's link delay (NFQUEUE)
   if [ -n "$need" ]; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need >/dev/null) \
       || echo "setup: could not install$need; tests that need them will skip and say why" >&2
