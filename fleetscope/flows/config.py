@@ -20,12 +20,13 @@ class FlowConfig:
     hub_factor: float = 4.0
     hub_min_peers: int = 8
     # a job pair carries at least this share of the bytes of each end's biggest pair (pipeline
-    # activations are several percent of a ring's gradients; a scrape or a probe a millionth)
-    min_pair_share: float = 0.005
+    # activations are a few tenths of a percent to tens of percent of a ring's gradients; a
+    # monitoring scrape or a heartbeat a millionth to a ten-thousandth)
+    min_pair_share: float = 0.001
     size_tol: float = 0.01  # flow sizes within 1 % are one size
     min_size_share: float = 0.02  # a size counts when >= 2 % of the pair's flows have it
-    # two cross-machine clusters on the same host set are one job only when they move in lockstep:
-    # at least sync_min_share of one's flows start within sync_tol_ns of a same-size flow of the other
+    # two cross-machine clusters sharing hosts are one job only when they step in lockstep: at least
+    # sync_min_share of one's step ends lie within sync_tol_ns of the other's (jobs.lockstep_pairs)
     sync_tol_ns: int = 2_000_000
     sync_min_share: float = 0.5
     # comm types (comm_types module doc): a pair is one-way below one_way_share in its minority

@@ -114,10 +114,13 @@ def job_edges(pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
     idx, comp = _components(cand, ips)
     cm = idx.select("ip", c=pl.Series(comp, dtype=pl.Int64)).with_columns(size=pl.len().over("c"))
     und = pl.concat([data.select(ip="ip_a", peer="ip_b"), data.select(ip="ip_b", peer="ip_a")])
-    other = und.join(cm.select("ip", "c"), on="ip", how="left").join(
-        cm.filter(pl.col("size") >= 2).select(peer="ip", pc="c"), on="peer") \
-        .filter(pl.col("c").is_null() | (pl.col("pc") != pl.col("c"))).group_by("ip").agg(n=pl.col("pc").n_unique())
-    services = other.filter(pl.col("n") >= 2)["ip"]
+    # a GPU's data peers are mostly in its own job (its pipeline neighbours may still be apart
+    # here); a service's are nearly all in other jobs, and in several of them
+    peers = und.join(cm.select("ip", "c"), on="ip", how="left").join(
+        cm.filter(pl.col("size") >= 2).select(peer="ip", pc="c"), on="peer", how="left") \
+        .with_columns(out=pl.col("c").is_null() | pl.col("pc").is_null() | (pl.col("pc") != pl.col("c")))
+    other = peers.group_by("ip").agg(n=pl.col("pc").filter("out").drop_nulls().n_unique(), out_share=pl.col("out").mean())
+    services = other.filter((pl.col("n") >= 2) & (pl.col("out_share") >= 0.75))["ip"]
     if services.len():
         cand = cand.filter(~pl.col("ip_a").is_in(services.implode()) & ~pl.col("ip_b").is_in(services.implode()))
     return cand
@@ -131,24 +134,28 @@ def job_id_for(ips: list[str]) -> str:
     return "job-" + hashlib.sha1(",".join(sorted(ips)).encode()).hexdigest()[:12]
 
 
-def _co_occurrence(fa: pl.DataFrame, fb: pl.DataFrame, tol_ns: int, sample: int = 4000) -> float:
-    """Best share, over B's flow sizes, of B's flows starting within tol_ns of a flow of A with the
-    same size. Ranks of one
-    job move in lockstep (the TP shards of a stage send the same activation or bucket chunk at
-    the same moment), two independent jobs do not."""
-    if fa.height == 0 or fb.height == 0:
-        return 0.0
-    b = fb.select("start_ns", "bytes")
-    if b.height > sample:
-        b = b.gather(np.linspace(0, b.height - 1, sample).astype(np.int64))
-    a = fa.select(t=pl.col("start_ns"), bytes="bytes").sort("bytes", "t")
-    j = b.sort("bytes", "start_ns").join_asof(a, left_on="start_ns", right_on="t", by="bytes",
-                                              strategy="nearest", check_sortedness=False)
-    hit = j.with_columns(hit=((pl.col("t") - pl.col("start_ns")).abs() <= tol_ns).fill_null(False))
-    # per flow size: the collective's chunks stay in lockstep even when a straggler shifts the
-    # pipeline sends of one replica; a size class needs a few flows to count
-    per = hit.group_by("bytes").agg(share=pl.col("hit").mean(), n=pl.len()).filter(pl.col("n") >= 8)
-    return float(per["share"].max()) if per.height else float(hit["hit"].mean())
+def lockstep_pairs(cand: pl.DataFrame, events: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
+    """Candidate cluster pairs (a, b) that step in lockstep. events: (cluster_id, t) the step ends of
+    each cluster's pairs. b's events are matched to a's nearest within sync_tol_ns; the share that
+    match must be >= sync_min_share and well above chance (the share a's events would catch if b's
+    fell at random: a's distinct event times per unit time x twice the tolerance). No flow sizes
+    involved: headers and retransmissions shift sizes across rails."""
+    if cand.height == 0 or events.height == 0:
+        return cand.head(0)
+    tol = cfg.sync_tol_ns
+    ev = events.unique().sort("cluster_id", "t")
+    # distinct event times (a cluster's pairs end a step within microseconds of each other)
+    distinct = ev.with_columns(new=(pl.col("t").diff().over("cluster_id").fill_null(tol + 1) > tol)).filter("new") \
+        .group_by("cluster_id").agg(n=pl.len(), span=pl.col("t").max() - pl.col("t").min())
+    chance = distinct.select("cluster_id", chance=(pl.col("n") * 2 * tol / pl.col("span").clip(lower_bound=1)).clip(upper_bound=1.0))
+    c = cand.with_row_index("k")
+    a = c.join(ev.rename({"cluster_id": "a", "t": "ta"}), on="a").select("k", "ta").sort("k", "ta")
+    b = c.join(ev.rename({"cluster_id": "b", "t": "tb"}), on="b").select("k", "tb").sort("k", "tb")
+    j = b.join_asof(a, left_on="tb", right_on="ta", by="k", strategy="nearest", check_sortedness=False)
+    sc = j.group_by("k").agg(share=((pl.col("ta") - pl.col("tb")).abs() <= tol).mean())
+    sc = sc.join(c, on="k").join(chance.rename({"cluster_id": "a"}), on="a", how="left").with_columns(pl.col("chance").fill_null(1.0))
+    ok = sc.filter((pl.col("share") >= cfg.sync_min_share) & (pl.col("share") >= 2 * pl.col("chance") + 0.1))
+    return ok.select("a", "b")
 
 
 def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.DataFrame,
@@ -166,9 +173,9 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
     members = idx.with_columns(cluster_id=pl.Series(comp, dtype=pl.Int64)).join(
         topology.select("ip", "host", "gpu"), on="ip", how="left")
 
-    # clusters sharing a host are one job when their flows move in lockstep (co-occurrence): TP
-    # groups never leave a host, and a DP ring walking local members over NVLink splits a job into
-    # clusters on overlapping host sets; a tenant's two jobs on the same hosts do not co-occur
+    # clusters sharing a host are one job when they step in lockstep: TP groups never leave a host,
+    # so each tensor-parallel rank's DP/PP traffic is a cluster of its own, all ending their steps
+    # together; a tenant's two jobs on the same hosts do not (lockstep_pairs)
     cids_all = sorted(members["cluster_id"].unique().to_list())
     parent = {c: c for c in cids_all}
 
@@ -178,23 +185,15 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
             c = parent[c]
         return c
 
-    ch = members.select("cluster_id", "host").unique()
+    ch = members.filter(pl.col("host").is_not_null()).select("cluster_id", "host").unique()
     cand = ch.join(ch, on="host").filter(pl.col("cluster_id") < pl.col("cluster_id_right")) \
         .select(a="cluster_id", b="cluster_id_right").unique().sort("a", "b")
     if cand.height:
-        involved = pl.concat([cand["a"], cand["b"]]).unique()
         cl_of = members.select(pl.col("ip").alias("ip_a"), "cluster_id")
-        fl = seg_flows.join(edges.select("pid"), on="pid", how="semi").join(cl_of, on="ip_a") \
-            .filter(pl.col("cluster_id").is_in(involved.implode())).select("cluster_id", "start_ns", "bytes")
-        by_cl = {cid: g for (cid,), g in fl.group_by(["cluster_id"])}
-        empty = pl.DataFrame(schema={"cluster_id": pl.Int64, "start_ns": pl.Int64, "bytes": pl.Int64})
-        for a, b in cand.iter_rows():
-            if find(a) == find(b):
-                continue
-            fa, fb = by_cl.get(a, empty), by_cl.get(b, empty)
-            score = max(_co_occurrence(fa, fb, cfg.sync_tol_ns), _co_occurrence(fb, fa, cfg.sync_tol_ns))
-            if score >= cfg.sync_min_share:
-                parent[find(b)] = find(a)
+        ev = seg_flows.join(edges.select("pid"), on="pid", how="semi").group_by("pid", "seg").agg(
+            ip_a=pl.col("ip_a").first(), t=pl.col("end_ns").max()).join(cl_of, on="ip_a").select("cluster_id", "t")
+        for a, b in lockstep_pairs(cand, ev, cfg).iter_rows():
+            parent[find(b)] = find(a)
     root = pl.DataFrame({"cluster_id": list(parent), "root": [find(c) for c in parent]},
                         schema={"cluster_id": pl.Int64, "root": pl.Int64})
     members = members.join(root, on="cluster_id")
