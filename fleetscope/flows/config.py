@@ -27,8 +27,12 @@ class FlowConfig:
     min_size_share: float = 0.02  # a size counts when >= 2 % of the pair's flows have it
     # two cross-machine clusters sharing hosts are one job only when they step in lockstep: at least
     # sync_min_share of one's step ends lie within sync_tol_ns of the other's (jobs.lockstep_pairs)
-    sync_tol_ns: int = 2_000_000
+    sync_tol_ns: int = 500_000
     sync_min_share: float = 0.5
+    # ... or they repeat with one period (within period_tol) and phase (cross-correlation of their flow
+    # starts highest within phase_tol of a period around zero lag: jobs.phase_locked_pairs)
+    period_tol: float = 0.005
+    phase_tol: float = 0.05
     # comm types (comm_types module doc): a pair is one-way below one_way_share in its minority
     # direction, two-way from two_way_share; DP when its directions overlap in >= dp_overlap of its
     # flows, PP when two-way and < pp_overlap

@@ -134,7 +134,7 @@ def job_id_for(ips: list[str]) -> str:
     return "job-" + hashlib.sha1(",".join(sorted(ips)).encode()).hexdigest()[:12]
 
 
-def lockstep_pairs(cand: pl.DataFrame, events: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
+def lockstep_pairs(cand: pl.DataFrame, events: pl.DataFrame, cfg: FlowConfig, max_sample: int = 2000) -> pl.DataFrame:
     """Candidate cluster pairs (a, b) that step in lockstep. events: (cluster_id, t) the step ends of
     each cluster's pairs. b's events are matched to a's nearest within sync_tol_ns; the share that
     match must be >= sync_min_share and well above chance (the share a's events would catch if b's
@@ -150,12 +150,50 @@ def lockstep_pairs(cand: pl.DataFrame, events: pl.DataFrame, cfg: FlowConfig) ->
     chance = distinct.select("cluster_id", chance=(pl.col("n") * 2 * tol / pl.col("span").clip(lower_bound=1)).clip(upper_bound=1.0))
     c = cand.with_row_index("k")
     a = c.join(ev.rename({"cluster_id": "a", "t": "ta"}), on="a").select("k", "ta").sort("k", "ta")
-    b = c.join(ev.rename({"cluster_id": "b", "t": "tb"}), on="b").select("k", "tb").sort("k", "tb")
+    # b's events: an even sample is enough for a share
+    evb = ev.with_columns(i=pl.int_range(pl.len()).over("cluster_id"), n=pl.len().over("cluster_id")).filter(
+        pl.col("i") % (pl.col("n") // max_sample).clip(lower_bound=1) == 0).select("cluster_id", "t")
+    b = c.join(evb.rename({"cluster_id": "b", "t": "tb"}), on="b").select("k", "tb").sort("k", "tb")
     j = b.join_asof(a, left_on="tb", right_on="ta", by="k", strategy="nearest", check_sortedness=False)
     sc = j.group_by("k").agg(share=((pl.col("ta") - pl.col("tb")).abs() <= tol).mean())
     sc = sc.join(c, on="k").join(chance.rename({"cluster_id": "a"}), on="a", how="left").with_columns(pl.col("chance").fill_null(1.0))
     ok = sc.filter((pl.col("share") >= cfg.sync_min_share) & (pl.col("share") >= 2 * pl.col("chance") + 0.1))
     return ok.select("a", "b")
+
+
+def phase_locked_pairs(cand: pl.DataFrame, events: pl.DataFrame, cfg: FlowConfig, bins: int = 1 << 14) -> pl.DataFrame:
+    """Candidate cluster pairs (a, b) that step with one period and one phase although their flows
+    do not coincide one by one (data-parallel replicas of a stage, pipeline-only NICs): periods
+    (autocorrelation of each cluster's flow starts) within period_tol, and the cross-correlation of
+    their flow starts highest within phase_tol of a period around zero lag. A tenant's two jobs on
+    the same hosts step with their own period, or at least their own phase."""
+    if cand.height == 0 or events.height == 0:
+        return cand.head(0)
+    from fleetscope.flows.period import autocorr_period
+
+    t0, t1 = int(events["t"].min()), int(events["t"].max()) + 1
+    b = max((t1 - t0) // bins, 1)
+    series, period = {}, {}
+    involved = set(cand["a"].to_list()) | set(cand["b"].to_list())
+    for (cid,), g in events.filter(pl.col("cluster_id").is_in(list(involved))).group_by(["cluster_id"]):
+        t = g["t"].to_numpy()
+        period[cid] = autocorr_period(t, cfg.min_period_ns)
+        x = np.bincount(((t - t0) // b).astype(np.int64), minlength=bins + 1).astype(np.float64)
+        x -= x.mean()
+        series[cid] = np.fft.rfft(x, 2 * len(x))
+    keep = []
+    for a, c in cand.iter_rows():
+        pa, pc = period.get(a), period.get(c)
+        if pa is None or pc is None or abs(pa - pc) > cfg.period_tol * max(pa, pc):
+            continue
+        xc = np.fft.irfft(series[a] * np.conj(series[c]))
+        lag = max(int(cfg.phase_tol * pa // b), 1)
+        span = max(int(pa // b), lag + 1)  # compare with the best lag within one period
+        near = max(xc[:lag + 1].max(), xc[-lag:].max())
+        best = max(xc[:span + 1].max(), xc[-span:].max())
+        if near > 0 and near >= 0.7 * best:
+            keep.append((a, c))
+    return pl.DataFrame(keep, schema={"a": pl.Int64, "b": pl.Int64}, orient="row")
 
 
 def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.DataFrame,
@@ -190,9 +228,21 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
         .select(a="cluster_id", b="cluster_id_right").unique().sort("a", "b")
     if cand.height:
         cl_of = members.select(pl.col("ip").alias("ip_a"), "cluster_id")
-        ev = seg_flows.join(edges.select("pid"), on="pid", how="semi").group_by("pid", "seg").agg(
-            ip_a=pl.col("ip_a").first(), t=pl.col("end_ns").max()).join(cl_of, on="ip_a").select("cluster_id", "t")
-        for a, b in lockstep_pairs(cand, ev, cfg).iter_rows():
+        ef = seg_flows.join(edges.select("pid"), on="pid", how="semi").join(cl_of, on="ip_a")
+        # two kinds of lockstep evidence, each against its own chance level: the flows' start times
+        # (tensor-parallel ranks send each microbatch's activations and each bucket together; too
+        # dense to tell apart when traffic streams) and the pairs' step ends (sparse, but noisier)
+        starts = ef.select("cluster_id", t=pl.col("start_ns"))
+        ends = ef.group_by("pid", "seg").agg(cluster_id=pl.col("cluster_id").first(), t=pl.col("end_ns").max()) \
+            .select("cluster_id", "t")
+        ok = pl.concat([lockstep_pairs(cand, starts, cfg), lockstep_pairs(cand, ends, cfg)]).unique()
+        for a, b in ok.sort("a", "b").iter_rows():
+            parent[find(b)] = find(a)
+        # what is left: clusters whose flows do not coincide one by one (data-parallel replicas of
+        # one stage, pipeline-only NICs) still repeat with the job's period and phase
+        rest = cand.filter(pl.struct("a", "b").map_elements(lambda r: find(r["a"]) != find(r["b"]),
+                                                            return_dtype=pl.Boolean))
+        for a, b in phase_locked_pairs(rest, starts, cfg).iter_rows():
             parent[find(b)] = find(a)
     root = pl.DataFrame({"cluster_id": list(parent), "root": [find(c) for c in parent]},
                         schema={"cluster_id": pl.Int64, "root": pl.Int64})
