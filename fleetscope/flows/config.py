@@ -61,6 +61,8 @@ class FlowConfig:
     # scale floor (share of the step) for perfectly regular jobs, warm-up steps after a launch, and
     # the quiet time before a job's first flow that makes it a launch
     step_run: int = 5
+    max_rel_spread: float = 0.25  # a typical step lies within this share of the job's median step
+    min_typical: float = 0.6  # fewer typical steps: not reconstructed reliably, not judged
     min_rel_scale: float = 0.01
     warmup_steps: int = 2
     launch_quiet_ns: int = 5_000_000_000
