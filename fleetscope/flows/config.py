@@ -66,13 +66,16 @@ class FlowConfig:
     min_rel_scale: float = 0.01
     warmup_steps: int = 2
     launch_quiet_ns: int = 5_000_000_000
-    # switch over-subscription: max concurrent DP flows a switch carries (None: compare switches)
+    # switch over-subscription: max concurrent DP flows a switch carries, when the operator states it
+    # (no default: a nominal capacity is not something the flows can tell)
     switch_dp_flow_capacity: int | None = None
-    dp_flows_per_nic: int = 8  # default capacity: 4 channels each way per NIC at line rate
-    # network localization: time bins, min flows per (candidate, bin), min bandwidth drop
+    # network localization (network module doc): time bins, min flows per (candidate, bin), min peers
+    # of a flow for a peer baseline, min rate drop that matters, most causes named per window
     diag_bin_ns: int = 10_000_000_000
     min_flows_per_cell: int = 8
+    min_peer_flows: int = 4
     min_bw_drop: float = 0.25
+    max_causes: int = 8
     # slow GPU from PP timing: receive-to-send lag >= ratio x the fastest DP peer's, and the excess
     # >= this share of the step
     pp_lag_ratio: float = 2.0

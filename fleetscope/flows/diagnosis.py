@@ -20,6 +20,7 @@ import polars as pl
 
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.job_health import job_health
+from fleetscope.flows.network import network_verdicts
 from fleetscope.verdicts import make_verdicts
 
 MAD_SIGMA = 1.4826
@@ -79,7 +80,7 @@ def _cross_group(st: pl.DataFrame, pairs: pl.DataFrame, wid: str, cfg: FlowConfi
         cfg.k_sigma * pl.col("sig"), cfg.min_rel_excess * pl.col("med"))))
     return [dict(detector="flows.cross_group", scope="dp_group", subject=f"{r['job_id']}/dp{r['g']}",
                  job_id=r["job_id"], start_ns=r["s"], end_ns=r["e"], metric="dp_comm_ns", value=float(r["dur"]),
-                 baseline=float(r["med"]), severity="warning", team="operations", window_id=wid,
+                 baseline=float(r["med"]), severity="info", team="operations", window_id=wid,
                  explanation=f"DP group {r['g']} of {r['job_id']} spends {r['dur'] / 1e6:.2f} ms per step in its "
                              f"collective vs {r['med'] / 1e6:.2f} ms for the job's other groups")
             for r in bad.iter_rows(named=True)]
@@ -279,6 +280,27 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
         if ipf is not None:
             rows += _slow_pp_compute(ipf, pairs, st, window_id, cfg)
     if pairs.height:
-        rows += _network(flows, pairs, topology, window_id, cfg)
-        rows += _oversubscription(flows, pairs, topology, window_id, cfg)
-    return make_verdicts(rows)
+        n_jobs = max(tables["jobs"].height, 1) if "jobs" in tables else 1
+        win = window or (int(flows["start_ns"].min()), int(flows["end_ns"].max()) + 1) if flows.height else (0, 1)
+        rows += network_verdicts(flows, pairs, n_jobs, win, window_id, cfg)
+        if cfg.switch_dp_flow_capacity:
+            rows += _oversubscription(flows, pairs, topology, window_id, cfg)
+    return make_verdicts(explain_symptoms(rows))
+
+
+def explain_symptoms(rows: list[dict]) -> list[dict]:
+    """Job-level findings of a job a localized cause (a NIC, a switch, a GPU) already explains are
+    its symptoms: kept as info, pointing at the cause."""
+    causes = [r for r in rows if r["scope"] in ("switch", "link", "gpu", "host") and r["severity"] != "info"]
+    if not causes:
+        return rows
+    for r in rows:
+        if r["scope"] not in ("job", "dp_group", "step") or r["severity"] == "info":
+            continue
+        for c in causes:
+            jobs = json.loads(c.get("evidence") or "{}").get("jobs", []) + ([c["job_id"]] if c.get("job_id") else [])
+            if r.get("job_id") in jobs and r["start_ns"] <= c["end_ns"] and r["end_ns"] >= c["start_ns"]:
+                r["severity"] = "info"
+                r["explanation"] += f" (explained by {c['scope']} {c['subject']})"
+                break
+    return rows

@@ -1,0 +1,144 @@
+"""Network localization (LLMPrism IV-D switch-level diagnosis, made relative): which NIC or switch
+slows the flows that cross it, judged against the flows' peers, never against a nominal bandwidth.
+
+Each DP/PP data flow gets a rate residual: log(bytes / duration) minus the median of its peers, the
+flows of the same job, type and size class in the same time bin (the same collective moving the same
+chunks at the same time). A second residual compares it with the same peers over the whole span
+(the job's own history), for a switch that slows every flow of a job for a while. Per candidate (both
+NICs of each flow and every switch on its path) and time bin, the median residual is tested against
+the fleet's residual spread; the bar is the Bonferroni z of the detector's false-alarm budget over
+all the cells tested (fleetscope.flows.stats), plus a practical floor (min_bw_drop).
+
+Flagged candidates explain one another away greedily: the one carrying the most slow flows is taken,
+its flows are removed from every other candidate, the rest re-tested; so a congested leaf is named,
+not every NIC under it, and a degraded NIC is named, not its ring neighbours or its leaf."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+
+from fleetscope.flows.config import FlowConfig
+from fleetscope.flows.stats import MAD_SIGMA, bonferroni_z, window_alpha
+
+
+def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
+    """Per DP/PP data flow: fid, job_id, bin, start/end, src_ip, dst_ip, path, e_peer, e_hist."""
+    f = flows.join(pairs.filter(pl.col("comm_type").is_in(["DP", "PP"])).select("pid", "job_id", "comm_type"), on="pid")
+    f = f.filter((pl.col("end_ns") > pl.col("start_ns")) & (pl.col("bytes") >= cfg.min_data_bytes))
+    if f.height == 0:
+        return f
+    f = f.with_row_index("fid").with_columns(
+        x=(pl.col("bytes").cast(pl.Float64) / (pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64)).log(),
+        size=pl.col("bytes").cast(pl.Float64).log(2).round(0).cast(pl.Int32),  # chunks of one size class
+        bin=(pl.col("start_ns") // cfg.diag_bin_ns),
+    )
+    key = ["job_id", "comm_type", "size"]
+    f = f.with_columns(
+        n_peer=pl.len().over(key + ["bin"]), base_peer=pl.col("x").median().over(key + ["bin"]),
+        n_hist=pl.len().over(key), base_hist=pl.col("x").median().over(key),
+    )
+    return f.with_columns(
+        e_peer=pl.when(pl.col("n_peer") >= cfg.min_peer_flows).then(pl.col("x") - pl.col("base_peer")),
+        e_hist=pl.when(pl.col("n_hist") >= cfg.min_peer_flows).then(pl.col("x") - pl.col("base_hist")),
+    ).select("fid", "job_id", "bin", "start_ns", "end_ns", "src_ip", "dst_ip", "path", "e_peer", "e_hist")
+
+
+def _candidates(r: pl.DataFrame) -> pl.DataFrame:
+    sw = r.filter(pl.col("path").is_not_null()).select("fid", "bin", cand=pl.col("path")).explode("cand") \
+        .with_columns(kind=pl.lit("switch"))
+    nic = pl.concat([r.select("fid", "bin", cand=pl.col(c)) for c in ("src_ip", "dst_ip")]).with_columns(kind=pl.lit("nic"))
+    return pl.concat([sw, nic]).filter(pl.col("cand").is_not_null()).unique(["fid", "kind", "cand"])
+
+
+def localize(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tuple[int, int],
+             cfg: FlowConfig) -> tuple[pl.DataFrame, dict]:
+    """-> (accepted causes: kind, cand, value (rate vs peers), n_slow, n, s, e, bins, jobs, z),
+    stats {n_tests, z_bar}."""
+    empty = pl.DataFrame(schema={"kind": pl.Utf8, "cand": pl.Utf8, "value": pl.Float64, "n_slow": pl.Int64,
+                                 "n": pl.Int64, "s": pl.Int64, "e": pl.Int64, "bins": pl.Int64, "jobs": pl.Utf8,
+                                 "z": pl.Float64})
+    r = flow_residuals(flows, pairs, cfg)
+    if r.height == 0:
+        return empty, {"n_tests": 0, "z_bar": None}
+    # the spread of a healthy flow's residual, robust to the slow ones
+    sig = {}
+    for col in ("e_peer", "e_hist"):
+        v = r[col].drop_nulls().to_numpy()
+        sig[col] = max(MAD_SIGMA * float(np.median(np.abs(v - np.median(v)))) if len(v) else 0.0, 0.02)
+    cand = _candidates(r)
+    x = cand.join(r.select("fid", "e_peer", "e_hist", "start_ns", "end_ns", "job_id"), on="fid")
+    floor = float(np.log(1 - cfg.min_bw_drop))
+
+    def cells(xx: pl.DataFrame) -> pl.DataFrame:
+        c = xx.group_by("kind", "cand", "bin").agg(
+            n=pl.len(), m_peer=pl.col("e_peer").median(), m_hist=pl.col("e_hist").median(),
+            n_peer=pl.col("e_peer").count(), n_hist=pl.col("e_hist").count())
+        c = c.filter(pl.col("n") >= cfg.min_flows_per_cell)
+        # z of a median of n residuals: sigma * 1.2533 / sqrt(n)
+        return c.with_columns(
+            z_peer=pl.col("m_peer") / (sig["e_peer"] * 1.2533 / pl.col("n_peer").clip(lower_bound=1).sqrt()),
+            z_hist=pl.col("m_hist") / (sig["e_hist"] * 1.2533 / pl.col("n_hist").clip(lower_bound=1).sqrt()))
+
+    c0 = cells(x)
+    n_tests = max(2 * c0.height, 1)
+    zb = bonferroni_z(window_alpha(cfg.fa_per_job_hour, n_jobs, window[1] - window[0]), n_tests)
+
+    def flag(c: pl.DataFrame) -> pl.DataFrame:
+        peer = (pl.col("z_peer") < -zb) & (pl.col("m_peer") < floor)
+        hist = (pl.col("z_hist") < -zb) & (pl.col("m_hist") < floor)
+        return c.filter(peer.fill_null(False) | hist.fill_null(False))
+
+    accepted = []
+    remaining = x
+    for _ in range(cfg.max_causes):
+        fl = flag(cells(remaining))
+        if fl.height == 0:
+            break
+        # the cause: the candidate whose flagged cells hold the most flows, then the slowest
+        best = fl.group_by("kind", "cand").agg(n=pl.col("n").sum(), m=pl.min_horizontal("m_peer", "m_hist").min()) \
+            .sort(["n", "m"], descending=[True, False]).row(0, named=True)
+        bins = fl.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]))["bin"]
+        mine = remaining.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])
+                                & pl.col("bin").is_in(bins.implode()))
+        e = pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0))
+        slow = mine.filter(e < floor)
+        zmin = fl.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])) \
+            .select(pl.min_horizontal("z_peer", "z_hist").min()).item()
+        accepted.append({
+            "kind": best["kind"], "cand": best["cand"],
+            "value": float(np.exp(mine.select(e.median()).item())), "n_slow": slow.height, "n": mine.height,
+            "s": int(mine["start_ns"].min()), "e": int(mine["end_ns"].max()), "bins": bins.n_unique(),
+            "jobs": ",".join(sorted(mine["job_id"].unique().to_list())), "z": float(zmin)})
+        # its flows are explained: no other candidate may claim them
+        remaining = remaining.join(mine.select("fid").unique(), on="fid", how="anti")
+    out = pl.DataFrame(accepted, schema=empty.schema) if accepted else empty
+    return out, {"n_tests": n_tests, "z_bar": zb}
+
+
+def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tuple[int, int], wid: str,
+                     cfg: FlowConfig) -> list[dict]:
+    causes, st = localize(flows, pairs, n_jobs, window, cfg)
+    out = []
+    for r in causes.iter_rows(named=True):
+        jobs = r["jobs"].split(",") if r["jobs"] else []
+        ev = json.dumps({"jobs": jobs, "bins": r["bins"], "flows": r["n"], "slow_flows": r["n_slow"],
+                         "z": round(r["z"], 2), "z_bar": round(st["z_bar"], 2), "n_tests": st["n_tests"]})
+        sev = "critical" if r["value"] < 0.5 else "warning"
+        if r["kind"] == "switch":
+            out.append(dict(detector="flows.switch_bandwidth", scope="switch", subject=r["cand"], job_id=None,
+                            start_ns=r["s"], end_ns=r["e"], metric="flow_rate_vs_peers", value=r["value"], baseline=1.0,
+                            severity=sev, team="operations", window_id=wid, evidence=ev,
+                            explanation=f"flows through switch {r['cand']} move at {r['value']:.0%} of the rate of the same "
+                                        f"jobs' other flows of the same kind and size (jobs {', '.join(jobs)}): "
+                                        "congestion or a degraded switch"))
+        else:
+            out.append(dict(detector="flows.nic_bandwidth", scope="link", subject=r["cand"],
+                            job_id=jobs[0] if len(jobs) == 1 else None, start_ns=r["s"], end_ns=r["e"],
+                            metric="flow_rate_vs_peers", value=r["value"], baseline=1.0, severity=sev, team="operations",
+                            window_id=wid, evidence=ev,
+                            explanation=f"flows to and from NIC {r['cand']} move at {r['value']:.0%} of the rate of their "
+                                        "peers in the same collective, with every peer: a degraded NIC, cable or port, "
+                                        "or too many channels on it"))
+    return out
