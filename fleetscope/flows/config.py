@@ -76,6 +76,7 @@ class FlowConfig:
     min_peer_flows: int = 4
     min_bw_drop: float = 0.25
     max_causes: int = 8
+    min_slow_share: float = 0.1  # a candidate whose slow flows are >= this share (flapping) is tested too
     # slow GPU from PP timing: receive-to-send lag >= ratio x the fastest DP peer's, and the excess
     # >= this share of the step
     pp_lag_ratio: float = 2.0

@@ -277,12 +277,10 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
                                data_span or window, window[0], window[1], window_id, cfg)
             rows += jr
         rows += _cross_group(st, pairs, window_id, cfg)
-        if ipf is not None:
-            rows += _slow_pp_compute(ipf, pairs, st, window_id, cfg)
     if pairs.height:
         n_jobs = max(tables["jobs"].height, 1) if "jobs" in tables else 1
         win = window or (int(flows["start_ns"].min()), int(flows["end_ns"].max()) + 1) if flows.height else (0, 1)
-        rows += network_verdicts(flows, pairs, n_jobs, win, window_id, cfg)
+        rows += network_verdicts(flows, pairs, n_jobs, win, window_id, cfg, topology=topology)
         if cfg.switch_dp_flow_capacity:
             rows += _oversubscription(flows, pairs, topology, window_id, cfg)
     return make_verdicts(explain_symptoms(rows))

@@ -71,24 +71,34 @@ def localize(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tupl
     x = cand.join(r.select("fid", "e_peer", "e_hist", "start_ns", "end_ns", "job_id"), on="fid")
     floor = float(np.log(1 - cfg.min_bw_drop))
 
+    slow_e = pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0)) < floor
+    # how often a flow of the job is that slow anyway (the job's own rate, some jobs jitter more):
+    # the base rate of the share test, per flow
+    x = x.with_columns(p0=slow_e.mean().over("job_id").clip(1e-3, 0.5))
+
     def cells(xx: pl.DataFrame) -> pl.DataFrame:
         c = xx.group_by("kind", "cand", "bin").agg(
             n=pl.len(), m_peer=pl.col("e_peer").median(), m_hist=pl.col("e_hist").median(),
-            n_peer=pl.col("e_peer").count(), n_hist=pl.col("e_hist").count())
+            n_peer=pl.col("e_peer").count(), n_hist=pl.col("e_hist").count(), k_slow=slow_e.sum(),
+            k0=pl.col("p0").sum(), v0=(pl.col("p0") * (1 - pl.col("p0"))).sum())
         c = c.filter(pl.col("n") >= cfg.min_flows_per_cell)
-        # z of a median of n residuals: sigma * 1.2533 / sqrt(n)
+        # z of a median of n residuals: sigma * 1.2533 / sqrt(n); and of the share of slow flows
+        # against the base rate (a link that flaps stalls some flows, not the typical one)
         return c.with_columns(
             z_peer=pl.col("m_peer") / (sig["e_peer"] * 1.2533 / pl.col("n_peer").clip(lower_bound=1).sqrt()),
-            z_hist=pl.col("m_hist") / (sig["e_hist"] * 1.2533 / pl.col("n_hist").clip(lower_bound=1).sqrt()))
+            z_hist=pl.col("m_hist") / (sig["e_hist"] * 1.2533 / pl.col("n_hist").clip(lower_bound=1).sqrt()),
+            z_share=-(pl.col("k_slow") - pl.col("k0")) / pl.col("v0").sqrt())
 
     c0 = cells(x)
-    n_tests = max(2 * c0.height, 1)
+    n_tests = max(3 * c0.height, 1)
     zb = bonferroni_z(window_alpha(cfg.fa_per_job_hour, n_jobs, window[1] - window[0]), n_tests)
 
     def flag(c: pl.DataFrame) -> pl.DataFrame:
         peer = (pl.col("z_peer") < -zb) & (pl.col("m_peer") < floor)
         hist = (pl.col("z_hist") < -zb) & (pl.col("m_hist") < floor)
-        return c.filter(peer.fill_null(False) | hist.fill_null(False))
+        share = (pl.col("z_share") < -zb) & (pl.col("k_slow") >= pl.max_horizontal(
+            cfg.min_slow_share * pl.col("n"), 3 * pl.col("k0")))
+        return c.filter(peer.fill_null(False) | hist.fill_null(False) | share.fill_null(False))
 
     accepted = []
     remaining = x
@@ -96,19 +106,24 @@ def localize(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tupl
         fl = flag(cells(remaining))
         if fl.height == 0:
             break
-        # the cause: the candidate whose flagged cells hold the most flows, then the slowest
-        best = fl.group_by("kind", "cand").agg(n=pl.col("n").sum(), m=pl.min_horizontal("m_peer", "m_hist").min()) \
-            .sort(["n", "m"], descending=[True, False]).row(0, named=True)
+        # the cause: the most specific candidate (the largest share of its flows slow, in steps of 5 %),
+        # then the one holding the most slow flows: a degraded NIC before the leaf it hangs on (a few
+        # slow flows among many), a congested leaf before each NIC under it (all slow, fewer flows)
+        best = fl.group_by("kind", "cand").agg(n=pl.col("n").sum(), k=pl.col("k_slow").sum()) \
+            .with_columns(sh=(pl.col("k") / pl.col("n") * 20).round()) \
+            .sort(["sh", "k", "n"], descending=[True, True, True]).row(0, named=True)
         bins = fl.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]))["bin"]
         mine = remaining.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])
                                 & pl.col("bin").is_in(bins.implode()))
         e = pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0))
         slow = mine.filter(e < floor)
         zmin = fl.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])) \
-            .select(pl.min_horizontal("z_peer", "z_hist").min()).item()
+            .select(pl.min_horizontal("z_peer", "z_hist", "z_share").min()).item()
         accepted.append({
             "kind": best["kind"], "cand": best["cand"],
-            "value": float(np.exp(mine.select(e.median()).item())), "n_slow": slow.height, "n": mine.height,
+            # a minority of stalled flows (a flapping link): how slow those are
+            "value": float(np.exp(mine.select(e.median()).item())) if 2 * slow.height >= mine.height
+            else float(np.exp(slow.select(e.median()).item())), "n_slow": slow.height, "n": mine.height,
             "s": int(mine["start_ns"].min()), "e": int(mine["end_ns"].max()), "bins": bins.n_unique(),
             "jobs": ",".join(sorted(mine["job_id"].unique().to_list())), "z": float(zmin)})
         # its flows are explained: no other candidate may claim them
@@ -117,10 +132,39 @@ def localize(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tupl
     return out, {"n_tests": n_tests, "z_bar": zb}
 
 
+def host_groups(causes: pl.DataFrame, topology: pl.DataFrame) -> pl.DataFrame:
+    """NIC causes sharing a host and a job: the NICs of one tensor-parallel group, slowed together
+    because the group computes late (one slow GPU holds back its TP peers, and the collectives they
+    join wait for them). Adds `group` (the NICs, worst first) and keeps one row per group."""
+    nic = causes.filter(pl.col("kind") == "nic").join(topology.select(cand="ip", host="host"), on="cand", how="left")
+    nic = nic.filter(pl.col("host").is_not_null())
+    if nic.height == 0:
+        return causes.head(0).with_columns(group=pl.lit(None, dtype=pl.List(pl.Utf8)))
+    g = nic.sort("value").group_by("host", "jobs", maintain_order=True).agg(
+        pl.col("cand").alias("group"), pl.all().first()).filter(pl.col("group").list.len() >= 2)
+    return g.drop("host")
+
+
 def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tuple[int, int], wid: str,
-                     cfg: FlowConfig) -> list[dict]:
+                     cfg: FlowConfig, topology: pl.DataFrame | None = None) -> list[dict]:
     causes, st = localize(flows, pairs, n_jobs, window, cfg)
     out = []
+    if topology is not None and causes.height:
+        groups = host_groups(causes, topology)
+        in_group = set(x for g in groups["group"].to_list() for x in g)
+        for r in groups.iter_rows(named=True):
+            jobs = r["jobs"].split(",") if r["jobs"] else []
+            peers = [x for x in r["group"] if x != r["cand"]]
+            out.append(dict(
+                detector="flows.slow_gpu", scope="gpu", subject=r["cand"], job_id=jobs[0] if len(jobs) == 1 else None,
+                start_ns=r["s"], end_ns=r["e"], metric="flow_rate_vs_peers", value=r["value"], baseline=1.0,
+                severity="warning", team="operations", window_id=wid,
+                evidence=json.dumps({"tensor_parallel_peers": peers, "jobs": jobs, "bins": r["bins"], "z": round(r["z"], 2)}),
+                explanation=f"the NICs of one tensor-parallel group on one host ({r['cand']} and {len(peers)} peers: "
+                            f"{', '.join(peers)}) all move their job's flows at ~{r['value']:.0%} of their peers' rate while "
+                            "the rest of the fabric does not: the group computes late, most likely one slow GPU "
+                            f"({r['cand']}, the slowest) holding back its peers"))
+        causes = causes.filter(~((pl.col("kind") == "nic") & pl.col("cand").is_in(list(in_group))))
     for r in causes.iter_rows(named=True):
         jobs = r["jobs"].split(",") if r["jobs"] else []
         ev = json.dumps({"jobs": jobs, "bins": r["bins"], "flows": r["n"], "slow_flows": r["n_slow"],
