@@ -76,7 +76,8 @@ class FlowConfig:
     min_peer_flows: int = 4
     min_bw_drop: float = 0.25
     max_causes: int = 8
-    min_slow_share: float = 0.1  # a candidate whose slow flows are >= this share (flapping) is tested too
+    min_slow_share: float = 0.1  # a candidate whose slow flows are >= this share is tested too
+    stall_ratio: float = 0.1  # a flow under this share of its peers' rate stalled (a link down)
     # slow GPU from PP timing: receive-to-send lag >= ratio x the fastest DP peer's, and the excess
     # >= this share of the step
     pp_lag_ratio: float = 2.0

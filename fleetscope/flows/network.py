@@ -132,6 +132,53 @@ def localize(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tupl
     return out, {"n_tests": n_tests, "z_bar": zb}
 
 
+def stall_causes(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tuple[int, int],
+                 cfg: FlowConfig, exclude: set[str] | None = None) -> pl.DataFrame:
+    """A link that flaps stalls the few flows crossing it while it is down, many times their peers'
+    duration, in episodes scattered over the window; no typical flow of it is slow. Per candidate
+    (NIC or switch): its stalled flows (rate below stall_ratio of their peers') against the number
+    its flows' jobs stall anyway (a Poisson test, Bonferroni over the candidates), in >= 2 episodes
+    (stalls more than a second apart). The most specific candidate explains the others: the NIC
+    whose stalls involve several peers, not each peer."""
+    r = flow_residuals(flows, pairs, cfg)
+    empty = pl.DataFrame(schema={"kind": pl.Utf8, "cand": pl.Utf8, "k": pl.Int64, "lam": pl.Float64,
+                                 "episodes": pl.Int64, "s": pl.Int64, "e": pl.Int64, "jobs": pl.Utf8})
+    if r.height == 0:
+        return empty
+    from scipy.stats import poisson
+
+    thr = float(np.log(cfg.stall_ratio))
+    r = r.with_columns(stall=(pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0)) < thr))
+    r = r.with_columns(p0=pl.col("stall").mean().over("job_id").clip(1e-5, 0.5))
+    x = _candidates(r).join(r.select("fid", "stall", "p0", "start_ns", "end_ns", "job_id", "src_ip", "dst_ip"), on="fid")
+    if exclude:
+        x = x.filter(~pl.col("cand").is_in(list(exclude)))
+    n_tests = max(x.select(pl.struct("kind", "cand").n_unique()).item(), 1)
+    alpha = window_alpha(cfg.fa_per_job_hour, n_jobs, window[1] - window[0]) / n_tests
+    out = []
+    remaining = x
+    for _ in range(cfg.max_causes):
+        st = remaining.filter("stall").sort("start_ns").with_columns(
+            ep=(pl.col("start_ns").diff().over("kind", "cand").fill_null(1 << 62) > 1_000_000_000).cast(pl.Int64))
+        agg = st.group_by("kind", "cand").agg(k=pl.len(), episodes=pl.col("ep").sum(),
+                                               peers=pl.concat([pl.col("src_ip"), pl.col("dst_ip")]).n_unique(),
+                                               s=pl.col("start_ns").min(), e=pl.col("end_ns").max(),
+                                               jobs=pl.col("job_id").unique().sort().str.join(","))
+        lam = remaining.group_by("kind", "cand").agg(lam=pl.col("p0").sum())
+        agg = agg.join(lam, on=["kind", "cand"]).filter(pl.col("episodes") >= 2)
+        if agg.height == 0:
+            break
+        pv = poisson.sf(agg["k"].to_numpy() - 1, agg["lam"].to_numpy())
+        agg = agg.with_columns(pv=pl.Series(pv)).filter(pl.col("pv") <= alpha)
+        if agg.height == 0:
+            break
+        best = agg.sort(["episodes", "peers", "k"], descending=True).row(0, named=True)
+        out.append({k: best[k] for k in empty.columns})
+        mine = remaining.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]) & pl.col("stall"))
+        remaining = remaining.join(mine.select("fid").unique(), on="fid", how="anti")
+    return pl.DataFrame(out, schema=empty.schema) if out else empty
+
+
 def host_groups(causes: pl.DataFrame, topology: pl.DataFrame) -> pl.DataFrame:
     """NIC causes sharing a host and a job: the NICs of one tensor-parallel group, slowed together
     because the group computes late (one slow GPU holds back its TP peers, and the collectives they
@@ -165,6 +212,17 @@ def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, wind
                             "the rest of the fabric does not: the group computes late, most likely one slow GPU "
                             f"({r['cand']}, the slowest) holding back its peers"))
         causes = causes.filter(~((pl.col("kind") == "nic") & pl.col("cand").is_in(list(in_group))))
+    named = set(causes["cand"].to_list())
+    for r in stall_causes(flows, pairs, n_jobs, window, cfg, exclude=named).iter_rows(named=True):
+        jobs = r["jobs"].split(",") if r["jobs"] else []
+        scope = "switch" if r["kind"] == "switch" else "link"
+        out.append(dict(
+            detector="flows.link_stalls", scope=scope, subject=r["cand"], job_id=jobs[0] if len(jobs) == 1 else None,
+            start_ns=r["s"], end_ns=r["e"], metric="stalled_flows", value=float(r["k"]), baseline=float(r["lam"]),
+            severity="warning", team="operations", window_id=wid,
+            evidence=json.dumps({"episodes": r["episodes"], "jobs": jobs}),
+            explanation=f"{r['k']} flows through {scope} {r['cand']} stalled (under {cfg.stall_ratio:.0%} of their peers' rate) "
+                        f"in {r['episodes']} episodes, where its jobs would stall {r['lam']:.1f}: a flapping link or port"))
     for r in causes.iter_rows(named=True):
         jobs = r["jobs"].split(",") if r["jobs"] else []
         ev = json.dumps({"jobs": jobs, "bins": r["bins"], "flows": r["n"], "slow_flows": r["n_slow"],
