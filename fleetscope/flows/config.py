@@ -31,6 +31,7 @@ class FlowConfig:
     sync_min_share: float = 0.5
     # ... or they repeat with one period (within period_tol) and phase (cross-correlation of their flow
     # starts highest within phase_tol of a period around zero lag: jobs.phase_locked_pairs)
+    lockstep_slice_ns: int = 20_000_000_000  # flow starts compared over this much of the window
     period_tol: float = 0.005
     phase_tol: float = 0.05
     # comm types (comm_types module doc): a pair is one-way below one_way_share in its minority

@@ -232,7 +232,9 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
         # two kinds of lockstep evidence, each against its own chance level: the flows' start times
         # (tensor-parallel ranks send each microbatch's activations and each bucket together; too
         # dense to tell apart when traffic streams) and the pairs' step ends (sparse, but noisier)
-        starts = ef.select("cluster_id", t=pl.col("start_ns"))
+        # (a slice of the window is enough to see flows coincide, and keeps this cheap)
+        t_mid = int(ef["start_ns"].median()) if ef.height else 0
+        starts = ef.filter((pl.col("start_ns") - t_mid).abs() <= cfg.lockstep_slice_ns // 2).select("cluster_id", t=pl.col("start_ns"))
         ends = ef.group_by("pid", "seg").agg(cluster_id=pl.col("cluster_id").first(), t=pl.col("end_ns").max()) \
             .select("cluster_id", "t")
         ok = pl.concat([lockstep_pairs(cand, starts, cfg), lockstep_pairs(cand, ends, cfg)]).unique()
@@ -242,7 +244,7 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
         # one stage, pipeline-only NICs) still repeat with the job's period and phase
         rest = cand.filter(pl.struct("a", "b").map_elements(lambda r: find(r["a"]) != find(r["b"]),
                                                             return_dtype=pl.Boolean))
-        for a, b in phase_locked_pairs(rest, starts, cfg).iter_rows():
+        for a, b in phase_locked_pairs(rest, ef.select("cluster_id", t=pl.col("start_ns")), cfg).iter_rows():
             parent[find(b)] = find(a)
     root = pl.DataFrame({"cluster_id": list(parent), "root": [find(c) for c in parent]},
                         schema={"cluster_id": pl.Int64, "root": pl.Int64})

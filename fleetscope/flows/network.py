@@ -52,14 +52,13 @@ def _candidates(r: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([sw, nic]).filter(pl.col("cand").is_not_null()).unique(["fid", "kind", "cand"])
 
 
-def localize(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tuple[int, int],
-             cfg: FlowConfig) -> tuple[pl.DataFrame, dict]:
-    """-> (accepted causes: kind, cand, value (rate vs peers), n_slow, n, s, e, bins, jobs, z),
-    stats {n_tests, z_bar}."""
+def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowConfig,
+             cand: pl.DataFrame | None = None) -> tuple[pl.DataFrame, dict]:
+    """r: flow_residuals; cand: _candidates(r). -> (accepted causes: kind, cand, value (rate vs
+    peers), n_slow, n, s, e, bins, jobs, z), stats {n_tests, z_bar}."""
     empty = pl.DataFrame(schema={"kind": pl.Utf8, "cand": pl.Utf8, "value": pl.Float64, "n_slow": pl.Int64,
                                  "n": pl.Int64, "s": pl.Int64, "e": pl.Int64, "bins": pl.Int64, "jobs": pl.Utf8,
                                  "z": pl.Float64})
-    r = flow_residuals(flows, pairs, cfg)
     if r.height == 0:
         return empty, {"n_tests": 0, "z_bar": None}
     # the spread of a healthy flow's residual, robust to the slow ones
@@ -67,7 +66,7 @@ def localize(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tupl
     for col in ("e_peer", "e_hist"):
         v = r[col].drop_nulls().to_numpy()
         sig[col] = max(MAD_SIGMA * float(np.median(np.abs(v - np.median(v)))) if len(v) else 0.0, 0.02)
-    cand = _candidates(r)
+    cand = _candidates(r) if cand is None else cand
     x = cand.join(r.select("fid", "e_peer", "e_hist", "start_ns", "end_ns", "job_id"), on="fid")
     floor = float(np.log(1 - cfg.min_bw_drop))
 
@@ -101,7 +100,10 @@ def localize(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tupl
         return c.filter(peer.fill_null(False) | hist.fill_null(False) | share.fill_null(False))
 
     accepted = []
-    remaining = x
+    # only candidates flagged on all the flows can be causes: taking flows away leaves the others
+    # as they were or less slow, so the explain-away loop works on the flagged ones' rows alone
+    f0 = flag(c0).select("kind", "cand").unique()
+    remaining = x.join(f0, on=["kind", "cand"], how="semi")
     for _ in range(cfg.max_causes):
         fl = flag(cells(remaining))
         if fl.height == 0:
@@ -132,15 +134,14 @@ def localize(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tupl
     return out, {"n_tests": n_tests, "z_bar": zb}
 
 
-def stall_causes(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tuple[int, int],
-                 cfg: FlowConfig, exclude: set[str] | None = None) -> pl.DataFrame:
+def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowConfig,
+                 exclude: set[str] | None = None, cand: pl.DataFrame | None = None) -> pl.DataFrame:
     """A link that flaps stalls the few flows crossing it while it is down, many times their peers'
     duration, in episodes scattered over the window; no typical flow of it is slow. Per candidate
     (NIC or switch): its stalled flows (rate below stall_ratio of their peers') against the number
     its flows' jobs stall anyway (a Poisson test, Bonferroni over the candidates), in >= 2 episodes
     (stalls more than a second apart). The most specific candidate explains the others: the NIC
     whose stalls involve several peers, not each peer."""
-    r = flow_residuals(flows, pairs, cfg)
     empty = pl.DataFrame(schema={"kind": pl.Utf8, "cand": pl.Utf8, "k": pl.Int64, "lam": pl.Float64,
                                  "episodes": pl.Int64, "s": pl.Int64, "e": pl.Int64, "jobs": pl.Utf8})
     if r.height == 0:
@@ -150,10 +151,13 @@ def stall_causes(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: 
     thr = float(np.log(cfg.stall_ratio))
     r = r.with_columns(stall=(pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0)) < thr))
     r = r.with_columns(p0=pl.col("stall").mean().over("job_id").clip(1e-5, 0.5))
-    x = _candidates(r).join(r.select("fid", "stall", "p0", "start_ns", "end_ns", "job_id", "src_ip", "dst_ip"), on="fid")
+    cand = _candidates(r) if cand is None else cand
+    x = cand.join(r.select("fid", "stall", "p0", "start_ns", "end_ns", "job_id", "src_ip", "dst_ip"), on="fid")
+    # only candidates with stalled flows can be causes (their other flows set the expectation)
+    x = x.join(x.filter("stall").select("kind", "cand").unique(), on=["kind", "cand"], how="semi")
     if exclude:
         x = x.filter(~pl.col("cand").is_in(list(exclude)))
-    n_tests = max(x.select(pl.struct("kind", "cand").n_unique()).item(), 1)
+    n_tests = max(cand.select(pl.struct("kind", "cand").n_unique()).item(), 1)
     alpha = window_alpha(cfg.fa_per_job_hour, n_jobs, window[1] - window[0]) / n_tests
     out = []
     remaining = x
@@ -194,7 +198,9 @@ def host_groups(causes: pl.DataFrame, topology: pl.DataFrame) -> pl.DataFrame:
 
 def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tuple[int, int], wid: str,
                      cfg: FlowConfig, topology: pl.DataFrame | None = None) -> list[dict]:
-    causes, st = localize(flows, pairs, n_jobs, window, cfg)
+    res = flow_residuals(flows, pairs, cfg)
+    cand = _candidates(res) if res.height else None
+    causes, st = localize(res, n_jobs, window, cfg, cand=cand)
     out = []
     if topology is not None and causes.height:
         groups = host_groups(causes, topology)
@@ -213,7 +219,8 @@ def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, wind
                             f"({r['cand']}, the slowest) holding back its peers"))
         causes = causes.filter(~((pl.col("kind") == "nic") & pl.col("cand").is_in(list(in_group))))
     named = set(causes["cand"].to_list())
-    for r in stall_causes(flows, pairs, n_jobs, window, cfg, exclude=named).iter_rows(named=True):
+    stalls = stall_causes(res, n_jobs, window, cfg, exclude=named, cand=cand) if res.height else pl.DataFrame()
+    for r in stalls.iter_rows(named=True):
         jobs = r["jobs"].split(",") if r["jobs"] else []
         scope = "switch" if r["kind"] == "switch" else "link"
         out.append(dict(

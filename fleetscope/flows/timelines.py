@@ -30,8 +30,8 @@ from fleetscope.flows.period import job_periods, periodic_boundaries
 
 def ip_flows(flows: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
     """Each labeled flow twice: once for its sender (role send), once for its receiver."""
-    lab = flows.join(pairs.select("pid", "job_id", "comm_type"), on="pid")
-    cols = ["job_id", "comm_type", "start_ns", "end_ns", "bytes", "src_ip", "dst_ip"]
+    lab = flows.join(pairs.filter(pl.col("comm_type").is_in(["DP", "PP"])).select("pid", "job_id", "comm_type"), on="pid")
+    cols = ["job_id", "comm_type", "start_ns", "end_ns", "bytes"]
     # ix: the ip's integer index (from the pair key), the key of the per-ip sorts and group-bys
     a_ix, b_ix = pl.col("pid") // (1 << 32), pl.col("pid") % (1 << 32)
     src_is_a = pl.col("src_ip") == pl.col("ip_a")
