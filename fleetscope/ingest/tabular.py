@@ -124,6 +124,10 @@ def read_csv_rows(data: bytes) -> tuple[pl.DataFrame, pl.DataFrame]:
             table = parse(False)  # the multi-threaded reader does not know the row numbers
     except (pa.ArrowInvalid, UnicodeDecodeError) as exc:
         raise IngestError(f"unreadable CSV ({exc}): fix or re-export the file") from exc
+    # spaces around a separator (", ") are not data: trimmed natively, column by column
+    import pyarrow.compute as pac
+
+    table = pa.table({name: pac.utf8_trim_whitespace(col) for name, col in zip(table.column_names, table.columns)})
     frame = pl.from_arrow(table)
     assert isinstance(frame, pl.DataFrame)
     # pyarrow counts the header as record 1
@@ -141,9 +145,10 @@ def read_csv_rows(data: bytes) -> tuple[pl.DataFrame, pl.DataFrame]:
         rows = pl.Series(ROW, np.flatnonzero(mask), dtype=pl.Int64)
     else:
         rows = pl.int_range(1, frame.height + 1, dtype=pl.Int64, eager=True).alias(ROW)
-    # spaces around a separator (", ") are not data; an empty field is missing
-    frame = frame.with_columns(pl.col(header).str.strip_chars()).with_columns(
-        [pl.when(pl.col(c) == "").then(None).otherwise(pl.col(c)).alias(c) for c in header])
+    # an empty field is missing (pyarrow already nulls empty ones; these held only spaces)
+    blank = [c for c in header if frame.height and frame.get_column(c).str.len_bytes().min() == 0]
+    if blank:
+        frame = frame.with_columns([pl.when(pl.col(c) == "").then(None).otherwise(pl.col(c)).alias(c) for c in blank])
     return frame.with_columns(rows), rejected
 
 
