@@ -41,12 +41,11 @@ class FlowConfig:
     two_way_share: float = 0.25
     dp_overlap: float = 0.75
     pp_overlap: float = 0.5
-    # a step belongs to the window holding its closing boundary + a guard of about half the job's
-    # period (timelines module doc); jobs whose period is unknown use the fallback guard
-    edge_guard_ns: int = 250_000_000  # the smallest claim guard (timelines: about half a step period)
+    # a step belongs to the window holding its closing boundary + this guard, longer than half of any
+    # step period (timelines module doc); the window margin must exceed 2 periods + the guard
+    edge_guard_ns: int = 6_000_000_000
     # the shortest step period looked for (autocorrelation lags below it are within-step structure)
     min_period_ns: int = 20_000_000
-    fallback_guard_ns: int = 2_000_000_000
     # a reconstructed step shorter than this share of the ip's median step is a split inside a DP
     # phase and is merged into the step before it
     min_step_frac: float = 0.5

@@ -3,8 +3,8 @@ slows the flows that cross it, judged against the flows' peers, never against a 
 
 Each DP/PP data flow gets a rate residual: log(bytes / duration) minus the median of its peers, the
 flows of the same job, type and size class in the same time bin (the same collective moving the same
-chunks at the same time). A second residual compares it with the same peers over the whole span
-(the job's own history), for a switch that slows every flow of a job for a while. Per candidate (both
+chunks at the same time). A second residual compares it with the same pair's flows of that size over
+the whole span (its own history), for a fault that slows most of a collective for a while. Per candidate (both
 NICs of each flow and every switch on its path) and time bin, the median residual is tested against
 the fleet's residual spread; the bar is the Bonferroni z of the detector's false-alarm budget over
 all the cells tested (fleetscope.flows.stats), plus a practical floor (min_bw_drop).
@@ -35,9 +35,11 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig) ->
         bin=(pl.col("start_ns") // cfg.diag_bin_ns),
     )
     key = ["job_id", "comm_type", "size"]
+    # history: the same pair moving the same size over the span (in a small ring most of a
+    # collective's flows may cross the faulty NIC, and then its peers are no baseline)
     f = f.with_columns(
         n_peer=pl.len().over(key + ["bin"]), base_peer=pl.col("x").median().over(key + ["bin"]),
-        n_hist=pl.len().over(key), base_hist=pl.col("x").median().over(key),
+        n_hist=pl.len().over(["pid", "size"]), base_hist=pl.col("x").median().over(["pid", "size"]),
     )
     return f.with_columns(
         e_peer=pl.when(pl.col("n_peer") >= cfg.min_peer_flows).then(pl.col("x") - pl.col("base_peer")),

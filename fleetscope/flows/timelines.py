@@ -9,11 +9,12 @@ Steps: per job the step period (autocorrelation of its flows, fleetscope.flows.p
 address's sequence splits at the largest gap of every period.
 
 Windows: the caller passes the window's flows plus a margin before it. A step belongs to the window
-holding its closing boundary (the first flow of the next step) plus a guard of about half a period
-(a boundary closer than that to the end of the data may still be overturned by flows after it);
-an address's last step (no closing boundary: its job stopped) belongs to the window holding its end
-plus two guards (more than a period, so a following step would have been seen). Both windows see
-the same boundaries, so no step is lost or counted twice."""
+holding its closing boundary (the first flow of the next step) plus a guard longer than half of any
+step period (a boundary closer than that to the end of the data may still be overturned by flows
+after it); an address's last step (no closing boundary: its job stopped) belongs to the window
+holding its end plus two guards (more than a period, so a following step would have been seen).
+Both windows see the same boundaries, so no step is lost or counted twice; the margin must exceed
+two periods plus the guard."""
 from __future__ import annotations
 
 import json
@@ -81,7 +82,7 @@ def reconstruct_steps(ipf: pl.DataFrame, window_start_ns: int, window_end_ns: in
     # yet sure); an address's last step (its job stopped) to the window holding its end + 2 guards.
     # Windows see the same boundaries, so no step is claimed twice or lost (timelines module doc).
     steps = steps.join(periods.select("job_id", "guard_ns"), on="job_id", how="left").with_columns(
-        pl.col("guard_ns").fill_null(cfg.fallback_guard_ns))
+        pl.col("guard_ns").fill_null(cfg.edge_guard_ns))
     steps = steps.with_columns(
         when=pl.coalesce(pl.col("next_first") + pl.col("guard_ns"), pl.col("end_ns") + 2 * pl.col("guard_ns")))
     claim = (pl.col("when") >= window_start_ns) & (pl.col("when") < window_end_ns)
@@ -107,11 +108,10 @@ def split_ip_steps(bnd: pl.DataFrame, cfg: FlowConfig) -> tuple[pl.DataFrame, pl
     gaps = sequence_gaps(gid, start, end)
     df = df.with_columns(gap=pl.Series(gaps))
     periods = job_periods(df, cfg.min_period_ns)
-    # the guard: half a period, quantized (powers of two of the minimum) so that two windows with
-    # slightly different period estimates still pick the same guard
-    g0 = cfg.edge_guard_ns
-    periods = periods.with_columns(guard_ns=pl.when(pl.col("period_ns").is_not_null()).then(
-        (g0 * (2.0 ** (0.5 * pl.col("period_ns") / g0).log(2).ceil().clip(lower_bound=0))).cast(pl.Int64)))
+    # the guard is one constant for every job (longer than half of any step period): a guard
+    # computed from each window's own period estimate could differ between two windows and let
+    # both, or neither, claim a step
+    periods = periods.with_columns(guard_ns=pl.lit(cfg.edge_guard_ns, dtype=pl.Int64))
     df = df.join(periods.select("job_id", "period_ns"), on="job_id", how="left", maintain_order="left")
     periodic = periodic_boundaries(df).to_numpy()
     known = df["period_ns"].is_not_null().to_numpy()
