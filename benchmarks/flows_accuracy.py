@@ -46,6 +46,13 @@ def run_folder(folder: Path, tail_ns: int = TAIL_NS) -> dict:
     t = time.perf_counter()
     tables = analyze_span(flows, topo, (int(w[0]), int(w[1])))
     secs = time.perf_counter() - t
+    bg = truth.get("background")
+    if bg is not None and bg.height and "ip_a" not in bg.columns and "ip" in bg.columns:
+        # recordings list background addresses (a store, a prober): their pairs are every pair
+        # the flows show with one of them
+        ips = bg["ip"].implode()
+        truth["background"] = flows.filter(pl.col("src_ip").is_in(ips) | pl.col("dst_ip").is_in(ips)).select(
+            ip_a=pl.min_horizontal("src_ip", "dst_ip"), ip_b=pl.max_horizontal("src_ip", "dst_ip")).unique()
     s = score(tables, truth, step_span=(int(w[0]), int(w[1]) - tail_ns))
     s.update(secs=secs, flows=flows.height, notes=tables.get("notes", []), _tables=tables, _truth=truth)
     return s
