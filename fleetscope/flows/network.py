@@ -115,7 +115,7 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         # slow flows among many), a congested leaf before each NIC under it (all slow, fewer flows)
         best = fl.group_by("kind", "cand").agg(n=pl.col("n").sum(), k=pl.col("k_slow").sum()) \
             .with_columns(sh=(pl.col("k") / pl.col("n") * 20).round()) \
-            .sort(["sh", "k", "n"], descending=[True, True, True]).row(0, named=True)
+            .sort(["sh", "k", "n", "kind", "cand"], descending=[True, True, True, True, False]).row(0, named=True)
         bins = fl.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]))["bin"]
         mine = remaining.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])
                                 & pl.col("bin").is_in(bins.implode()))
@@ -178,7 +178,7 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
         agg = agg.with_columns(pv=pl.Series(pv)).filter(pl.col("pv") <= alpha)
         if agg.height == 0:
             break
-        best = agg.sort(["episodes", "peers", "k"], descending=True).row(0, named=True)
+        best = agg.sort(["episodes", "peers", "k", "kind", "cand"], descending=[True, True, True, False, False]).row(0, named=True)
         out.append({k: best[k] for k in empty.columns})
         mine = remaining.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]) & pl.col("stall"))
         remaining = remaining.join(mine.select("fid").unique(), on="fid", how="anti")
@@ -193,7 +193,7 @@ def host_groups(causes: pl.DataFrame, topology: pl.DataFrame) -> pl.DataFrame:
     nic = nic.filter(pl.col("host").is_not_null())
     if nic.height == 0:
         return causes.head(0).with_columns(group=pl.lit(None, dtype=pl.List(pl.Utf8)))
-    g = nic.sort("value").group_by("host", "jobs", maintain_order=True).agg(
+    g = nic.sort("value", "cand").group_by("host", "jobs", maintain_order=True).agg(
         pl.col("cand").alias("group"), pl.all().first()).filter(pl.col("group").list.len() >= 2)
     return g.drop("host")
 
