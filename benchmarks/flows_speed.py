@@ -1,8 +1,10 @@
-"""Speed of the flow analytics: landed flow files -> verdicts for simulated fleets of 2k, 4k, 8k and
-16k GPUs (one minute each). Prints per-stage seconds and the peak memory of the process that does
-the work (a fresh subprocess per size, so the simulator's own memory does not count).
+"""Speed of the flow analytics: landed flow files -> verdicts (ingest through fleetscope.ingest, then
+one analyze_window) for simulated fleets of 2k to 16k GPUs, one minute each, conventions drawn per
+seed (CSV dialects, parquet codecs, record cutting). Prints per-stage wall seconds, the process's CPU
+seconds (less sensitive to other work on a shared machine), microseconds per flow and the peak memory
+of the process that does the work (a fresh subprocess per size: the simulator's memory does not count).
 
-    .venv/bin/python -m benchmarks.flows_speed [--gpus 2048 4096 8192 16384] [--data /tmp/fs_flows_speed]
+    .venv/bin/python -m benchmarks.flows_speed [--gpus 2048 16384] [--seed 1001] [--data /tmp/fs_flows_speed]
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ def _measure(folder: Path) -> dict:
 
     from fleetscope.flows import analyze_window
 
+    c0 = time.process_time()
     t0 = time.perf_counter()
     flows, topo, stats = load_landing(folder / "landing")
     t_read = time.perf_counter() - t0
@@ -31,15 +34,17 @@ def _measure(folder: Path) -> dict:
     out = analyze_window(flows, topo, w[0], w[1], timings=tm)
     t_an = time.perf_counter() - t1
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    cpu = time.process_time() - c0
     return {"flows": flows.height, "files": stats["files"], "read_s": t_read, **{f"{k}_s": v for k, v in tm.items()},
-            "analyze_s": t_an, "total_s": t_read + t_an, "peak_mb": peak_mb, "jobs": out["jobs"].height,
+            "analyze_s": t_an, "total_s": t_read + t_an, "cpu_s": cpu, "peak_mb": peak_mb, "jobs": out["jobs"].height,
             "pairs": out["comm_pairs"].height, "steps": out["step_timelines"].height,
             "verdicts": out["anomaly_verdicts"].height}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--gpus", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
+    ap.add_argument("--gpus", type=int, nargs="+", default=[2048, 16384])
+    ap.add_argument("--seed", type=int, default=1001)
     ap.add_argument("--data", default="/tmp/fs_flows_speed")
     ap.add_argument("--measure", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -48,11 +53,11 @@ def main() -> int:
         return 0
     rows = []
     for g in a.gpus:
-        folder = Path(a.data) / f"g{g}"
+        folder = Path(a.data) / f"g{g}-s{a.seed}"
         if not (folder / "ground_truth" / "summary.json").exists():
             t = time.perf_counter()
             subprocess.run([sys.executable, "-c", f"from fleetscope.sim import simulate; simulate({str(folder)!r}, "
-                            f"gpus={g}, minutes=1.0, faults='', seed=0, captures=False, overwrite=True)"],
+                            f"gpus={g}, minutes=1.0, faults='', seed={a.seed}, captures=False, overwrite=True)"],
                            check=True, cwd=REPO)
             print(f"simulated {g} GPUs in {time.perf_counter() - t:.1f} s", file=sys.stderr)
         r = subprocess.run([sys.executable, "-m", "benchmarks.flows_speed", "--measure", str(folder)], check=True, cwd=REPO,
@@ -60,7 +65,7 @@ def main() -> int:
         rows.append({"gpus": g, **json.loads(r.stdout.strip().splitlines()[-1])})
         print(rows[-1], file=sys.stderr)
     cols = ["gpus", "flows", "read_s", "prepare_s", "jobs_s", "comm_types_s", "timelines_s", "verdicts_s", "total_s",
-            "peak_mb", "us_per_flow"]
+            "cpu_s", "peak_mb", "us_per_flow"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

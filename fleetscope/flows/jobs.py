@@ -61,55 +61,155 @@ def pair_summary(seg_flows: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
     by = f.group_by("pid").agg(ip_a=pl.col("ip_a").first(), ip_b=pl.col("ip_b").first(), bytes=pl.col("bytes").sum().cast(pl.Int64),
                                         n_recurring=pl.col("rec").sum().cast(pl.Int64))
     out = base.join(out, on="pid", how="left").join(by, on="pid")
-    # job traffic repeats: enough flows of recurring sizes (one-off control or copy flows do not)
-    return out.with_columns(periodic=pl.col("n_recurring") >= cfg.min_pair_flows).sort("ip_a", "ip_b")
+    # job traffic repeats: enough flows of recurring sizes (one-off control or copy flows do not),
+    # over more than one step (a checkpoint copy cut into equal messages is one burst)
+    return out.with_columns(periodic=(pl.col("n_recurring") >= cfg.min_pair_flows) & (pl.col("n_steps") >= 2)
+                            ).sort("ip_a", "ip_b")
+
+
+def hub_addresses(pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
+    """Addresses (ip) whose data peers (pairs with data flows, periodic or not) far outnumber their
+    peers' own: services (storage, monitoring, probe servers) that talk to many GPUs of many jobs.
+    A GPU's peers are its ring or tree neighbours, pipeline stages and a service or two, about as
+    many as each of those peers has."""
+    e = pairs.filter(pl.col("n_steps") > 0).select("ip_a", "ip_b")  # pairs with data flows
+    if e.height == 0:
+        return pl.DataFrame(schema={"ip": pl.Utf8, "peers": pl.UInt32})
+    und = pl.concat([e.select(ip="ip_a", peer="ip_b"), e.select(ip="ip_b", peer="ip_a")])
+    deg = und.group_by("ip").agg(peers=pl.len())
+    nb = und.join(deg.rename({"ip": "peer", "peers": "peer_peers"}), on="peer").group_by("ip").agg(
+        nb=pl.col("peer_peers").median())
+    return deg.join(nb, on="ip").filter(
+        (pl.col("peers") >= cfg.hub_min_peers) & (pl.col("peers") >= cfg.hub_factor * pl.col("nb"))).select("ip", "peers")
+
+
+def _components(edges: pl.DataFrame, ips: pl.Series) -> tuple[pl.DataFrame, np.ndarray]:
+    idx = pl.DataFrame({"ip": ips, "i": np.arange(ips.len())})
+    e = edges.join(idx.rename({"ip": "ip_a", "i": "a"}), on="ip_a").join(idx.rename({"ip": "ip_b", "i": "b"}), on="ip_b")
+    n = ips.len()
+    g = coo_matrix((np.ones(e.height), (e["a"].to_numpy(), e["b"].to_numpy())), shape=(n, n))
+    return idx, connected_components(g, directed=False)[1]
+
+
+def job_edges(pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
+    """The pairs that make jobs: periodic, not negligible for either end, and between no service.
+
+    - strength: a pair's bytes are at least min_pair_share of the biggest pair of each of its ends
+      (a GPU's ring and pipeline peers carry comparable volumes; a storage read, a monitoring scrape
+      or a probe is a tiny share of a busy GPU's traffic);
+    - services: addresses with far more data peers than their peers have (hub_addresses), and
+      addresses whose data peers lie in two or more jobs other than their own (a GPU belongs to one
+      job; a storage or monitoring server serves many)."""
+    data = pairs.filter(pl.col("n_steps") > 0)
+    top = pl.concat([data.select(ip="ip_a", b="bytes"), data.select(ip="ip_b", b="bytes")]).group_by("ip").agg(top=pl.col("b").max())
+    cand = data.filter("periodic").join(top.rename({"ip": "ip_a", "top": "ta"}), on="ip_a") \
+        .join(top.rename({"ip": "ip_b", "top": "tb"}), on="ip_b") \
+        .filter(pl.col("bytes") >= cfg.min_pair_share * pl.max_horizontal("ta", "tb")).drop("ta", "tb")
+    hubs = hub_addresses(pairs, cfg)["ip"]
+    if hubs.len():
+        cand = cand.filter(~pl.col("ip_a").is_in(hubs.implode()) & ~pl.col("ip_b").is_in(hubs.implode()))
+    ips = pl.concat([cand["ip_a"], cand["ip_b"]]).unique().sort()
+    if ips.len() == 0:
+        return cand
+    idx, comp = _components(cand, ips)
+    cm = idx.select("ip", c=pl.Series(comp, dtype=pl.Int64)).with_columns(size=pl.len().over("c"))
+    und = pl.concat([data.select(ip="ip_a", peer="ip_b"), data.select(ip="ip_b", peer="ip_a")])
+    # a GPU's data peers are mostly in its own job (its pipeline neighbours may still be apart
+    # here); a service's are nearly all in other jobs, and in several of them
+    peers = und.join(cm.select("ip", "c"), on="ip", how="left").join(
+        cm.filter(pl.col("size") >= 2).select(peer="ip", pc="c"), on="peer", how="left") \
+        .with_columns(out=pl.col("c").is_null() | pl.col("pc").is_null() | (pl.col("pc") != pl.col("c")))
+    other = peers.group_by("ip").agg(n=pl.col("pc").filter("out").drop_nulls().n_unique(), out_share=pl.col("out").mean())
+    services = other.filter((pl.col("n") >= 2) & (pl.col("out_share") >= 0.75))["ip"]
+    if services.len():
+        cand = cand.filter(~pl.col("ip_a").is_in(services.implode()) & ~pl.col("ip_b").is_in(services.implode()))
+    return cand
 
 
 def job_id_for(ips: list[str]) -> str:
     return "job-" + hashlib.sha1(",".join(sorted(ips)).encode()).hexdigest()[:12]
 
 
-def _co_occurrence(fa: pl.DataFrame, fb: pl.DataFrame, tol_ns: int, sample: int = 4000) -> float:
-    """Best share, over B's flow sizes, of B's flows starting within tol_ns of a flow of A with the
-    same size. Ranks of one
-    job move in lockstep (the TP shards of a stage send the same activation or bucket chunk at
-    the same moment), two independent jobs do not."""
-    if fa.height == 0 or fb.height == 0:
-        return 0.0
-    b = fb.select("start_ns", "bytes")
-    if b.height > sample:
-        b = b.gather(np.linspace(0, b.height - 1, sample).astype(np.int64))
-    a = fa.select(t=pl.col("start_ns"), bytes="bytes").sort("bytes", "t")
-    j = b.sort("bytes", "start_ns").join_asof(a, left_on="start_ns", right_on="t", by="bytes",
-                                              strategy="nearest", check_sortedness=False)
-    hit = j.with_columns(hit=((pl.col("t") - pl.col("start_ns")).abs() <= tol_ns).fill_null(False))
-    # per flow size: the collective's chunks stay in lockstep even when a straggler shifts the
-    # pipeline sends of one replica; a size class needs a few flows to count
-    per = hit.group_by("bytes").agg(share=pl.col("hit").mean(), n=pl.len()).filter(pl.col("n") >= 8)
-    return float(per["share"].max()) if per.height else float(hit["hit"].mean())
+def lockstep_pairs(cand: pl.DataFrame, events: pl.DataFrame, cfg: FlowConfig, max_sample: int = 2000) -> pl.DataFrame:
+    """Candidate cluster pairs (a, b) that step in lockstep. events: (cluster_id, t) the step ends of
+    each cluster's pairs. b's events are matched to a's nearest within sync_tol_ns; the share that
+    match must be >= sync_min_share and well above chance (the share a's events would catch if b's
+    fell at random: a's distinct event times per unit time x twice the tolerance). No flow sizes
+    involved: headers and retransmissions shift sizes across rails."""
+    if cand.height == 0 or events.height == 0:
+        return cand.head(0)
+    tol = cfg.sync_tol_ns
+    ev = events.unique().sort("cluster_id", "t")
+    # distinct event times (a cluster's pairs end a step within microseconds of each other)
+    distinct = ev.with_columns(new=(pl.col("t").diff().over("cluster_id").fill_null(tol + 1) > tol)).filter("new") \
+        .group_by("cluster_id").agg(n=pl.len(), span=pl.col("t").max() - pl.col("t").min())
+    chance = distinct.select("cluster_id", chance=(pl.col("n") * 2 * tol / pl.col("span").clip(lower_bound=1)).clip(upper_bound=1.0))
+    c = cand.with_row_index("k")
+    a = c.join(ev.rename({"cluster_id": "a", "t": "ta"}), on="a").select("k", "ta").sort("k", "ta")
+    # b's events: an even sample is enough for a share
+    evb = ev.with_columns(i=pl.int_range(pl.len()).over("cluster_id"), n=pl.len().over("cluster_id")).filter(
+        pl.col("i") % (pl.col("n") // max_sample).clip(lower_bound=1) == 0).select("cluster_id", "t")
+    b = c.join(evb.rename({"cluster_id": "b", "t": "tb"}), on="b").select("k", "tb").sort("k", "tb")
+    j = b.join_asof(a, left_on="tb", right_on="ta", by="k", strategy="nearest", check_sortedness=False)
+    sc = j.group_by("k").agg(share=((pl.col("ta") - pl.col("tb")).abs() <= tol).mean())
+    sc = sc.join(c, on="k").join(chance.rename({"cluster_id": "a"}), on="a", how="left").with_columns(pl.col("chance").fill_null(1.0))
+    ok = sc.filter((pl.col("share") >= cfg.sync_min_share) & (pl.col("share") >= 2 * pl.col("chance") + 0.1))
+    return ok.select("a", "b")
+
+
+def phase_locked_pairs(cand: pl.DataFrame, events: pl.DataFrame, cfg: FlowConfig, bins: int = 1 << 14) -> pl.DataFrame:
+    """Candidate cluster pairs (a, b) that step with one period and one phase although their flows
+    do not coincide one by one (data-parallel replicas of a stage, pipeline-only NICs): periods
+    (autocorrelation of each cluster's flow starts) within period_tol, and the cross-correlation of
+    their flow starts highest within phase_tol of a period around zero lag. A tenant's two jobs on
+    the same hosts step with their own period, or at least their own phase."""
+    if cand.height == 0 or events.height == 0:
+        return cand.head(0)
+    from fleetscope.flows.period import autocorr_period
+
+    t0, t1 = int(events["t"].min()), int(events["t"].max()) + 1
+    b = max((t1 - t0) // bins, 1)
+    series, period = {}, {}
+    involved = set(cand["a"].to_list()) | set(cand["b"].to_list())
+    for (cid,), g in events.filter(pl.col("cluster_id").is_in(list(involved))).group_by(["cluster_id"]):
+        t = g["t"].to_numpy()
+        period[cid] = autocorr_period(t, cfg.min_period_ns)
+        x = np.bincount(((t - t0) // b).astype(np.int64), minlength=bins + 1).astype(np.float64)
+        x -= x.mean()
+        series[cid] = np.fft.rfft(x, 2 * len(x))
+    keep = []
+    for a, c in cand.iter_rows():
+        pa, pc = period.get(a), period.get(c)
+        if pa is None or pc is None or abs(pa - pc) > cfg.period_tol * max(pa, pc):
+            continue
+        xc = np.fft.irfft(series[a] * np.conj(series[c]))
+        lag = max(int(cfg.phase_tol * pa // b), 1)
+        span = max(int(pa // b), lag + 1)  # compare with the best lag within one period
+        near = max(xc[:lag + 1].max(), xc[-lag:].max())
+        best = max(xc[:span + 1].max(), xc[-span:].max())
+        if near > 0 and near >= 0.7 * best:
+            keep.append((a, c))
+    return pl.DataFrame(keep, schema={"a": pl.Int64, "b": pl.Int64}, orient="row")
 
 
 def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.DataFrame,
-                   cfg: FlowConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
+                   cfg: FlowConfig) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """pairs: pair_summary rows of in-topology pairs. Returns (membership: ip, host, gpu,
     cluster_id, job_id), (job_pairs: ip_a, ip_b, job_id for every in-topology pair whose two ends
-    are in one job; aperiodic pairs between jobs are left out and reported as background)."""
-    edges = pairs.filter("periodic")
+    are in one job; aperiodic pairs between jobs are left out and reported as background), (edges:
+    the pairs that made the jobs)."""
+    edges = job_edges(pairs, cfg)
     ips = pl.concat([edges["ip_a"], edges["ip_b"]]).unique().sort()
     empty_m = pl.DataFrame(schema={"ip": pl.Utf8, "host": pl.Utf8, "gpu": pl.Utf8, "cluster_id": pl.Int64, "job_id": pl.Utf8})
     if ips.len() == 0:
-        return empty_m, pl.DataFrame(schema={"ip_a": pl.Utf8, "ip_b": pl.Utf8, "job_id": pl.Utf8})
-    idx = pl.DataFrame({"ip": ips, "i": np.arange(ips.len())})
-    e = edges.join(idx.rename({"ip": "ip_a", "i": "a"}), on="ip_a").join(idx.rename({"ip": "ip_b", "i": "b"}), on="ip_b")
-    n = ips.len()
-    g = coo_matrix((np.ones(e.height), (e["a"].to_numpy(), e["b"].to_numpy())), shape=(n, n))
-    _, comp = connected_components(g, directed=False)
+        return empty_m, pl.DataFrame(schema={"ip_a": pl.Utf8, "ip_b": pl.Utf8, "job_id": pl.Utf8}), edges
+    idx, comp = _components(edges, ips)
     members = idx.with_columns(cluster_id=pl.Series(comp, dtype=pl.Int64)).join(
         topology.select("ip", "host", "gpu"), on="ip", how="left")
 
-    # clusters sharing a host are one job when their flows move in lockstep (co-occurrence): TP
-    # groups never leave a host, and a DP ring walking local members over NVLink splits a job into
-    # clusters on overlapping host sets; a tenant's two jobs on the same hosts do not co-occur
+    # clusters sharing a host are one job when they step in lockstep: TP groups never leave a host,
+    # so each tensor-parallel rank's DP/PP traffic is a cluster of its own, all ending their steps
+    # together; a tenant's two jobs on the same hosts do not (lockstep_pairs)
     cids_all = sorted(members["cluster_id"].unique().to_list())
     parent = {c: c for c in cids_all}
 
@@ -119,23 +219,29 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
             c = parent[c]
         return c
 
-    ch = members.select("cluster_id", "host").unique()
+    ch = members.filter(pl.col("host").is_not_null()).select("cluster_id", "host").unique()
     cand = ch.join(ch, on="host").filter(pl.col("cluster_id") < pl.col("cluster_id_right")) \
         .select(a="cluster_id", b="cluster_id_right").unique().sort("a", "b")
     if cand.height:
-        involved = pl.concat([cand["a"], cand["b"]]).unique()
         cl_of = members.select(pl.col("ip").alias("ip_a"), "cluster_id")
-        fl = seg_flows.join(edges.select("pid"), on="pid", how="semi").join(cl_of, on="ip_a") \
-            .filter(pl.col("cluster_id").is_in(involved.implode())).select("cluster_id", "start_ns", "bytes")
-        by_cl = {cid: g for (cid,), g in fl.group_by(["cluster_id"])}
-        empty = pl.DataFrame(schema={"cluster_id": pl.Int64, "start_ns": pl.Int64, "bytes": pl.Int64})
-        for a, b in cand.iter_rows():
-            if find(a) == find(b):
-                continue
-            fa, fb = by_cl.get(a, empty), by_cl.get(b, empty)
-            score = max(_co_occurrence(fa, fb, cfg.sync_tol_ns), _co_occurrence(fb, fa, cfg.sync_tol_ns))
-            if score >= cfg.sync_min_share:
-                parent[find(b)] = find(a)
+        ef = seg_flows.join(edges.select("pid"), on="pid", how="semi").join(cl_of, on="ip_a")
+        # two kinds of lockstep evidence, each against its own chance level: the flows' start times
+        # (tensor-parallel ranks send each microbatch's activations and each bucket together; too
+        # dense to tell apart when traffic streams) and the pairs' step ends (sparse, but noisier)
+        # (a slice of the window is enough to see flows coincide, and keeps this cheap)
+        t_mid = int(ef["start_ns"].median()) if ef.height else 0
+        starts = ef.filter((pl.col("start_ns") - t_mid).abs() <= cfg.lockstep_slice_ns // 2).select("cluster_id", t=pl.col("start_ns"))
+        ends = ef.group_by("pid", "seg").agg(cluster_id=pl.col("cluster_id").first(), t=pl.col("end_ns").max()) \
+            .select("cluster_id", "t")
+        ok = pl.concat([lockstep_pairs(cand, starts, cfg), lockstep_pairs(cand, ends, cfg)]).unique()
+        for a, b in ok.sort("a", "b").iter_rows():
+            parent[find(b)] = find(a)
+        # what is left: clusters whose flows do not coincide one by one (data-parallel replicas of
+        # one stage, pipeline-only NICs) still repeat with the job's period and phase
+        rest = cand.filter(pl.struct("a", "b").map_elements(lambda r: find(r["a"]) != find(r["b"]),
+                                                            return_dtype=pl.Boolean))
+        for a, b in phase_locked_pairs(rest, ef.select("cluster_id", t=pl.col("start_ns")), cfg).iter_rows():
+            parent[find(b)] = find(a)
     root = pl.DataFrame({"cluster_id": list(parent), "root": [find(c) for c in parent]},
                         schema={"cluster_id": pl.Int64, "root": pl.Int64})
     members = members.join(root, on="cluster_id")
@@ -148,4 +254,4 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
                  .join(m.rename({"ip": "ip_a", "job_id": "ja"}), on="ip_a")
                  .join(m.rename({"ip": "ip_b", "job_id": "jb"}), on="ip_b")
                  .filter(pl.col("ja") == pl.col("jb")).select("ip_a", "ip_b", job_id="ja"))
-    return members, job_pairs
+    return members, job_pairs, edges

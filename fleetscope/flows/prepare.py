@@ -59,6 +59,14 @@ def check_topology(topology: pl.DataFrame) -> pl.DataFrame:
     return topo
 
 
+def empty_topology(ips: pl.Series) -> pl.DataFrame:
+    """A topology that knows only the addresses (no hosts, switches, rails): the analysis without one."""
+    return pl.DataFrame({"ip": ips.cast(pl.Utf8)}).with_columns(
+        [pl.lit(None, dtype=t).alias(c) for c, t in {"host": pl.Utf8, "gpu": pl.Utf8, "leaf": pl.Utf8, "spine": pl.Utf8,
+                                                     "rail": pl.Int64, "rack": pl.Utf8, "pod": pl.Utf8}.items()]
+    )
+
+
 def add_pairs(flows: pl.DataFrame) -> pl.DataFrame:
     """Unordered pair columns ip_a < ip_b."""
     return flows.with_columns(

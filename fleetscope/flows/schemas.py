@@ -13,7 +13,7 @@ JOBS = pa.DataFrameSchema(
         "window_id": pa.Column(pl.Utf8),
         "job_id": pa.Column(pl.Utf8),
         "n_gpus": pa.Column(pl.Int64, pa.Check.ge(1)),
-        "n_hosts": pa.Column(pl.Int64, pa.Check.ge(1)),
+        "n_hosts": pa.Column(pl.Int64, pa.Check.ge(0)),  # 0: no topology, hosts unknown
         # additions: when the job's traffic was seen inside the window (jobs starting/stopping)
         "first_ns": pa.Column(pl.Int64, nullable=True),
         "last_ns": pa.Column(pl.Int64, nullable=True),
@@ -29,7 +29,7 @@ JOB_CLUSTERS = pa.DataFrameSchema(
         "window_id": pa.Column(pl.Utf8),
         "job_id": pa.Column(pl.Utf8),
         "ip": pa.Column(pl.Utf8),
-        "host": pa.Column(pl.Utf8),
+        "host": pa.Column(pl.Utf8, nullable=True),  # null: no topology, hosts unknown
         "gpu": pa.Column(pl.Utf8, nullable=True),
         "cluster_id": pa.Column(pl.Int64),  # cross-machine cluster (before host-set merging)
     },
@@ -49,9 +49,13 @@ COMM_PAIRS = pa.DataFrameSchema(
         "n_steps": pa.Column(pl.Int64),  # segments found by the change-point split
         "mode_distinct_sizes": pa.Column(pl.Int64, nullable=True),
         "raw_type": pa.Column(pl.Utf8, pa.Check.isin(COMM_TYPES)),  # size-count rule alone
-        "method": pa.Column(pl.Utf8),  # size_count | timing_fallback | transitivity | aperiodic
+        # one_way | both_ways_together | both_ways_in_turn | size_count | aperiodic | not_job_traffic
+        "method": pa.Column(pl.Utf8),
         "refined": pa.Column(pl.Boolean),  # changed by DP transitivity
         "dp_group": pa.Column(pl.Int64, nullable=True),
+        # timing evidence: share of flows in the minority direction, share overlapping the other one
+        "dir_share": pa.Column(pl.Float64, nullable=True),
+        "overlap": pa.Column(pl.Float64, nullable=True),
     },
     checks=[pa.Check(lambda d: d.lazyframe.select(pl.col("ip_a") < pl.col("ip_b")), name="ip_a<ip_b")],
     unique=["window_id", "ip_a", "ip_b"],

@@ -5,10 +5,16 @@ change-point split; a step ends where its DP traffic ends, starts where the prev
 PP flows between are the PP events, the rest is compute. An ip with no DP pair (pure PP) uses
 its PP flows instead (boundary_source).
 
-Windows: the caller passes the window's flows plus a margin before it. A step belongs to the
-window [ws, we) where end + edge_guard_ns falls: a step whose DP phase is cut by the window end
-has its last seen flow within the guard of we and is left to the next window, which sees it
-whole (the guard must exceed any gap inside one DP phase). So no step is lost or counted twice."""
+Steps: per job the step period (autocorrelation of its flows, fleetscope.flows.period); each
+address's sequence splits at the largest gap of every period.
+
+Windows: the caller passes the window's flows plus a margin before it. A step belongs to the window
+holding its closing boundary (the first flow of the next step) plus a guard longer than half of any
+step period (a boundary closer than that to the end of the data may still be overturned by flows
+after it); an address's last step (no closing boundary: its job stopped) belongs to the window
+holding its end plus two guards (more than a period, so a following step would have been seen).
+Both windows see the same boundaries, so no step is lost or counted twice; the margin must exceed
+two periods plus the guard."""
 from __future__ import annotations
 
 import json
@@ -16,14 +22,17 @@ from pathlib import Path
 
 import polars as pl
 
+import numpy as np
+
+from fleetscope.flows.changepoint import sequence_gaps, split_steps, step_index
 from fleetscope.flows.config import FlowConfig
-from fleetscope.flows.prepare import segment
+from fleetscope.flows.period import job_periods, periodic_boundaries
 
 
 def ip_flows(flows: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
     """Each labeled flow twice: once for its sender (role send), once for its receiver."""
-    lab = flows.join(pairs.select("pid", "job_id", "comm_type"), on="pid")
-    cols = ["job_id", "comm_type", "start_ns", "end_ns", "bytes", "src_ip", "dst_ip"]
+    lab = flows.join(pairs.filter(pl.col("comm_type").is_in(["DP", "PP"])).select("pid", "job_id", "comm_type"), on="pid")
+    cols = ["job_id", "comm_type", "start_ns", "end_ns", "bytes"]
     # ix: the ip's integer index (from the pair key), the key of the per-ip sorts and group-bys
     a_ix, b_ix = pl.col("pid") // (1 << 32), pl.col("pid") % (1 << 32)
     src_is_a = pl.col("src_ip") == pl.col("ip_a")
@@ -37,26 +46,19 @@ def ip_flows(flows: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
 
 def reconstruct_steps(ipf: pl.DataFrame, window_start_ns: int, window_end_ns: int, window_id: str,
                       cfg: FlowConfig) -> pl.DataFrame:
-    """ip_flows rows (window + margin) -> step_timelines rows claimed by this window."""
+    """ip_flows rows (window + margin) -> step rows: those claimed by this window (`claimed`, the
+    step_timelines table) and the margin's earlier steps (history for the verdicts' baselines)."""
     has_dp = ipf.filter(pl.col("comm_type") == "DP").select("ix").unique()
     src = ipf.join(has_dp.with_columns(dp=pl.lit(True)), on="ix", how="left").with_columns(
         source=pl.when(pl.col("dp")).then(pl.lit("DP")).otherwise(pl.lit("PP")))
     bnd = src.filter((pl.col("comm_type") == pl.col("source")) & (pl.col("bytes") >= cfg.min_data_bytes))
-    # a flow seen by both ends is one event per ip; channels give several rows per ip, fine
-    seg = segment(bnd, ["ix"], cfg.split)
-    # a change point inside a DP phase (a scheduling hiccup between two buckets) leaves a step far
-    # shorter than the ip's typical (upper-quartile) step: merge such a piece back into the step before it
-    ends = seg.group_by("ix", "seg").agg(e=pl.col("end_ns").max()).sort("ix", "seg").with_columns(
-        d=pl.col("e").diff().over("ix"))
-    ends = ends.with_columns(short=(pl.col("d") < cfg.min_step_frac * pl.col("d").quantile(0.75).over("ix")).fill_null(False))
-    ends = ends.with_columns(seg2=((~pl.col("short")).cum_sum().over("ix") - 1).cast(pl.Int64))
-    seg = seg.join(ends.select("ix", "seg", "seg2"), on=["ix", "seg"]).drop("seg").rename({"seg2": "seg"})
+    seg, periods = split_ip_steps(bnd, cfg)
     steps = seg.group_by("ix", "seg").agg(
         job_id=pl.col("job_id").first(), ip=pl.col("ip").first(), boundary_source=pl.col("source").first(),
         dp_start_ns=pl.col("start_ns").min(), end_ns=pl.col("end_ns").max(),
         dp_send_start_ns=pl.col("start_ns").filter(pl.col("role") == "send").min(),
         dp_bytes=pl.col("bytes").sum().cast(pl.Int64), n_dp_flows=pl.len().cast(pl.Int64),
-    ).sort("ix", "seg")
+    ).sort("ix", "seg").with_columns(next_first=pl.col("dp_start_ns").shift(-1).over("ix"))
     first_seen = ipf.group_by("ix").agg(first=pl.col("start_ns").min())
     steps = steps.join(first_seen, on="ix").with_columns(
         prev=pl.col("end_ns").shift(1).over("ix")).with_columns(
@@ -75,10 +77,53 @@ def reconstruct_steps(ipf: pl.DataFrame, window_start_ns: int, window_end_ns: in
         dp_bytes=pl.when(pl.col("boundary_source") == "DP").then("dp_bytes").otherwise(0),
         n_dp_flows=pl.when(pl.col("boundary_source") == "DP").then("n_dp_flows").otherwise(0),
     )
-    claim = (pl.col("end_ns") + cfg.edge_guard_ns >= window_start_ns) & (pl.col("end_ns") + cfg.edge_guard_ns < window_end_ns)
-    steps = steps.filter(claim).sort("ip", "end_ns").with_columns(
-        step=pl.int_range(pl.len()).over("ip").cast(pl.Int64), window_id=pl.lit(window_id))
+    # claims: a step belongs to the window holding its closing boundary (the next step's first flow)
+    # shifted by a guard of about half a period (a boundary nearer the data's end than that is not
+    # yet sure); an address's last step (its job stopped) to the window holding its end + 2 guards.
+    # Windows see the same boundaries, so no step is claimed twice or lost (timelines module doc).
+    steps = steps.join(periods.select("job_id", "guard_ns"), on="job_id", how="left").with_columns(
+        pl.col("guard_ns").fill_null(cfg.edge_guard_ns))
+    steps = steps.with_columns(
+        when=pl.coalesce(pl.col("next_first") + pl.col("guard_ns"), pl.col("end_ns") + 2 * pl.col("guard_ns")))
+    claim = (pl.col("when") >= window_start_ns) & (pl.col("when") < window_end_ns)
+    # steps before the window (its margin) stay as the jobs' recent history (baselines), unclaimed
+    steps = steps.filter(pl.col("when") < window_end_ns).with_columns(claimed=claim).drop("when", "next_first", "guard_ns")
+    steps = steps.sort("ip", "end_ns").with_columns(
+        step=(pl.col("claimed").cast(pl.Int64).cum_sum() - 1).over("ip").cast(pl.Int64), window_id=pl.lit(window_id))
     return _align_job_steps(steps)
+
+
+def split_ip_steps(bnd: pl.DataFrame, cfg: FlowConfig) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Boundary flows (ix, job_id, start_ns, end_ns, ...) -> (the rows sorted by ix and start with
+    `seg`, the step index per address; per job period_ns and the claim guard_ns).
+
+    Addresses of a job with a known period split at the largest gap of each period
+    (period.periodic_boundaries); the others with the online two-level filter (changepoint)."""
+    if bnd.height == 0:
+        return bnd.with_columns(seg=pl.lit(0, dtype=pl.Int64)), pl.DataFrame(
+            schema={"job_id": pl.Utf8, "period_ns": pl.Float64, "guard_ns": pl.Int64})
+    df = bnd.sort("ix", "start_ns")
+    gid = df["ix"].to_numpy()
+    start, end = df["start_ns"].to_numpy(), df["end_ns"].to_numpy()
+    gaps = sequence_gaps(gid, start, end)
+    df = df.with_columns(gap=pl.Series(gaps))
+    periods = job_periods(df, cfg.min_period_ns)
+    # the guard is one constant for every job (longer than half of any step period): a guard
+    # computed from each window's own period estimate could differ between two windows and let
+    # both, or neither, claim a step
+    periods = periods.with_columns(guard_ns=pl.lit(cfg.edge_guard_ns, dtype=pl.Int64))
+    df = df.join(periods.select("job_id", "period_ns"), on="job_id", how="left", maintain_order="left")
+    periodic = periodic_boundaries(df).to_numpy()
+    known = df["period_ns"].is_not_null().to_numpy()
+    if (~known).any():
+        online = split_steps(gid, gaps, cfg.split, durations=(end - start).astype(np.float64))
+        b = np.where(known, periodic, online)
+    else:
+        b = periodic
+    first = np.ones(len(gid), dtype=bool)
+    first[1:] = gid[1:] != gid[:-1]
+    b = b | first
+    return df.with_columns(seg=pl.Series(step_index(gid, b), dtype=pl.Int64)).drop("gap"), periods
 
 
 def _align_job_steps(steps: pl.DataFrame) -> pl.DataFrame:

@@ -7,46 +7,57 @@ import time
 
 import polars as pl
 
-from fleetscope.analysis import Analysis, skipped
+from fleetscope.analysis import Analysis
 from fleetscope.flows.comm_types import classify_pairs
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.diagnosis import flow_verdicts
 from fleetscope.flows.jobs import pair_summary, recognize_jobs
-from fleetscope.flows.prepare import add_pairs, check_flows, check_topology, segment
+from fleetscope.flows.prepare import add_pairs, check_flows, check_topology, empty_topology, segment
 from fleetscope.flows.schemas import COMM_PAIRS, FLOW_BACKGROUND, JOB_CLUSTERS, JOBS, STEP_TIMELINES
 from fleetscope.flows.timelines import ip_flows, perfetto_trace, reconstruct_steps
 from fleetscope.schemas.base import conform
 from fleetscope.windows import window_id_for
 
-
-def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns: int, window_end_ns: int,
+def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_start_ns: int, window_end_ns: int,
                    config: FlowConfig | None = None, window_id: str | None = None,
                    timings: dict | None = None, export_timelines: bool = False) -> Analysis:
-    """flows: normalized flows (docs/CONTRACT.md 1.2) starting in [window_start_ns - margin,
-    window_end_ns); the margin (recommended: >= 2 step periods + edge_guard_ns; 30 s is plenty) lets
-    the first steps of the window be delimited. Jobs and comm types come from the flows inside the
-    window, step timelines from all of them. Returns the Analysis with tables jobs, job_clusters,
-    comm_pairs, step_timelines, flow_background and the flow verdicts; with export_timelines, one
-    Perfetto trace per job as artifact `perfetto/<window>/<job>.json`. `timings`, when a dict,
-    receives per-stage seconds."""
+    """flows: normalized flows (docs/CONTRACT.md 1.2) starting in [window_start_ns - margin, window_end_ns);
+    the margin (recommended: >= 2 step periods + edge_guard_ns; 30 s is plenty) lets the first
+    steps of the window be delimited. Jobs and comm types come from the flows inside the window,
+    step timelines from all of them. Returns the Analysis with tables jobs, job_clusters, comm_pairs,
+    step_timelines, flow_background, the flow verdicts, what was skipped as notes and what needs a
+    person (no topology, flows but no job) as warnings; with export_timelines, one Perfetto trace per job as artifact
+    `perfetto/<window>/<job>.json`. `timings`, when a dict, receives per-stage seconds."""
     cfg = config or FlowConfig()
     if window_end_ns <= window_start_ns:
         raise ValueError(f"empty window [{window_start_ns}, {window_end_ns})")
     wid = window_id or window_id_for(window_start_ns, window_end_ns)
-    if flows.height == 0:
-        return skipped(f"window {wid}: no flow records")
-    if topology.height == 0:
-        return skipped(f"window {wid}: {flows.height} flow records but no topology (docs/CONTRACT.md 1.1): jobs need the "
-                       "host of every address; land a topology file", warn=True)
     tm = timings if timings is not None else {}
     t = time.perf_counter()
 
+    notes: list[str] = []
     f = add_pairs(check_flows(flows))
-    topo = check_topology(topology)
+    topo = check_topology(topology) if topology is not None and topology.height else None
     f = f.filter(pl.col("start_ns") < window_end_ns)
+    if topo is None:
+        # flows alone still give jobs, pairs and steps; what needs hosts is skipped, and said so
+        ips_seen = pl.concat([f["src_ip"], f["dst_ip"]]).unique().sort()
+        topo = empty_topology(ips_seen)
+        notes.append(
+            "WARNING: no topology (missing or rejected): every address in the flows was taken as a GPU NIC. "
+            "Skipped: the host merge (a job's tensor-parallel ranks on the same hosts stay separate jobs), host "
+            "and leaf names in job_clusters and verdicts, and the split of background traffic by address. "
+            "Land a topology (docs/CONTRACT.md 1.1: ip, host) to get them.")
+        has_hosts = False
+    else:
+        has_hosts = True
     known = topo["ip"].implode()
     is_in = pl.col("src_ip").is_in(known) & pl.col("dst_ip").is_in(known)
     inside, outside = f.filter(is_in), f.filter(~is_in)
+    if has_hosts and f.height and inside.height < 0.5 * f.height:
+        notes.append(
+            f"WARNING: {outside.height} of {f.height} flows ({outside.height / f.height:.0%}) have an address outside "
+            "the topology: is the topology stale or of another cluster? Those flows were set aside as background.")
     # an integer key per pair: the heavy sorts and group-bys run on it, not on address strings
     ips, ixs = topo["ip"].to_list(), list(range(topo.height))
     inside = inside.with_columns(pid=pl.col("ip_a").replace_strict(ips, ixs, return_dtype=pl.Int64) * (1 << 32)
@@ -57,23 +68,36 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns:
     t = time.perf_counter()
     # control messages (credits, notifications, store polls) carry no step timing: the split and
     # the size count run on data flows; pairs with control traffic only are aperiodic (`other`)
-    seg = segment(win.filter(pl.col("bytes") >= cfg.min_data_bytes), ["pid"], cfg.split)
+    # jobs and pairs from the window and its margin: a job that stopped just before the window still
+    # owns the steps it leaves to it (claimed by their closing boundary); the tables list the jobs
+    # with traffic in the window
+    seg = segment(inside.filter(pl.col("bytes") >= cfg.min_data_bytes), ["pid"], cfg.split)
     pairs = pair_summary(seg, cfg)
     ctrl = win.join(pairs.select("pid"), on="pid", how="anti").group_by("pid").agg(
         ip_a=pl.col("ip_a").first(), ip_b=pl.col("ip_b").first(), n_flows=pl.len().cast(pl.Int64), bytes=pl.col("bytes").sum().cast(pl.Int64),
         first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max())
     pairs = pl.concat([pairs, ctrl.with_columns(n_steps=pl.lit(0, dtype=pl.Int64), periodic=pl.lit(False))],
                       how="diagonal_relaxed").sort("ip_a", "ip_b")
-    members, job_pairs = recognize_jobs(pairs, seg, topo, cfg)
+    members, job_pairs, edges = recognize_jobs(pairs, seg, topo, cfg)
     tm["jobs"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    labeled = classify_pairs(pairs, job_pairs, seg, cfg)
+    labeled = classify_pairs(pairs, job_pairs, seg, cfg, edges=edges)
     tm["comm_types"] = time.perf_counter() - t
 
     t = time.perf_counter()
     ipf = ip_flows(inside, labeled)
-    steps = reconstruct_steps(ipf, window_start_ns, window_end_ns, wid, cfg)
+    steps_all = reconstruct_steps(ipf, window_start_ns, window_end_ns, wid, cfg)
+    # a job whose steps mostly stray from its typical step was not split reliably (its step gaps do
+    # not stand out: traffic streaming through the whole step): its steps are withheld, and said so
+    typical = steps_all.filter("start_observed").with_columns(d=pl.col("end_ns") - pl.col("start_ns")).group_by("job_id").agg(
+        share=((pl.col("d") / pl.col("d").median() - 1).abs() <= cfg.max_rel_spread).mean(), n=pl.len())
+    unclear = typical.filter((pl.col("share") < cfg.min_typical) & (pl.col("n") >= 4))["job_id"]
+    for j in unclear.to_list():
+        notes.append(f"NOTE: steps of {j} withheld: its step boundaries do not stand out in its flows (most reconstructed "
+                     "steps stray from its typical step); its jobs and pairs are reported")
+    steps_all = steps_all.filter(~pl.col("job_id").is_in(unclear.implode()))
+    steps = steps_all.filter("claimed")
     tm["timelines"] = time.perf_counter() - t
 
     # tables
@@ -82,14 +106,19 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns:
     span = win.join(labeled.select("pid", "job_id"), on="pid").group_by("job_id").agg(
         first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max(), n_flows=pl.len().cast(pl.Int64))
     jobs = members.group_by("job_id").agg(
-        n_gpus=pl.col("ip").n_unique().cast(pl.Int64), n_hosts=pl.col("host").n_unique().cast(pl.Int64),
+        n_gpus=pl.col("ip").n_unique().cast(pl.Int64), n_hosts=pl.col("host").drop_nulls().n_unique().cast(pl.Int64),
         n_clusters=pl.col("cluster_id").n_unique().cast(pl.Int64),
     ).join(span, on="job_id", how="left").join(period, on="job_id", how="left").with_columns(
         window_id=pl.lit(wid), n_flows=pl.col("n_flows").fill_null(0)).sort("job_id")
+    active = jobs.filter(pl.col("n_flows") > 0)["job_id"].implode()
+    jobs = jobs.filter(pl.col("job_id").is_in(active))
     tables = {
         "jobs": JOBS.validate(conform(jobs, JOBS)),
-        "job_clusters": JOB_CLUSTERS.validate(conform(members.with_columns(window_id=pl.lit(wid)), JOB_CLUSTERS)),
-        "comm_pairs": COMM_PAIRS.validate(conform(labeled.with_columns(window_id=pl.lit(wid)), COMM_PAIRS)),
+        "job_clusters": JOB_CLUSTERS.validate(conform(members.filter(pl.col("job_id").is_in(active))
+                                                      .with_columns(window_id=pl.lit(wid)), JOB_CLUSTERS)),
+        "comm_pairs": COMM_PAIRS.validate(conform(labeled.join(win.select("pid").unique(), on="pid", how="semi")
+                                                  .filter(pl.col("job_id").is_in(active))
+                                                  .with_columns(window_id=pl.lit(wid)), COMM_PAIRS)),
         "step_timelines": STEP_TIMELINES.validate(conform(steps, STEP_TIMELINES)),
     }
     bg_out = outside.filter(pl.col("start_ns") >= window_start_ns).group_by("src_ip", "dst_ip").agg(
@@ -102,11 +131,43 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame, window_start_ns:
     tables["flow_background"] = FLOW_BACKGROUND.validate(conform(bg, FLOW_BACKGROUND))
 
     t = time.perf_counter()
+    # GPU addresses' traffic with non-job peers (storage, monitoring): tells a checkpoint from a stall
+    jobpid = labeled.filter(pl.col("comm_type").is_in(["DP", "PP"])).select("pid")
+    cols = ["src_ip", "dst_ip", "start_ns", "end_ns", "bytes"]
+    bgf = pl.concat([inside.join(jobpid, on="pid", how="anti").select(cols), outside.select(cols)])
+    bg_ip = pl.concat([bgf.select(ip="src_ip", start_ns="start_ns", end_ns="end_ns", bytes="bytes"),
+                       bgf.select(ip="dst_ip", start_ns="start_ns", end_ns="end_ns", bytes="bytes")])
+    data_span = (int(f["start_ns"].min()), int(f["end_ns"].max())) if f.height else (window_start_ns, window_end_ns)
     verdicts = flow_verdicts(tables, inside.filter(pl.col("start_ns") >= window_start_ns),
-                             topo, wid, cfg, ipf=ipf.filter(pl.col("start_ns") >= window_start_ns), pairs=labeled)
+                             topo, wid, cfg, ipf=ipf.filter(pl.col("start_ns") >= window_start_ns),
+                             pairs=labeled, steps_all=steps_all, ipf_all=ipf, bg_ip=bg_ip,
+                             data_span=data_span, window=(window_start_ns, window_end_ns))
     tm["verdicts"] = time.perf_counter() - t
+    notes += no_job_notes(win, outside.filter(pl.col("start_ns") >= window_start_ns), pairs, tables["jobs"])
     artifacts = {}
     if export_timelines:
         for job in tables["step_timelines"]["job_id"].unique().sort().to_list():
             artifacts[f"perfetto/{wid}/{job}.json"] = perfetto_trace(tables["step_timelines"], ipf, job, topology=topo)
-    return Analysis(tables=tables, verdicts=verdicts, artifacts=artifacts)
+    return Analysis(tables=tables, verdicts=verdicts, artifacts=artifacts,
+                    notes=[n.removeprefix("NOTE: ") for n in notes if not n.startswith("WARNING: ")],
+                    warnings=[n.removeprefix("WARNING: ") for n in notes if n.startswith("WARNING: ")])
+
+
+def no_job_notes(win: pl.DataFrame, outside: pl.DataFrame, pairs: pl.DataFrame, jobs: pl.DataFrame) -> list[str]:
+    """Flows landed but no job was found: a warning with the likely cause, never a quiet success."""
+    n_win = win.height + outside.height
+    if n_win == 0 or jobs.height:
+        return []
+    if win.height == 0:
+        return [f"WARNING: {n_win} flows in the window but none between two topology addresses: no job can be "
+                "found. Likely cause: the topology lists other addresses than the flow records (another cluster, "
+                "a renumbering, or management instead of RDMA NIC addresses)."]
+    n_pairs = pairs.height
+    n_periodic = int(pairs["periodic"].sum()) if n_pairs else 0
+    if n_periodic == 0:
+        return [f"WARNING: {n_win} flows over {n_pairs} address pairs but no pair repeats traffic of recurring sizes, "
+                "so no training job was found. Likely causes: the window holds only background traffic (storage, "
+                "monitoring, control), the jobs' steps are longer than the window, or the collector exports one "
+                "record per connection instead of per message/burst."]
+    return [f"WARNING: {n_periodic} pairs carry recurring traffic but none forms a training job (too few steps or "
+            "traffic judged background). Check the window length against the jobs' step time."]

@@ -28,7 +28,7 @@ def healthy(tmp_path_factory):
 
 def test_jobs_types_and_steps_on_a_healthy_fleet(healthy):
     out, truth, stats = healthy
-    assert stats["rejected"] == 0
+    assert stats["rejected_rows"] == 0
     exact, n_true, n_found = job_sets_exact(out["job_clusters"], truth["jobs"])
     assert exact == n_true == n_found
     acc, n = comm_type_accuracy(out["comm_pairs"], truth["pairs"])

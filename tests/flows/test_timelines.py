@@ -26,13 +26,14 @@ def test_step_durations_match_truth():
 
 
 def test_steps_straddling_window_edges_are_neither_lost_nor_duplicated():
-    flows, topo, _ = fleet(JOBS, 40, background=False)
-    margin = 10 * S
-    whole = analyze_window(flows, topo, 5 * S, 35 * S)["step_timelines"]
+    flows, topo, _ = fleet(JOBS, 60, background=False)
+    margin = 15 * S
+    whole = analyze_window(flows, topo, 5 * S, 50 * S)["step_timelines"]
     parts = []
-    # 7 s windows cut through DP phases; each gets its window's flows plus a margin before it
-    for ws in range(5 * S, 35 * S, 7 * S):
-        we = min(ws + 7 * S, 35 * S)
+    # 11 s windows cut through DP phases (and one job stops inside the margin of the last window);
+    # each gets its window's flows plus a margin before it (the wiring: 60 s windows, 30 s margin)
+    for ws in range(5 * S, 50 * S, 11 * S):
+        we = min(ws + 11 * S, 50 * S)
         f = flows.filter((pl.col("start_ns") >= ws - margin) & (pl.col("start_ns") < we))
         parts.append(analyze_window(f, topo, ws, we)["step_timelines"])
     got = pl.concat(parts)

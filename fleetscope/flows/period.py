@@ -1,0 +1,150 @@
+"""Step periods of jobs and the periodic step split of each GPU address's flow sequence.
+
+A two-level gap filter (changepoint.py) splits a sequence where gaps jump far above the typical
+gap. That breaks on fast jobs (a step's compute gap barely exceeds the gaps between its buckets),
+on jobs whose DP traffic spreads over the backward pass (DDP buckets), and on pauses that look like
+steps. Every step of a job repeats with one period, though, and the job's many addresses and flows
+estimate it well:
+
+1. job_periods: per job, the autocorrelation of its boundary flows' start times (binned, FFT) peaks
+   at the step period; the smallest lag whose autocorrelation is close to the peak's is taken, so a
+   multiple of the period (every other step alike) is never chosen over the period itself.
+2. periodic_boundaries: per address, a gap starts a step when it is the largest gap within half a
+   period on either side of it, and clearly above the address's typical gap: one boundary per
+   period wherever the step's longest quiet time falls, robust to jitter and to single long steps
+   (a stall leaves one long gap, still one boundary).
+"""
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+UNIT = 1_000_000  # a period in normalized time units
+
+
+def autocorr_period(t: np.ndarray, min_lag_ns: int, bin_ns: int | None = None, near: float = 0.85,
+                    smooth_bins: int = 4, min_peak: float = 0.2) -> float | None:
+    """Step period (ns) of an event train (start times), or None when it shows no repetition."""
+    if len(t) < 8:
+        return None
+    t0, t1 = int(t.min()), int(t.max())
+    span = t1 - t0
+    if span <= 4 * min_lag_ns:
+        return None
+    b = bin_ns or max(min_lag_ns // 8, span // (1 << 15), 1)
+    x = np.bincount(((t - t0) // b).astype(np.int64)).astype(np.float64)
+    n = len(x)
+    x -= x.mean()
+    nfft = 1 << int(np.ceil(np.log2(2 * n)))
+    f = np.fft.rfft(x, nfft)
+    ac = np.fft.irfft(f * np.conj(f), nfft)[:n]
+    if ac[0] <= 0:
+        return None
+    # unbiased (each lag averaged over the overlap), lags up to half the span (>= 2 repetitions)
+    max_lag = n // 2
+    lo = max(int(min_lag_ns // b), 2)
+    if max_lag <= lo + 2:
+        return None
+    ac = ac[:max_lag] / (n - np.arange(max_lag)) / (ac[0] / n)
+    # jitter spreads a repetition over neighbouring bins: judge peaks by their mass over a few bins
+    k = np.ones(2 * smooth_bins + 1)
+    acs = np.convolve(ac, k, mode="same")
+    seg = acs[lo:]
+    # local maxima (peaks) of the autocorrelation beyond the minimum lag
+    pk = np.flatnonzero((seg[1:-1] >= seg[:-2]) & (seg[1:-1] >= seg[2:]) & (seg[1:-1] > 0)) + 1
+    if len(pk) == 0:
+        return None
+    mass0 = ac[0] + 2 * ac[1:smooth_bins + 1].sum()  # the same kernel at lag 0: perfect repetition
+    best = int(pk[np.argmax(seg[pk])])
+    top = seg[best]
+    if top < min_peak * mass0:
+        return None
+    # the smallest lag nearly as self-similar as the best one and dividing it (the period, not a
+    # multiple of it; and not the spacing of buckets or microbatches inside a step, which repeats
+    # less and seldom divides the best lag)
+    lag = best + lo
+    for c in pk[seg[pk] >= near * top]:
+        r = (best + lo) / (c + lo)
+        if abs(r - round(r)) <= 0.1:
+            lag = int(c + lo)
+            break
+    # refine to sub-bin precision with a parabola through the peak
+    if 1 <= lag < len(ac) - 1:
+        y0, y1, y2 = ac[lag - 1], ac[lag], ac[lag + 1]
+        den = y0 - 2 * y1 + y2
+        off = 0.5 * (y0 - y2) / den if den < 0 else 0.0
+    else:
+        off = 0.0
+    return float((lag + off) * b)
+
+
+def gap_ladder_period(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) -> float | None:
+    """Step period of one address's flow sequence from its gaps: the gap level whose occurrences are
+    evenly spaced. Taking the k largest gaps as boundaries, for k on a geometric ladder: too few
+    (only pauses, or some steps merged) leaves spacings of several periods; too many (buckets, ring
+    chunks) leaves most of the time in a few long spacings between bursts of short ones. At the
+    step level the spacings tile the time evenly. t: start time after each gap (ns), gap: > 0."""
+    n = len(gap)
+    if n < 3:
+        return None
+    order = np.argsort(-gap, kind="stable")
+    best = None
+    for k in np.unique(np.round(np.geomspace(3, n, num=min(n - 2, 48))).astype(int)):
+        sp = np.diff(np.sort(t[order[:k]]))
+        if len(sp) < 2:
+            continue
+        med = float(np.median(sp))
+        if med <= 0:
+            continue
+        # share of the span in spacings far longer than typical: merged steps or bursts with pauses
+        irregular = float(sp[sp > 1.5 * med].sum() / sp.sum())
+        if irregular > max_irregular:
+            continue
+        q10, q90 = np.quantile(sp, [0.1, 0.9])
+        score = q90 / max(q10, 1.0)
+        if best is None or score < best[0]:
+            best = (score, med)
+    return None if best is None else best[1]
+
+
+def job_periods(bnd: pl.DataFrame, min_lag_ns: int, max_ips: int = 4) -> pl.DataFrame:
+    """bnd: boundary flows (job_id, ix, start_ns, end_ns, gap) sorted by (ix, start_ns). Per job its
+    step period (period_ns, null when no repetition shows): the median of its first max_ips
+    addresses' gap-ladder periods, else the autocorrelation of their flows."""
+    if bnd.height == 0:
+        return pl.DataFrame(schema={"job_id": pl.Utf8, "period_ns": pl.Float64})
+    sub = bnd.select("job_id", "ix", "start_ns", "gap").with_columns(
+        r=pl.col("ix").rank("dense").over("job_id")).filter(pl.col("r") <= max_ips)
+    out = []
+    for (job,), g in sub.group_by(["job_id"]):
+        per = []
+        for (_,), h in g.group_by(["ix"]):
+            pos = h.filter(pl.col("gap") > 0)
+            p = gap_ladder_period(pos["start_ns"].to_numpy(), pos["gap"].to_numpy())
+            if p is not None and p >= min_lag_ns:
+                per.append(p)
+        p = float(np.median(per)) if per else autocorr_period(g["start_ns"].to_numpy(), min_lag_ns)
+        out.append((job, p))
+    return pl.DataFrame(out, schema={"job_id": pl.Utf8, "period_ns": pl.Float64}, orient="row")
+
+
+def periodic_boundaries(seq: pl.DataFrame, half: float = 0.45, min_share: float = 0.25) -> pl.Series:
+    """seq: rows sorted by (ix, start_ns) with gap (ns, null at a group's first row), period_ns
+    (the job's, null: unknown) and ix. True where a flow starts a new step."""
+    x = seq.select("ix", "start_ns", "gap", "period_ns").with_row_index("_i").with_columns(
+        u=((pl.col("start_ns") - pl.col("start_ns").min()).cast(pl.Float64) * (UNIT / pl.col("period_ns"))).cast(pl.Int64),
+        g=pl.col("gap").fill_null(-1.0).fill_nan(-1.0),
+    )
+    w = f"{int(half * UNIT)}i"
+    known = x.filter(pl.col("period_ns").is_not_null())
+    fwd = known.with_columns(bmax=pl.col("g").rolling_max_by("u", window_size=w).over("ix"))
+    rev = known.with_columns(ur=-pl.col("u")).sort("ix", "ur").with_columns(
+        fmax=pl.col("g").rolling_max_by("ur", window_size=w).over("ix")).select("_i", "fmax")
+    k = fwd.join(rev, on="_i")
+    # a boundary is at least a fair share of the address's typical boundary gap (a lone small gap
+    # with no bigger one within half a period, inside a long pause or a sparse stretch, is not one)
+    k = k.with_columns(cand=(pl.col("g") >= pl.col("bmax")) & (pl.col("g") >= pl.col("fmax")) & (pl.col("g") > 0))
+    k = k.with_columns(typ=pl.col("g").filter("cand").median().over("ix"))
+    k = k.with_columns(b=pl.col("cand") & (pl.col("g") >= min_share * pl.col("typ")))
+    out = x.select("_i").join(k.select("_i", "b"), on="_i", how="left").sort("_i")["b"].fill_null(False)
+    return out

@@ -1,0 +1,49 @@
+"""Robust statistics shared by the flow verdicts, and the false-alarm budget that sets their bars.
+
+A fleet of thousands of GPUs runs thousands of tests per window (every job's steps, every DP group,
+every NIC and switch per time bin). A fixed k-sigma bar then raises false alarms in proportion to
+the fleet's size. Instead the bar comes from a budget: `fa_per_job_hour` false alarms per job-hour
+allowed to one detector, spread over the tests it runs in the window (Bonferroni: each test at
+alpha / m). The baseline and scale of every test come from the data: a job's own steps, a switch's
+or NIC's peers in the same collective, never from nominal bandwidths."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.stats import norm
+
+def window_alpha(fa_per_job_hour: float, n_jobs: int, window_ns: int) -> float:
+    """False-alarm probability one detector may spend on the whole window."""
+    return min(0.5, fa_per_job_hour * max(n_jobs, 1) * window_ns / 3.6e12)
+
+
+def bonferroni_z(alpha: float, n_tests: int) -> float:
+    """One-sided z bar of each of n_tests tests so that P(any false alarm) <= alpha (Gaussian tails)."""
+    return float(norm.isf(alpha / max(int(n_tests), 1)))
+
+
+def bh_mask(p: np.ndarray, q: float) -> np.ndarray:
+    """Benjamini-Hochberg at level q: which p-values are discoveries."""
+    p = np.asarray(p, dtype=float)
+    m = len(p)
+    if m == 0:
+        return np.zeros(0, dtype=bool)
+    order = np.argsort(p)
+    ok = p[order] <= q * np.arange(1, m + 1) / m
+    k = int(np.flatnonzero(ok).max()) + 1 if ok.any() else 0
+    out = np.zeros(m, dtype=bool)
+    out[order[:k]] = True
+    return out
+
+
+def z_to_p(z: np.ndarray | float) -> np.ndarray | float:
+    return norm.sf(z)
+
+
+def fmt_ms(ns: float) -> str:
+    return f"{ns / 1e6:.1f} ms" if ns < 10e9 else f"{ns / 1e9:.1f} s"
+
+
+def safe_ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(b) else float("nan")
