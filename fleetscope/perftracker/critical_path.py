@@ -50,6 +50,10 @@ def container_expr(cat: pl.Expr, name: pl.Expr) -> pl.Expr:
     return (cat == "user_annotation") | (cat.is_in(["cpu_op", "python_function"]) & name.str.contains(_CONTAINER_NAME))
 
 REQUIRED_EVENT_COLUMNS = ["rank", "cat", "name", "pid", "tid", "ts_ns", "dur_ns"]
+# every trace_events column PerfTracker reads (a reader may load only these: a big capture's other
+# columns would cost memory for nothing)
+EVENT_COLUMNS = ["capture_id", "rank", "event_id", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "end_ns", "device", "is_comm",
+                 "collective", "msg_bytes", "group_size", "group_ranks"]
 
 
 class CriticalPathError(ValueError):

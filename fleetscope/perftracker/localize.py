@@ -16,7 +16,8 @@
   differing peer. And materiality: a finding must matter to the step time. `impact` is the share of
   the window it costs (beta above the peers' median or the expectation, beta x the utilization
   lost against the peers', or all its beta when it runs on another resource than its peers, e.g. a
-  collective fallen back from NVLink to PCIe); below `min_impact` it is not abnormal.
+  collective fallen back from NVLink to PCIe); below `min_impact` it is not abnormal, unless the
+  worker's findings of the same category add up to it (a slow link under every collective).
 
 Peers are pipeline-stage aware: a worker is compared with the workers of its own stage (middle
 stages legitimately send and receive more). Imbalance between whole stages is a separate check
@@ -379,7 +380,18 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
     del DELTA_BETA, DELTA_MU, mu_ref, lost
     exp_flag = d_exp > 0
     impact = np.maximum(np.where(exp_flag, exp_impact, 0), np.where(diff_flag, diff_impact, 0)).astype(np.float32)
-    abnormal = (X[0] > config.min_beta) & (exp_flag | diff_flag) & (impact >= np.float32(config.min_impact))
+    flag = (X[0] > config.min_beta) & (exp_flag | diff_flag)
+    abnormal = flag & (impact >= np.float32(config.min_impact))
+    # a worker whose functions of one category each cost a little but together matter (a slow link
+    # under every collective, a throttled GPU under every kernel): material together
+    idx = np.flatnonzero(flag & ~abnormal)
+    if idx.size:
+        both = np.flatnonzero(flag)
+        rows = perm[both]
+        sub = df.select("capture_id", "rank").with_row_index("_r").filter(pl.col("_r").is_in(pl.Series(rows, dtype=pl.UInt32).implode()))
+        sub = pl.DataFrame({"_r": rows.astype(np.uint32), "_i": both, "_cat": cat[both], "_imp": impact[both]}).join(sub, on="_r")
+        tot = sub.with_columns(_tot=pl.col("_imp").sum().over("capture_id", "rank", "_cat")).filter(pl.col("_tot") >= config.min_impact)
+        abnormal[tot["_i"].to_numpy()] = True
     reason = np.where(exp_flag & diff_flag, 3, np.where(exp_flag, 1, np.where(diff_flag, 2, 0))).astype(np.int8)
 
     def back(a: np.ndarray) -> np.ndarray:  # sorted order -> the frame's row order

@@ -49,7 +49,9 @@ def scenario_job_and_faults(scenario: str, seed: int = 0) -> tuple[CaptureJob, l
     if scenario not in SCENARIOS + EXTRA_SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; known: {SCENARIOS + EXTRA_SCENARIOS}")
     jid = f"job-{scenario.replace('_', '-')}"
-    start = T0 + seed * 3_600_000_000_000
+    # a day per scenario (and an hour per seed): scenarios rendered into one landing folder do not
+    # overlap in time, so their GPUs' hw samples (same host names) never mix
+    start = T0 + (SCENARIOS + EXTRA_SCENARIOS).index(scenario) * 86_400_000_000_000 + seed * 3_600_000_000_000
     if scenario == "throttled_racks":
         job = make_job(jid, 4, tp=4, pp=2, dp=4, start_ns=start, seed=seed)
     elif scenario == "slow_stage_worker":
