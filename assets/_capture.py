@@ -9,7 +9,21 @@ def capture_info(wh: Warehouse, key: str) -> dict:
     cap = wh.read("captures", partitions=[key])
     info = cap.to_dicts()[0] if cap.height else {"capture_id": key}
     layout = {k: info[k] for k in ("dp", "pp", "tp", "vpp", "world_size") if info.get(k) is not None}
-    return {"job_id": info.get("job_id") or key, "layout": layout or None}
+    return {"job_id": info.get("job_id") or key, "layout": layout or None, "start_ns": info.get("start_ns")}
+
+
+def job_history(wh: Warehouse, key: str, job_id: str, start_ns: int | None, table: str, limit: int = 8) -> pl.DataFrame | None:
+    """The table's rows of the job's earlier captures (the newest `limit` that started before this
+    one): the job's history an analysis learns its expectations from. None when there is none."""
+    if start_ns is None or not wh.partitions(table):
+        return None
+    caps = wh.read("captures", columns=["capture_id", "job_id", "start_ns"])
+    if "start_ns" not in caps.columns:
+        return None
+    earlier = caps.filter((pl.col("job_id") == job_id) & (pl.col("capture_id") != key) & (pl.col("start_ns") < start_ns))
+    keys = earlier.sort("start_ns", descending=True).head(limit)["capture_id"].to_list()
+    keys = [k for k in keys if k in set(wh.partitions(table))]
+    return wh.read(table, partitions=keys) if keys else None
 
 
 def capture_hw(wh: Warehouse, frame: pl.DataFrame, start_col: str, end_col: str) -> pl.DataFrame | None:

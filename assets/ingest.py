@@ -112,7 +112,7 @@ def captures_asset(context: AssetExecutionContext, warehouse: WarehouseResource,
     key = context.partition_key
     n_tr = len([p for p in (landing.root / "traces" / key).glob("*.json*") if p.name != "capture.json"]) if (landing.root / "traces" / key).is_dir() else 0
     n_ti = len(list((landing.root / "timings" / key).glob("*.*"))) if (landing.root / "timings" / key).is_dir() else 0
-    df = ing.capture_record(landing.root, key, n_tr, n_ti)
+    df = ing.capture_record(landing.root, key, n_tr, n_ti, span=ing.capture_span(wh, key))
     wh.write_partition("captures", key, df)
     yield MaterializeResult(asset_key="captures", metadata={
         "capture": MetadataValue.json(df.to_dicts()[0]), "dagster/row_count": MetadataValue.int(1),

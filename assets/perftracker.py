@@ -2,10 +2,10 @@
 (or op-level timings when there is no trace), localization and verdicts."""
 from dagster import AssetExecutionContext, multi_asset
 
-from fleetscope.assets._capture import capture_hw, capture_info
+from fleetscope.assets._capture import capture_hw, capture_info, job_history
 from fleetscope.assets._tables import analysis_specs, materialize_analysis
 from fleetscope.assets.partitions import captures
-from fleetscope.perftracker import analyze_capture
+from fleetscope.perftracker import EVENT_COLUMNS, analyze_capture
 from fleetscope.resources import WarehouseResource
 
 TABLES = {"behavior_patterns": "PerfTracker behaviour pattern (beta, mu, sigma) of every function on every worker, distances "
@@ -14,15 +14,16 @@ TABLES = {"behavior_patterns": "PerfTracker behaviour pattern (beta, mu, sigma) 
 
 @multi_asset(specs=analysis_specs(TABLES, "perftracker_verdicts", "The abnormal functions and the workers they are abnormal "
                                   "on, how they differ, and the team.", partitions_def=captures, group="perftracker",
-                                  deps=["trace_events", "timings", "hw"]),
+                                  deps=["trace_events", "timings", "hw", "captures"]),
              can_subset=False)
 def perftracker_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     wh = warehouse.get()
     key = context.partition_key
     info = capture_info(wh, key)
-    events, timings = wh.read("trace_events", partitions=[key]), wh.read("timings", partitions=[key])
+    events, timings = wh.read("trace_events", partitions=[key], columns=EVENT_COLUMNS), wh.read("timings", partitions=[key])
     hw = capture_hw(wh, events, "ts_ns", "end_ns") if events.height else None
-    result = analyze_capture(events, timings, hw=hw, capture_id=key, layout=info["layout"], job_id=info["job_id"])
+    history = job_history(wh, key, info["job_id"], info["start_ns"], "behavior_patterns")  # expectations learned from the job
+    result = analyze_capture(events, timings, hw=hw, capture_id=key, layout=info["layout"], job_id=info["job_id"], history=history)
     yield from materialize_analysis(wh, key, result, TABLES, "perftracker_verdicts", "perftracker", capture_id=key)
 
 

@@ -136,7 +136,18 @@ def ingest_timings_capture(wh: Warehouse, landing: Path, key: str) -> IngestSumm
     return s
 
 
-def capture_record(landing: Path, key: str, n_trace: int, n_timing: int) -> pl.DataFrame:
+def capture_span(wh: Warehouse, key: str) -> tuple[int | None, int | None]:
+    """(first, last) ns of a capture: its trace events and timings as ingested (parquet statistics)."""
+    lo, hi = [], []
+    for table, a, b in (("trace_events", "ts_ns", "end_ns"), ("timings", "start_ns", "end_ns")):
+        if key in wh.partitions(table):
+            r = wh.read(table, partitions=[key], columns=[a, b]).select(pl.col(a).min(), pl.col(b).max()).row(0)
+            lo += [r[0]] if r[0] is not None else []
+            hi += [r[1]] if r[1] is not None else []
+    return (min(lo) if lo else None), (max(hi) if hi else None)
+
+
+def capture_record(landing: Path, key: str, n_trace: int, n_timing: int, span: tuple[int | None, int | None] = (None, None)) -> pl.DataFrame:
     layout = {}
     for kind in ("timings", "traces"):
         folder = Path(landing) / kind / key
@@ -145,21 +156,23 @@ def capture_record(landing: Path, key: str, n_trace: int, n_timing: int) -> pl.D
                 layout = {**read_capture_layout(folder), **layout}
             except IngestError:
                 pass
-    row = dict(capture_id=key, n_trace_files=n_trace, n_timing_files=n_timing, **layout)
+    row = dict(capture_id=key, n_trace_files=n_trace, n_timing_files=n_timing, start_ns=span[0], end_ns=span[1], **layout)
     return CAPTURES.validate(conform(pl.DataFrame([row]), CAPTURES))
 
 
 def ingest_traces_capture(wh: Warehouse, landing: Path, key: str) -> IngestSummary:
-    """Profiler traces of one capture -> trace_events (parsing by fleetscope.ingest.traces)."""
-    from fleetscope.ingest.traces import TraceError, read_trace
+    """Profiler traces of one capture -> trace_events (parsing by fleetscope.ingest.traces, the files
+    spread over the cores)."""
+    from fleetscope.ingest.traces import TraceError, read_traces
 
     files, rejected = _folder(landing, "traces", key)
     files = [f for f in files if f.path.name.endswith((".json", ".json.gz")) and f.path.name != "capture.json"]
     s = IngestSummary("trace_events", key, files_in=len(files))
     frames, ranks_seen = [], {}
-    for f in files:
+    for f, tf in zip(files, read_traces([f.path for f in files], key)):
         try:
-            tf = read_trace(f.path, capture_id=key)
+            if isinstance(tf, Exception):
+                raise tf
             ev = tf.events.with_columns(pl.lit(f.rel).alias("source_file"))
             rank = int(ev["rank"][0]) if ev.height else None
             if rank is not None and rank in ranks_seen:
@@ -172,7 +185,7 @@ def ingest_traces_capture(wh: Warehouse, landing: Path, key: str) -> IngestSumma
             s.files_rejected += 1
             rejected.append(_rejections("traces", key, f.rel, file_reason=str(exc), sha=f.sha256))
     if frames:
-        df = pl.concat(frames, how="diagonal_relaxed")
+        df = pl.concat(frames, how="diagonal_relaxed", rechunk=False)  # no second copy of a big capture
         wh.write_partition("trace_events", key, df)
         s.frame = df
     else:

@@ -1,33 +1,54 @@
 """Fast, bounded-memory reader of PyTorch profiler (Kineto) Chrome traces into the `trace_events` table.
 
 Why not json.load: a Python dict per event is what makes HTA slow and memory hungry. Here the file is
-decompressed in blocks, a vectorized (numpy) scanner finds the top-level boundaries of the events in
-the `traceEvents` array (quotes, escapes, brace depth), rewrites each block as newline-delimited JSON
-(one event per line) and polars' native NDJSON reader parses only the fields we need into columns;
-a reader thread cuts the next block while this one is parsed, and each block is normalized at once.
-Memory is a block or two of text plus the columnar result; the metadata around the array
-(distributedInfo, deviceProperties, baseTimeNanoseconds, ...) is small and parsed with json.
+decompressed in blocks (python-isal: ISA-L's inflate, ~2x zlib), msgspec (a C JSON decoder) validates
+each block and cuts it into whole events of the `traceEvents` array (`list[msgspec.Raw]`: the raw
+text of each event, no Python objects per field), the events go one per line to polars' native NDJSON
+reader, which parses only the fields we need into columns; a reader thread cuts the next block while
+this one is parsed, and each block is normalized at once. Memory is a block or two of text plus the
+columnar result; the metadata around the array (distributedInfo, deviceProperties,
+baseTimeNanoseconds, ...) is small and parsed with json.
+
+The JSON library was chosen by measurement (`python -m benchmarks.traces_vs_hta --json-libs`,
+docs/figures/traces.md): the same columns from a 218 K-event A100 trace took 0.35 CPU-s with msgspec
+cutting + polars NDJSON, 0.52 with msgspec decoding typed structs (a Python object per event, then
+columns), 1.55 with orjson (dicts), 1.74 with json and 2.24 with pysimdjson (a fast parse, but every
+field read back through Python); the numpy scanner it replaces cost about as much as the parse.
 
 Timestamps are microseconds in the file: the integer part converts exactly, the fraction rounds to
 the nearest ns (newer Kineto writes them relative to `baseTimeNanoseconds`, which is added)."""
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import queue
 import re
 import threading
 import zlib
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import polars as pl
+from isal import isal_zlib
 
 from fleetscope.common import collective_expr
 from fleetscope.schemas.base import conform
 from fleetscope.schemas.landing import TRACE_EVENTS
 
-BLOCK_BYTES = 2 << 20  # decompressed text per parse block
+BLOCK_BYTES = 8 << 20  # decompressed text per parse block (the bound on memory per file being read)
+NORMALIZE_ROWS = 500_000  # events parsed before they are normalized together (a polars query costs per call)
+PARALLEL_MIN_BYTES = 8 << 20  # below this much (compressed) in a capture, starting processes costs more than it saves
+# with fewer cores one process already keeps them busy (a reader thread cuts blocks while polars' threads
+# parse): on 2 cores 16 ranks x 218 K events took 10.9 s in one process, 12.9 s in two (docs/figures/traces.md)
+PARALLEL_MIN_CORES = 4
 
 
 class TraceError(ValueError):
@@ -83,12 +104,13 @@ def _structure(a: np.ndarray):
 
 # ---------------------------------------------------------------- byte stream
 class _GzipStream:
-    """gzip decompression straight through zlib (less per-block overhead than the gzip module);
-    handles concatenated members and reports a truncated stream at EOF."""
+    """gzip decompression straight through ISA-L's inflate (python-isal: zlib's API, about twice its
+    speed; less per-block overhead than the gzip module); handles concatenated members and reports a
+    truncated stream at EOF."""
 
     def __init__(self, path: Path):
         self._fh = open(path, "rb")
-        self._d = zlib.decompressobj(31)
+        self._d = isal_zlib.decompressobj(31)
         self._path = path
 
     def read(self, n: int) -> bytes:
@@ -102,14 +124,14 @@ class _GzipStream:
                 break
             if self._d.eof:  # next gzip member
                 rest = self._d.unused_data + raw if self._d.unused_data else raw
-                self._d = zlib.decompressobj(31)
+                self._d = isal_zlib.decompressobj(31)
                 raw = rest
             piece = self._d.decompress(raw, n - size)
             out.append(piece)
             size += len(piece)
             if self._d.eof and self._d.unused_data:
                 rest = self._d.unused_data
-                self._d = zlib.decompressobj(31)
+                self._d = isal_zlib.decompressobj(31)
                 piece = self._d.decompress(rest, max(n - size, 1))
                 out.append(piece)
                 size += len(piece)
@@ -136,7 +158,7 @@ def _read(stream, n: int, path: Path) -> bytes:
         return stream.read(n)
     except EOFError as exc:
         raise TraceError(f"{path}: truncated gzip file ({exc}); the copy is incomplete, re-copy or re-export the trace") from exc
-    except (zlib.error, OSError) as exc:
+    except (zlib.error, isal_zlib.error, OSError) as exc:
         raise TraceError(f"{path}: corrupt gzip data ({exc}); re-copy or re-export the trace") from exc
 
 
@@ -188,21 +210,18 @@ def _to_int(v):
         return None
 
 
-def _rare_args(df: pl.DataFrame, nd: bytes, starts: np.ndarray, ends: np.ndarray, first_id: int) -> pl.DataFrame | None:
-    """Args of the few events that carry collective metadata or sync details, read with json from
-    their own text (the rows are: cuda_sync events and operators/kernels named like a collective)."""
+def _rare_args(df: pl.DataFrame, raws: list, first_id: int, rows: dict) -> None:
+    """Args of the few events that carry collective metadata or sync details, decoded from their own
+    raw text (the rows are: cuda_sync events and operators/kernels named like a collective), appended
+    to rows (columns of _RARE_SCHEMA)."""
     need = df.select(
         (pl.col("cat").str.to_lowercase() == "cuda_sync")
         | (pl.col("name").str.contains(_COMM_NAME) & pl.col("ph").is_in(["X", "i", "I"]))
     ).to_series().fill_null(False).to_numpy()
-    idx = np.flatnonzero(need)
-    if not idx.size:
-        return None
-    rows = {c: [] for c in _RARE_SCHEMA}
-    for i in idx.tolist():
+    for i in np.flatnonzero(need).tolist():
         try:
-            args = json.loads(nd[starts[i]:ends[i] + 1]).get("args") or {}
-        except ValueError:
+            args = _ARGS.decode(raws[i]).args or {}
+        except (msgspec.DecodeError, msgspec.ValidationError):
             args = {}
         rows["event_id"].append(first_id + i)
         for key, col in _RARE_KEYS.items():
@@ -212,80 +231,74 @@ def _rare_args(df: pl.DataFrame, nd: bytes, starts: np.ndarray, ends: np.ndarray
             elif v is not None and not isinstance(v, str):
                 v = json.dumps(v)
             rows[col].append(v)
-    return pl.DataFrame(rows, schema=_RARE_SCHEMA)
 
 
-def _quote_positions(a: np.ndarray) -> np.ndarray:
-    """Positions of the unescaped '"' (a quote is escaped when an odd run of backslashes precedes it)."""
-    q = np.flatnonzero(a == 34)
-    if q.size and (a == 92).any():
-        idx = np.arange(a.size)
-        last_non_bs = np.maximum.accumulate(np.where(a != 92, idx, -1))
-        prev = q - 1
-        run = np.where(prev >= 0, prev - last_non_bs[np.maximum(prev, 0)], 0)
-        q = q[(run % 2) == 0]
-    return q
+class _WithArgs(msgspec.Struct):
+    args: dict | None = None
 
 
-def _outside(q: np.ndarray, p: np.ndarray) -> np.ndarray:
-    """Which positions p lie outside strings, given the sorted unescaped quote positions q."""
-    return (np.searchsorted(q, p) & 1) == 0
+_ARGS = msgspec.json.Decoder(_WithArgs)
+_RAW_EVENTS = msgspec.json.Decoder(list[msgspec.Raw])
+_NEXT_EVENT = re.compile(rb"\s*(?:,\s*\{|\])")
+_ERR_AT = re.compile(r"\(byte (\d+)\)")
 
 
-def _ndjson_block(text: bytes, eof: bool, path: Path, offset: int):
-    """Find whole events at the start of `text` (which begins between two events of the traceEvents
-    array, outside any string). Returns (consumed, ndjson_bytes | None, tail | None) where tail is the
-    text after the array's closing ']' once it is reached. Only quotes and braces are scanned (numpy):
-    the brace depth outside strings delimits events; separators are blanked and events put one per line."""
-    a = np.frombuffer(text, np.uint8)
-    q = _quote_positions(a)
-    br = np.flatnonzero((a == 123) | (a == 125))
-    br = br[_outside(q, br)]
-    is_open = a[br] == 123
-    d = np.cumsum(np.where(is_open, 1, -1))
-    sq = np.flatnonzero(a == 93)
-    sq = sq[_outside(q, sq)]
-    if sq.size:
-        k = np.searchsorted(br, sq)
-        sq = sq[np.where(k > 0, d[np.maximum(k - 1, 0)], 0) == 0]
-    arr_end = int(sq[0]) if sq.size else -1
-    limit = arr_end if arr_end >= 0 else a.size
-    neg = br[(d < 0)]
-    if neg.size and neg[0] < limit:
-        raise TraceError(f"{path}: malformed JSON in traceEvents near byte {offset + int(neg[0])} (unbalanced braces); re-export the trace")
-    ends = br[(d == 0) & ~is_open]
-    starts = br[(d == 1) & is_open]
-    ends = ends[ends < limit]
-    if arr_end < 0:
-        if not ends.size:
-            return 0, None, None, None, None
-        consumed = int(ends[-1]) + 1
-    else:
-        consumed = arr_end
-    starts = starts[starts < consumed]
-    if starts.size != ends.size or (starts.size and (np.any(starts > ends) or np.any(starts[1:] < ends[:-1]))):
-        raise TraceError(f"{path}: malformed traceEvents near byte {offset}: the array must hold JSON objects; re-export the trace")
-    x = np.frombuffer(text[:consumed].translate(_WS_TO_SPACE), np.uint8).copy()
-    # separator regions: before the first event, between events, after the last one
-    lead_end = int(starts[0]) if starts.size else consumed
-    gaps_from = np.concatenate([[0], ends + 1])
-    gaps_to = np.concatenate([starts, [consumed]])
-    lens = gaps_to - gaps_from
-    tot = int(lens.sum())
-    if tot:
-        idx = np.repeat(gaps_from - (np.cumsum(lens) - lens), lens) + np.arange(tot)
-        g = x[idx]
-        n_comma = int((g == 44).sum())
-        expected = max(ends.size - 1, 0) + (1 if (lead_end and (x[:lead_end] == 44).any()) else 0)
-        if n_comma != expected or not np.all((g == 44) | (g == 32)):
-            raise TraceError(f"{path}: malformed JSON between events of traceEvents near byte {offset}; re-export the trace")
-        x[idx] = 32
-    if ends.size > 1:
-        x[ends[:-1] + 1] = 10
-    tail = text[arr_end + 1:] if arr_end >= 0 else None
-    if not ends.size:
-        return consumed, None, tail, starts, ends
-    return consumed, x.tobytes(), tail, starts, ends
+def _split_events(text: bytes, first: bool, eof: bool, path: Path, offset: int):
+    """Whole events at the start of `text`, which begins right after the traceEvents array's '[' (first)
+    or right after an event already taken. Returns (consumed, events text as JSON lines | None, raws,
+    tail | None): tail is the text after the array's closing ']' once it is reached.
+
+    msgspec does the work: candidate cuts are the last '}' followed by `, {` or `]`; the text up to a
+    candidate decodes as a JSON array of raw events only when the cut is between two events of the
+    array (a cut inside a string, a nested object or the metadata after the array does not decode), so
+    a successful decode both finds the boundary and validates every event's JSON."""
+    j = len(text) - len(text.lstrip())
+    if text[j:j + 1] == b"]":
+        return j + 1, None, [], text[j + 1:]
+    if not first:
+        if not text[j:j + 1]:
+            return 0, None, [], None
+        if text[j:j + 1] != b",":
+            raise TraceError(f"{path}: malformed JSON between events of traceEvents near byte {offset + j}: expected ',' or ']'; "
+                             "re-export the trace")
+        j += 1
+    body = text[j:]
+    c = len(body)
+    bad = None  # (position, message) of malformed JSON inside what was read
+    for _ in range(4096):
+        c = body.rfind(b"}", 0, c)
+        if c < 0:
+            break
+        if not _NEXT_EVENT.match(body, c + 1):
+            continue
+        chunk = body[:c + 1].translate(_WS_TO_SPACE)  # raw newlines are never inside JSON strings
+        try:
+            raws = _RAW_EVENTS.decode(b"[" + chunk + b"]")
+        except msgspec.DecodeError as exc:
+            # a cut inside an event fails at the end (truncated, or at the ']' appended); a failure
+            # before the end is malformed JSON there: only a cut before it can still decode
+            m = _ERR_AT.search(str(exc))
+            if m and int(m.group(1)) < len(chunk):
+                bad = (int(m.group(1)) - 1, str(exc))
+                c = min(c, bad[0])
+            continue
+        nd = b"\n".join(raws)
+        if nd[:1] != b"{" or nd.count(b"\n{") != len(raws) - 1:
+            raise TraceError(f"{path}: malformed traceEvents near byte {offset}: the array must hold JSON objects; re-export the trace")
+        return j + c + 1, nd, raws, None
+    if bad is not None:
+        raise TraceError(f"{path}: malformed JSON in traceEvents near byte {offset + j + bad[0]} ({bad[1]}); the file is corrupt, "
+                         "re-export it")
+    if not eof:
+        return 0, None, [], None  # no whole event yet: read more
+    try:
+        _RAW_EVENTS.decode(b"[" + body.translate(_WS_TO_SPACE))
+        why = "it does not close"
+    except msgspec.DecodeError as exc:
+        why = str(exc)
+    if "truncated" in why or why == "it does not close":
+        raise TraceError(f"{path}: JSON ends inside the traceEvents array (truncated file?); re-copy or re-export the trace")
+    raise TraceError(f"{path}: malformed JSON in traceEvents after byte {offset + j} ({why}); the file is corrupt, re-export it")
 
 
 def _parse_block(nd: bytes, path: Path, offset: int) -> pl.DataFrame:
@@ -335,6 +348,22 @@ def _scan_events(path: Path) -> tuple[list[pl.DataFrame], tuple[int, int], dict,
         frames: list[pl.DataFrame] = []
         n_seen = 0
         n_no_ts = 0
+        pending: list[pl.DataFrame] = []  # parsed blocks not normalized yet
+        rare: dict = {c: [] for c in _RARE_SCHEMA}
+        first_pending = 0
+
+        def flush():
+            # normalize a batch of blocks at once (times relative to baseTimeNanoseconds, which Kineto
+            # writes after the array): a polars query has a fixed cost per call, and only the compact
+            # result of earlier batches stays in memory
+            nonlocal pending, rare, first_pending, n_no_ts
+            if not pending:
+                return
+            raw = pl.concat(pending, how="vertical_relaxed") if len(pending) > 1 else pending[0]
+            n_no_ts += raw.filter(pl.col("ph").is_in(["X", "i", "I"]) & pl.col("ts").is_null()).height
+            frames.append(_normalize(raw, pl.DataFrame(rare, schema=_RARE_SCHEMA) if rare["event_id"] else None, 0, first_pending))
+            pending, rare, first_pending = [], {c: [] for c in _RARE_SCHEMA}, n_seen
+
         try:
             while True:
                 item = q.get()
@@ -343,17 +372,17 @@ def _scan_events(path: Path) -> tuple[list[pl.DataFrame], tuple[int, int], dict,
                 if item[0] == "end":
                     _, tail, total = item
                     break
-                _, nd, starts, ends, offset = item
+                _, nd, raws, offset = item
                 df = _parse_block(nd, path, offset)
-                if df.height != starts.size:
+                if df.height != len(raws):
                     raise TraceError(f"{path}: malformed traceEvents near byte {offset}; re-export the trace")
-                rare = _rare_args(df, nd, starts, ends, n_seen)
-                del nd
-                # normalize block by block (times relative to baseTimeNanoseconds, which Kineto
-                # writes after the array) so only the compact result of earlier blocks stays in memory
-                n_no_ts += df.filter(pl.col("ph").is_in(["X", "i", "I"]) & pl.col("ts").is_null()).height
-                frames.append(_normalize(df, rare, 0, n_seen))
+                _rare_args(df, raws, n_seen, rare)
+                del nd, raws
+                pending.append(df)
                 n_seen += df.height
+                if n_seen - first_pending >= NORMALIZE_ROWS:
+                    flush()
+            flush()
         finally:
             stop.set()
             while reader.is_alive():  # unblock a reader waiting on a full queue
@@ -393,16 +422,21 @@ def _cut_blocks(stream, rest: bytes, consumed: int, total: int, path: Path, q: q
     try:
         tail = None
         eof = False
+        first = True
         while tail is None:
-            if rest:
-                used, nd, tail, starts, ends = _ndjson_block(rest, eof, path, consumed)
-                if nd is not None and not put(("block", nd, starts, ends, consumed)):
-                    return
+            if rest or eof:
+                used, nd, raws, tail = _split_events(rest, first, eof, path, consumed)
+                if nd is not None:
+                    first = False
+                    if not put(("block", nd, raws, consumed)):
+                        return
                 if used:
                     consumed += used
                     rest = rest[used:]
                 if tail is not None:
                     break
+                if used:
+                    continue  # more whole events (or the array's end) may be in what is left
             if eof:
                 raise TraceError(f"{path}: JSON ends inside the traceEvents array (truncated file?); re-copy or re-export the trace")
             chunk = _read(stream, BLOCK_BYTES, path)
@@ -605,6 +639,66 @@ def read_trace(path: str | Path, capture_id: str = "", rank: int | None = None) 
         "other_keys": {k: v for k, v in meta.items() if k not in ("distributedInfo", "deviceProperties", "schemaVersion")},
     }
     return TraceFile(ev, info, str(path))
+
+
+def _read_or_error(path: str, capture_id: str, spool: str | None = None):
+    """read_trace, or the error saying why the file is not a readable trace. With spool (in a spawned
+    process), the events go to an Arrow IPC file there and the TraceFile carries its path: mapping it
+    back costs nothing, where pickling the frame through the pipe costs as much as parsing it."""
+    try:
+        tf = read_trace(path, capture_id)
+    except (TraceError, OSError) as exc:
+        return exc
+    except ValueError as exc:  # e.g. a schema check: the file's content is wrong, say so
+        return TraceError(f"{path}: {exc}")
+    if spool is not None:
+        out = os.path.join(spool, f"{os.getpid()}-{abs(hash(path))}.arrow")
+        tf.events.write_ipc(out, compression="uncompressed")
+        tf.events = out
+    return tf
+
+
+@contextmanager
+def _env(**values: str):
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def read_traces(paths: list, capture_id: str = "", processes: int | None = None) -> list:
+    """read_trace over the files of a capture, spread over the cores: one spawned process per core
+    (polars is not fork-safe), each with its share of polars' threads; results in the order of paths,
+    a TraceFile or the TraceError / OSError saying why the file is not a readable trace. Small
+    captures (< PARALLEL_MIN_BYTES) and machines with < PARALLEL_MIN_CORES cores read here: starting
+    processes would cost more. FLEETSCOPE_TRACE_PROCESSES overrides the number of processes."""
+    paths = [Path(p) for p in paths]
+    cores = os.cpu_count() or 1
+    if processes is None and os.environ.get("FLEETSCOPE_TRACE_PROCESSES", "").isdigit():
+        processes = int(os.environ["FLEETSCOPE_TRACE_PROCESSES"])
+    n = (min(len(paths), cores) if cores >= PARALLEL_MIN_CORES else 1) if processes is None else max(1, min(processes, len(paths)))
+    size = sum(p.stat().st_size for p in paths if p.exists())
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if n <= 1 or (processes is None and size < PARALLEL_MIN_BYTES) or (main is not None and not os.path.exists(main)):
+        # (a spawned process cannot start when the main program is not a file: python - < script)
+        return [_read_or_error(str(p), capture_id) for p in paths]
+    with tempfile.TemporaryDirectory(prefix="fleetscope-traces-") as spool:
+        try:
+            with _env(POLARS_MAX_THREADS=str(max(1, cores // n))):  # read by the spawned processes as they start
+                with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as ex:
+                    out = [f.result() for f in [ex.submit(_read_or_error, str(p), capture_id, spool) for p in paths]]
+        except BrokenProcessPool:  # a process died (out of memory?): read here, one file at a time
+            return [_read_or_error(str(p), capture_id) for p in paths]
+        for tf in out:
+            if isinstance(tf, TraceFile):  # into this process' memory before the spool goes
+                tf.events = pl.read_ipc(tf.events)
+        return out
 
 
 TRACE_SUFFIXES = (".json", ".json.gz")

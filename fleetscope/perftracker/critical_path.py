@@ -9,6 +9,19 @@ Functions are identified as PerfTracker does: kernels, memory ops and collective
 functions by their whole call stack, derived from the nesting of python_function / cpu_op /
 cuda_runtime events on the thread.
 
+What a function is on real traces:
+- Containers group other events: profiler annotations (ProfilerStep#, record_function ranges and
+  the framework's own, e.g. `DistributedDataParallel.forward`, `Optimizer.step#SGD.step`), module
+  wrappers (`nn.Module: X`, `_call_impl`) and autograd wrappers (`autograd::engine::evaluate_function:
+  X`, `CompiledFunction[Backward]`). Like every CPU function only their exclusive time (the time no
+  traced child runs: Python the profiler does not see, data loading, sleeps) can hold the critical
+  path; `container` marks them so a verdict says what that time is.
+- Communication on the CPU (gloo's `gloo:send` / `gloo:recv` / `gloo:all_reduce` annotations, c10d
+  operators) is a collective whatever its event category.
+- A rank whose trace has no GPU activity (a CPU-only run: gloo, no kernels) computes on the CPU: its
+  operators (cpu_op that are not containers) are its compute, at compute priority; containers'
+  exclusive time and Python functions stay CPU functions.
+
 Everything is interval arithmetic in numpy: unions of higher-priority intervals (sort + running
 max), subtraction of a union from every interval (searchsorted into the union's gaps + explode).
 Python loops only over small things: ranks (or rank x step), priority levels, stack depths.
@@ -26,8 +39,21 @@ _CPU_STACK_CATS = ["python_function", "cpu_op", "user_annotation", "cuda_runtime
 # runtime calls that are memory operations (PerfTracker: malloc, memcpy, memset)
 _MEM_RUNTIME = r"(?i)^cuda(Malloc|Free|Memcpy|Memset|HostAlloc|HostFree)|^hip(Malloc|Free|Memcpy|Memset)"
 STACK_SEP = " > "
+# containers (see the module docstring): annotations are recognised by category, these by name
+_CONTAINER_NAME = (r"^(ProfilerStep#|nn\.Module: |autograd::engine::evaluate_function: |CompiledFunction(Backward)?$|"
+                   r"Optimizer\.(step|zero_grad)#|## )|(_call_impl|_wrapped_call_impl)$|^DistributedDataParallel\.")
+_GPU_CATS = ["kernel", "gpu_memcpy", "gpu_memset"]
+
+
+def container_expr(cat: pl.Expr, name: pl.Expr) -> pl.Expr:
+    """True for events that only group others (annotations, module and autograd wrappers)."""
+    return (cat == "user_annotation") | (cat.is_in(["cpu_op", "python_function"]) & name.str.contains(_CONTAINER_NAME))
 
 REQUIRED_EVENT_COLUMNS = ["rank", "cat", "name", "pid", "tid", "ts_ns", "dur_ns"]
+# every trace_events column PerfTracker reads (a reader may load only these: a big capture's other
+# columns would cost memory for nothing)
+EVENT_COLUMNS = ["capture_id", "rank", "event_id", "cat", "name", "pid", "tid", "ts_ns", "dur_ns", "end_ns", "device", "is_comm",
+                 "collective", "msg_bytes", "group_size", "group_ranks"]
 
 
 class CriticalPathError(ValueError):
@@ -122,8 +148,10 @@ def classify_events(events: pl.DataFrame, threads: pl.DataFrame | None = None) -
     (the leaf), and for CPU functions their stack depth and thread.
 
     GPU kernels with is_comm are collectives, other kernels compute; gpu_memcpy / gpu_memset and
-    the runtime's malloc/memcpy/memset calls are memory ops; CPU events with is_comm (gloo) are
-    collectives; remaining CPU events on training threads form the call stacks."""
+    the runtime's malloc/memcpy/memset calls are memory ops; CPU events with is_comm (gloo, c10d,
+    whatever their category) are collectives; remaining CPU events on training threads form the
+    call stacks: on a rank without GPU activity its operators are compute (priority 0), else they
+    and everything else on the stack are CPU functions. `container` marks annotations and wrappers."""
     _check_columns(events, REQUIRED_EVENT_COLUMNS, "trace_events")
     ev = events
     if "end_ns" not in ev.columns:
@@ -135,29 +163,38 @@ def classify_events(events: pl.DataFrame, threads: pl.DataFrame | None = None) -
     for c in ("step",):
         if c not in ev.columns:
             ev = ev.with_columns(pl.lit(None, dtype=pl.Int64).alias(c))
+    # only the columns used below (trace_events has ~30: every copy of the others is wasted)
+    keep = ["rank", "step", "event_id", "pid", "tid", "cat", "name", "ts_ns", "end_ns", "dur_ns", "is_comm",
+            "collective", "msg_bytes", "group_size", "group_ranks"]
+    ev = ev.select([c for c in keep if c in ev.columns])
     ev = ev.filter(pl.col("dur_ns") > 0).with_columns(
         pl.col("rank").cast(pl.Int32), name_n=_normalize_name(pl.col("name")), is_comm=pl.col("is_comm").fill_null(False)
     )
+    gpu_ranks = ev.filter(pl.col("cat").is_in(_GPU_CATS)).select(pl.col("rank").unique())["rank"]
     cat = pl.col("cat")
+    container = container_expr(cat, pl.col("name"))
     category = (
         pl.when((cat == "kernel") & pl.col("is_comm")).then(pl.lit("collective"))
         .when(cat == "kernel").then(pl.lit("compute"))
         .when(cat.is_in(["gpu_memcpy", "gpu_memset"])).then(pl.lit("memory"))
         .when(cat.is_in(["cuda_runtime", "cuda_driver"]) & pl.col("name").str.contains(_MEM_RUNTIME)).then(pl.lit("memory"))
-        .when(cat.is_in(["cpu_op", "python_function"]) & pl.col("is_comm")).then(pl.lit("collective"))
+        .when(cat.is_in(["cpu_op", "python_function", "user_annotation"]) & pl.col("is_comm")).then(pl.lit("collective"))
+        # a CPU-only rank: its operators are its compute
+        .when((cat == "cpu_op") & ~container & ~pl.col("rank").is_in(gpu_ranks.implode())).then(pl.lit("compute"))
         .when(cat.is_in(_CPU_STACK_CATS)).then(pl.lit("python"))
         .otherwise(None)
     )
-    ev = ev.with_columns(category=category).filter(pl.col("category").is_not_null())
-    gpu_like = ev.filter(pl.col("category") != "python").with_columns(
+    ev = ev.with_columns(category=category, container=container & ~pl.col("is_comm")).filter(pl.col("category").is_not_null())
+    on_stack = cat.is_in(_CPU_STACK_CATS) & ~pl.col("is_comm")  # CPU compute of a CPU-only rank nests like any CPU event
+    gpu_like = ev.filter(~on_stack).with_columns(
         function=pl.col("name_n"), function_name=pl.col("name_n"), depth=pl.lit(None, dtype=pl.Int32)
     )
     if threads is None:
-        threads = training_threads(events.with_columns(pl.col("rank").cast(pl.Int32)))
-    cpu = ev.filter(pl.col("category") == "python").join(threads, on=["rank", "pid", "tid"], how="semi")
+        threads = training_threads(ev)
+    cpu = ev.filter(on_stack).join(threads, on=["rank", "pid", "tid"], how="semi")
     cpu = _call_stacks(cpu)
     cols = ["rank", "step", "event_id", "pid", "tid", "ts_ns", "end_ns", "dur_ns", "category", "function", "function_name", "depth",
-            "is_comm", "collective", "msg_bytes", "group_size", "group_ranks", "_thread"]
+            "container", "is_comm", "collective", "msg_bytes", "group_size", "group_ranks", "_thread"]
     out = []
     for f in (gpu_like, cpu):
         for c in cols:
@@ -173,7 +210,13 @@ def _call_stacks(cpu: pl.DataFrame) -> pl.DataFrame:
     on its thread (sorted by start, longer first: a parent precedes its children)."""
     if cpu.height == 0:
         return cpu.with_columns(function=pl.lit(None, pl.Utf8), function_name=pl.lit(None, pl.Utf8), depth=pl.lit(None, pl.Int32))
-    cpu = cpu.sort(["rank", "pid", "tid", "ts_ns", "end_ns"], descending=[False, False, False, False, True])
+    # equal intervals (common at microsecond resolution: an operator and the runtime call it makes)
+    # nest by kind (annotations outermost, runtime and driver calls innermost), then by file order, so
+    # the same trace gives the same call stacks on every rank
+    nest = pl.col("cat").replace_strict({"user_annotation": 0, "python_function": 1, "cpu_op": 2, "cuda_runtime": 3, "cuda_driver": 4},
+                                        default=2, return_dtype=pl.Int8)
+    cpu = cpu.with_columns(_nest=nest).sort(["rank", "pid", "tid", "ts_ns", "end_ns", "_nest", "event_id"],
+                                            descending=[False, False, False, False, True, False, False], maintain_order=True).drop("_nest")
     thread = cpu.select(pl.struct("rank", "pid", "tid").rank("dense") - 1).to_series().to_numpy().astype(np.int64)
     s = cpu["ts_ns"].to_numpy()
     e = cpu["end_ns"].to_numpy()
@@ -188,8 +231,8 @@ def _call_stacks(cpu: pl.DataFrame) -> pl.DataFrame:
         depth[lo:hi] = (pos[lo:hi] - lo) - np.searchsorted(ends, s[lo:hi], side="right")
     depth = np.maximum(depth, 0)
     # parent: the last event before i on the same thread with depth_i - 1
-    names = cpu["name_n"].to_numpy()
-    name_codes, uniq_inv = np.unique(names, return_inverse=True)
+    names = cpu["name_n"]
+    code = cpu.select(pl.col("name_n").rank("dense")).to_series().to_numpy().astype(np.uint64)  # 1..k (no Python strings)
     parent = np.full(n, -1, np.int64)
     key = thread * (n + 1) + pos  # sortable (thread, position)
     for d in range(1, int(depth.max()) + 1 if n else 1):
@@ -205,7 +248,6 @@ def _call_stacks(cpu: pl.DataFrame) -> pl.DataFrame:
     # stack ids level by level (hash of parent's stack id and the name), strings per unique stack
     sid = np.zeros(n, np.uint64)
     mult = np.uint64(0x9E3779B97F4A7C15)
-    code = uniq_inv.astype(np.uint64) + np.uint64(1)
     with np.errstate(over="ignore"):
         for d in range(0, int(depth.max()) + 1):
             m = depth == d
@@ -214,10 +256,11 @@ def _call_stacks(cpu: pl.DataFrame) -> pl.DataFrame:
     first = np.unique(sid, return_index=True)[1]
     first = first[np.argsort(depth[first], kind="stable")]
     text: dict[int, str] = {}
-    for i in first:  # one per distinct call stack: small
+    first_names = names.gather(first).to_list()
+    for i, nm in zip(first.tolist(), first_names):  # one per distinct call stack: small
         pi = parent[i]
         base = text.get(int(sid[pi])) if pi >= 0 else None
-        text[int(sid[i])] = (base + STACK_SEP if base else "") + names[i]
+        text[int(sid[i])] = (base + STACK_SEP if base else "") + nm
     keys = np.fromiter(text.keys(), np.uint64, len(text))
     vals = np.array(list(text.values()), dtype=object)
     o = np.argsort(keys)
@@ -235,8 +278,9 @@ def _call_stacks(cpu: pl.DataFrame) -> pl.DataFrame:
 def critical_pieces(classified: pl.DataFrame, by_step: bool = False) -> pl.DataFrame:
     """The critical parts of every classified event: one row per piece with rank, (step),
     event_id, category, function, start_ns, end_ns. An event contributes the parts of its
-    interval where no higher-priority event runs on the same worker; a CPU function also loses
-    the time its children run (children = events one level deeper on its thread).
+    interval where no higher-priority event runs on the same worker; an event of a CPU call stack
+    (depth not null) also loses the time its children run (children = events one level deeper on
+    its thread), so only exclusive time is ever critical.
 
     by_step: compute per (rank, step) (for op-level timings whose times restart every step)."""
     _check_columns(classified, ["rank", "ts_ns", "end_ns", "priority", "category", "function", "event_id"], "classified events")
@@ -258,21 +302,24 @@ def critical_pieces(classified: pl.DataFrame, by_step: bool = False) -> pl.DataF
     for g in range(len(bounds) - 1):
         lo, hi = bounds[g], bounds[g + 1]
         s, e, pr, dep, th = s_all[lo:hi], e_all[lo:hi], pr_all[lo:hi], dep_all[lo:hi], th_all[lo:hi]
+        on_stack = dep >= 0
         for p in range(4):
             mine = np.nonzero(pr == p)[0]
             if mine.size == 0:
                 continue
             higher = pr < p
             us, ue = union_intervals(s[higher], e[higher])
-            if p < 3:
-                idx, ps, pe = subtract_union(s[mine], e[mine], us, ue)
-                out_idx.append(lo + mine[idx]); out_s.append(ps); out_e.append(pe)
-                continue
-            # CPU functions: also subtract the children (next depth on the same thread)
-            for t in np.unique(th[mine]):
-                for d in np.unique(dep[mine][th[mine] == t]):
-                    sel = mine[(th[mine] == t) & (dep[mine] == d)]
-                    kid = (pr == 3) & (th == t) & (dep == d + 1)
+            flat = mine[~on_stack[mine]]
+            if flat.size:  # GPU work and collectives: the parts no higher priority covers
+                idx, ps, pe = subtract_union(s[flat], e[flat], us, ue)
+                out_idx.append(lo + flat[idx]); out_s.append(ps); out_e.append(pe)
+            # events of a CPU call stack: also subtract their children (the next depth on the same
+            # thread, whatever their priority): only a function's exclusive time can be critical
+            stack = mine[on_stack[mine]]
+            for t in np.unique(th[stack]):
+                for d in np.unique(dep[stack][th[stack] == t]):
+                    sel = stack[(th[stack] == t) & (dep[stack] == d)]
+                    kid = on_stack & (th == t) & (dep == d + 1) & ~higher
                     ks, ke = union_intervals(np.concatenate([s[higher], s[kid]]), np.concatenate([e[higher], e[kid]]))
                     idx, ps, pe = subtract_union(s[sel], e[sel], ks, ke)
                     out_idx.append(lo + sel[idx]); out_s.append(ps); out_e.append(pe)
@@ -280,8 +327,8 @@ def critical_pieces(classified: pl.DataFrame, by_step: bool = False) -> pl.DataF
         idx = np.concatenate(out_idx); ps = np.concatenate(out_s); pe = np.concatenate(out_e)
     else:
         idx = np.zeros(0, np.int64); ps = np.zeros(0, np.int64); pe = np.zeros(0, np.int64)
-    keep_cols = [c for c in ["rank", "step", "event_id", "category", "priority", "function", "function_name", "ts_ns", "end_ns",
-                             "dur_ns", "collective", "msg_bytes", "group_size", "group_ranks"] if c in df.columns]
+    keep_cols = [c for c in ["rank", "step", "event_id", "category", "priority", "function", "function_name", "container", "ts_ns",
+                             "end_ns", "dur_ns", "collective", "msg_bytes", "group_size", "group_ranks"] if c in df.columns]
     base = df.select(keep_cols)[idx]
     return base.with_columns(
         start_ns=pl.Series(ps, dtype=pl.Int64), stop_ns=pl.Series(pe, dtype=pl.Int64)

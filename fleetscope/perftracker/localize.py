@@ -1,14 +1,23 @@
 """PerfTracker 4.3 localization over behaviour patterns, and the verdicts it raises.
 
-- distance from expectation d_exp: Manhattan distance from p = (beta, mu, sigma) to the expected
-  box of the function's category (configurable; a null dimension is skipped).
+- distance from expectation d_exp: Manhattan distance from p = (beta, mu, sigma) to what is
+  expected of the function. Expectations are learned, not fixed: from the job's healthy history
+  (earlier captures of the same job: per function and stage, beta above its usual value by more
+  than k robust sigmas and the materiality floor), and from boxes per category only where a user
+  configures them (`LocalizeConfig.expected`; none by default: the paper's production boxes, e.g.
+  "Python functions beta <= 0.01", raise dozens of false alarms on a healthy real fleet, where a
+  function that takes the same share on every rank of a stage is the job's shape).
 - differential distance d_diff: patterns max-normalized within the peer group; d_diff(w) = the
   number of workers of a seeded random sample S (|S| = min(100, N)) whose normalized pattern
   differs from w's by more than theta = 0.4 (L1).
 - abnormal: beta > 0.01 and (d_exp > 0 or d_diff > median + 5 MAD of the group). One guard the
   paper does not state: d_diff must also reach `min_diff_share` of |S| (w differs from most of
   its sample). Without it a tight healthy group (median = MAD = 0) flags any worker with a single
-  differing peer.
+  differing peer. And materiality: a finding must matter to the step time. `impact` is the share of
+  the window it costs (beta above the peers' median or the expectation, beta x the utilization
+  lost against the peers', or all its beta when it runs on another resource than its peers, e.g. a
+  collective fallen back from NVLink to PCIe); below `min_impact` it is not abnormal, unless the
+  worker's findings of the same category add up to it (a slow link under every collective).
 
 Peers are pipeline-stage aware: a worker is compared with the workers of its own stage (middle
 stages legitimately send and receive more). Imbalance between whole stages is a separate check
@@ -27,32 +36,27 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from fleetscope.common import robust_sigma
 from fleetscope.perftracker.schemas import BEHAVIOR_PATTERNS, CATEGORIES, DIMENSIONS, finish_patterns
 from fleetscope.schemas.base import conform
 from fleetscope.verdicts import make_verdicts
 
 CATEGORY_CODES = {c: i for i, c in enumerate(CATEGORIES)}
-# expected boxes per category (PerfTracker's production experience; configurable). A missing
-# dimension is unconstrained; GPU compute kernels are never unexpected.
-DEFAULT_EXPECTED: dict[str, dict[str, tuple[float, float]]] = {
+# PerfTracker's production boxes per category, for a user who wants them
+# (LocalizeConfig(expected=PAPER_EXPECTED)); not applied by default (see the module docstring).
+PAPER_EXPECTED: dict[str, dict[str, tuple[float, float]]] = {
     "python": {"beta": (0.0, 0.01)},
     "compute": {},
     "memory": {"beta": (0.0, 0.2)},
     "collective": {"beta": (0.0, 0.3)},
 }
-# op-level timings (Megatron ops): communication ops include the time spent waiting for the peer
-# stage (pipeline bubbles), so their beta has no expected bound; stage_differential covers the cause.
-OP_LEVEL_EXPECTED: dict[str, dict[str, tuple[float, float]]] = {
-    "python": {"beta": (0.0, 0.01)},
-    "compute": {},
-    "memory": {},
-    "collective": {},
-}
+DEFAULT_EXPECTED: dict[str, dict[str, tuple[float, float]]] = {}
+OP_LEVEL_EXPECTED = DEFAULT_EXPECTED  # (kept for callers: op-level timings expect nothing by default either)
 
 
 @dataclass(frozen=True)
 class LocalizeConfig:
-    expected: dict = field(default_factory=lambda: DEFAULT_EXPECTED)
+    expected: dict = field(default_factory=dict)  # configured boxes {category: {dimension: (lo, hi)}} only
     theta: float = 0.4
     k_mad: float = 5.0
     sample_size: int = 100
@@ -71,6 +75,20 @@ class LocalizeConfig:
     # floor of the max-normalization per dimension (beta, mu, sigma): a dimension whose largest
     # value in the group is tiny (sigma 0.02 vs 0.05) is not blown up to a 0.6 difference
     norm_floor: tuple = (0.01, 0.1, 0.1)
+    # materiality: a finding must cost at least this share of the step (window) to be abnormal,
+    # and this much to be critical
+    min_impact: float = 0.05
+    critical_impact: float = 0.10
+    # expectations from the job's history: beta above its usual value (median over earlier captures)
+    # by more than this many robust sigmas (and more than min_impact)
+    history_k: float = 4.0
+    # the straggling rank (fleetscope.perftracker.ranks): its own work (everything but communication)
+    # exceeds its same-stage peers' by min_impact of its window and, with 3 or more peers, by rank_k
+    # robust sigmas of theirs and rank_min_ratio; with 1 or 2 peers (no noise estimate: DP2 stages)
+    # by rank_min_ratio_few_peers
+    rank_min_ratio: float = 1.10
+    rank_min_ratio_few_peers: float = 1.25
+    rank_k: float = 5.0
 
 
 class LocalizeError(ValueError):
@@ -164,9 +182,34 @@ def _group_median_mad(values: np.ndarray, gid: np.ndarray, n_groups: int, vmax: 
 # localization
 
 
-def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), validate: bool = True) -> pl.DataFrame:
+def history_expectations(history: pl.DataFrame | None, config: LocalizeConfig = LocalizeConfig()) -> pl.DataFrame:
+    """behavior_patterns of a job's earlier captures -> (function, stage, expected_beta, expected_beta_hi,
+    n_history): the usual beta of the function on that stage and the highest one expected. localize
+    flags the workers above expected_beta_hi where the stage's median is above it too (a regression
+    of the stage or job; one worker above its peers is the differential's and the rank check's). Per capture the stage's median beta
+    (workers flagged abnormal left out, so a past incident does not become the norm), then over the
+    captures: median + max(history_k robust sigmas, min_impact)."""
+    schema = {"function": pl.Utf8, "stage": pl.Int32, "expected_beta": pl.Float64, "expected_beta_hi": pl.Float64, "n_history": pl.UInt32}
+    if history is None or history.height == 0:
+        return pl.DataFrame(schema=schema)
+    h = history
+    if "stage" not in h.columns:
+        h = h.with_columns(stage=pl.lit(None, pl.Int32))
+    if "abnormal" in h.columns:
+        h = h.filter(~pl.col("abnormal").fill_null(False))
+    per = h.group_by("capture_id", "function", "stage").agg(b=pl.col("beta").median())
+    out = per.group_by("function", "stage").agg(m=pl.col("b").median(), s=robust_sigma(pl.col("b")), n_history=pl.len())
+    hi = pl.col("m") + pl.max_horizontal(config.history_k * pl.col("s").fill_null(0.0), pl.lit(config.min_impact))
+    return out.select("function", pl.col("stage").cast(pl.Int32), pl.col("m").alias("expected_beta"), hi.alias("expected_beta_hi"),
+                      pl.col("n_history").cast(pl.UInt32))
+
+
+def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), validate: bool = True,
+             history: pl.DataFrame | None = None) -> pl.DataFrame:
     """behavior_patterns -> the same rows with d_exp, d_diff, abnormal and the explanation columns
-    (peer_stage, n_peers, d_diff_threshold, diff_dim, diff_delta, exp_dim, reason) filled.
+    (peer_stage, n_peers, d_diff_threshold, diff_dim, diff_delta, exp_dim, reason, impact,
+    expected_source, expected_beta_hi) filled. history: behavior_patterns of the job's earlier
+    captures (see history_expectations), the expectation learned from the job itself.
 
     Numpy (float32, one array per dimension) over the rows in (capture, function, stage) order;
     the frame itself is never re-sorted (results are scattered back). validate=False skips the
@@ -188,6 +231,17 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
     df = patterns
     if "stage" not in df.columns:
         df = df.with_columns(stage=pl.lit(None, dtype=pl.Int32))
+    hist = history_expectations(history, config)
+    if hist.height:
+        df = df.drop([c for c in ("expected_beta", "expected_beta_hi", "n_history") if c in df.columns]).join(
+            hist, on=["function", "stage"], how="left", nulls_equal=True, maintain_order="left")
+        hist_hi = df["expected_beta_hi"].cast(pl.Float32).fill_null(float("nan")).to_numpy()
+        hist_m = df["expected_beta"].cast(pl.Float32).fill_null(float("nan")).to_numpy()
+        # the stage as a whole must be above its history: one worker above it is for the peers to judge
+        hist_stage = df.select(pl.col("beta").median().over("capture_id", "function", "stage")).to_series().cast(pl.Float32).to_numpy()
+        df = df.drop("n_history", "expected_beta")
+    else:
+        hist_hi = None
     cat_code = pl.col("category").cast(pl.Utf8).cast(pl.Enum(CATEGORIES)).to_physical().cast(pl.Int8)
     staged_codes = [CATEGORY_CODES[c] for c in config.stage_aware_categories if c in CATEGORY_CODES]
     # group = (capture, function, stage if the category is compared within its stage): a 64-bit
@@ -200,6 +254,13 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
         _stage=pl.col("stage").cast(pl.Int32),
     ).with_columns(_staged=pl.col("_cat").is_in(staged_codes) & pl.lit(config.stage_aware))
     keys = keys.with_columns(_st=pl.when("_staged").then(pl.col("_stage").cast(pl.Int64).fill_null(-1)).otherwise(-2))
+    # measured on another resource than most of its peer group (a collective over PCIe while its
+    # peers use NVLink: a link fallback): utilizations do not compare, the function's time is at stake
+    if "resource" in df.columns:
+        odd = df.select((pl.col("resource") != pl.col("resource").drop_nulls().mode().sort().first().over(
+            pl.col("capture_id"), pl.col("function"), keys["_st"])).fill_null(False)).to_series().to_numpy()
+    else:
+        odd = np.zeros(df.height, bool)
     # group code = (index of the hash among the few distinct ones, stage); a stable radix sort on
     # it (16-bit codes) keeps each group's rows in frame order, so the sampling is deterministic
     h = keys["_h"].to_numpy()
@@ -224,10 +285,13 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
     waiting = (cat == CATEGORY_CODES["collective"]) & ~keys["_src"].to_numpy()[perm]
     X = [df[c].cast(pl.Float32).fill_null(float("nan")).to_numpy()[perm] for c in DIMENSIONS]
 
-    # distance from expectation: per dimension, the table of boxes looked up by category code
+    # distance from expectation: per dimension, the configured boxes looked up by category code
+    # (a dimension nobody configured is [0, 1]: never out), then beta above the job's history
     d_exp = np.zeros(n, np.float32)
     exp_best = np.zeros(n, np.float32)
     exp_code = np.full(n, -1, np.int8)
+    exp_impact = np.zeros(n, np.float32)
+    exp_src = np.zeros(n, np.int8)  # 0 none, 1 config, 2 history
     for k, dim in enumerate(DIMENSIONS):
         lo_t = np.array([config.expected.get(c, {}).get(dim, (0.0, 1.0))[0] for c in CATEGORIES], np.float32)
         hi_t = np.array([config.expected.get(c, {}).get(dim, (0.0, 1.0))[1] for c in CATEGORIES], np.float32)
@@ -237,6 +301,22 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
         better = dk > exp_best
         exp_code[better] = k
         exp_best = np.maximum(exp_best, dk)
+        if k == 0:  # the time above the box
+            exp_impact = np.maximum(exp_impact, np.nan_to_num(X[0] - hi_t[cat]))
+        elif k == 1:  # the time lost running below the expected utilization
+            lo_c = lo_t[cat]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                lost = np.where(lo_c > 0, X[0] * (lo_c - X[1]) / lo_c, 0)
+            exp_impact = np.maximum(exp_impact, np.nan_to_num(lost))
+    exp_src[d_exp > 0] = 1
+    if hist_hi is not None:
+        hh = hist_hi[perm]
+        dh = np.where(hist_stage[perm] > hh, np.nan_to_num(np.maximum(X[0] - hh, np.float32(0))), np.float32(0))
+        d_exp += dh
+        exp_code[dh > exp_best] = 0
+        # what it costs: the time above its usual share
+        exp_impact = np.maximum(exp_impact, np.where(dh > 0, np.nan_to_num(X[0] - hist_m[perm]), 0))
+        exp_src[dh > 0] = 2
     del exp_best
 
     # max-normalization within the peer group (with floors); unknown dimensions count as 0
@@ -251,6 +331,9 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
     med, mad = _group_median_mad(d_diff, gid, n_groups, int(config.sample_size))
     thr = med + config.k_mad * mad
     diff_flag = ((d_diff > thr[gid]) | (d_diff >= config.majority_share * m_row)) & (d_diff >= config.min_diff_share * m_row) & (m_row >= 3)
+    # a worker whose function runs on another resource than most of its peers' differs whatever the
+    # distance (PerfTracker saw the NVLink-down workers by their PCIe traffic)
+    diff_flag |= odd[perm] & (m_row >= 3)
 
     # how it differs: the normalized dimension farthest from the group's median (raw delta kept)
     DELTA, DN = [], []
@@ -284,10 +367,31 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
     diff_material = (kdim != 2) & (chosen >= need)
     del dn0, dn1, dn2, primary, chosen, need
     diff_delta = np.choose(kdim, DELTA)
+    DELTA_BETA, DELTA_MU = DELTA[0], DELTA[1]
     del DELTA
 
+    # materiality: the share of the window a finding costs. Against the peers: beta above their
+    # median, or the time lost running below their utilization (beta x utilization gap / theirs)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mu_ref = X[1] - DELTA_MU
+        lost = np.where(mu_ref > 0, X[0] * np.maximum(-DELTA_MU, 0) / mu_ref, 0)
+    diff_impact = np.maximum(np.nan_to_num(DELTA_BETA), np.nan_to_num(lost))
+    diff_impact = np.where(odd[perm], np.maximum(diff_impact, np.nan_to_num(X[0])), diff_impact).astype(np.float32)
+    del DELTA_BETA, DELTA_MU, mu_ref, lost
     exp_flag = d_exp > 0
-    abnormal = (X[0] > config.min_beta) & (exp_flag | diff_flag)
+    impact = np.maximum(np.where(exp_flag, exp_impact, 0), np.where(diff_flag, diff_impact, 0)).astype(np.float32)
+    flag = (X[0] > config.min_beta) & (exp_flag | diff_flag)
+    abnormal = flag & (impact >= np.float32(config.min_impact))
+    # a worker whose functions of one category each cost a little but together matter (a slow link
+    # under every collective, a throttled GPU under every kernel): material together
+    idx = np.flatnonzero(flag & ~abnormal)
+    if idx.size:
+        both = np.flatnonzero(flag)
+        rows = perm[both]
+        sub = df.select("capture_id", "rank").with_row_index("_r").filter(pl.col("_r").is_in(pl.Series(rows, dtype=pl.UInt32).implode()))
+        sub = pl.DataFrame({"_r": rows.astype(np.uint32), "_i": both, "_cat": cat[both], "_imp": impact[both]}).join(sub, on="_r")
+        tot = sub.with_columns(_tot=pl.col("_imp").sum().over("capture_id", "rank", "_cat")).filter(pl.col("_tot") >= config.min_impact)
+        abnormal[tot["_i"].to_numpy()] = True
     reason = np.where(exp_flag & diff_flag, 3, np.where(exp_flag, 1, np.where(diff_flag, 2, 0))).astype(np.int8)
 
     def back(a: np.ndarray) -> np.ndarray:  # sorted order -> the frame's row order
@@ -312,6 +416,9 @@ def localize(patterns: pl.DataFrame, config: LocalizeConfig = LocalizeConfig(), 
         exp_dim=labels(back(exp_code), DIMENSIONS),
         reason=labels(back(reason) - 1, ["expectation", "differential", "both"]),
         peer_stage=pl.when(keys["_staged"]).then(keys["_stage"]),
+        impact=pl.Series(back(impact)).cast(pl.Float64),
+        expected_source=labels(back(exp_src) - 1, ["config", "history"]),
+        expected_beta_hi=(pl.Series(hist_hi).cast(pl.Float64).fill_nan(None) if hist_hi is not None else pl.lit(None, pl.Float64)),
     )
     # workers of a stage that stands out as a whole are explained by the stage (one stage verdict)
     stages = stage_differential(out, config)
@@ -329,7 +436,7 @@ def stage_differential(patterns: pl.DataFrame, config: LocalizeConfig = Localize
     function, stage) the median pattern; stages compared with each other by the differential rule
     (normalize by the max over stages, count the other stages farther than theta, flag above
     median + k MAD and at least min_diff_share of them) and only when the stage holds the
-    critical path longer than the others (beta above their median, and > min_beta).
+    critical path longer than the others (beta above their median by min_impact or more).
     Returns (capture_id, function, stage, beta, beta_others, d_diff, n_stages, ranks)."""
     schema = {"capture_id": pl.Utf8, "function": pl.Utf8, "stage": pl.Int32, "beta": pl.Float64, "beta_others": pl.Float64,
               "d_diff": pl.Int64, "n_stages": pl.Int64, "ranks": pl.List(pl.Int32)}
@@ -358,6 +465,7 @@ def stage_differential(patterns: pl.DataFrame, config: LocalizeConfig = Localize
         (pl.col("d_diff") > pl.col("_med") + config.k_mad * pl.col("_mad"))
         & (pl.col("d_diff") >= config.min_diff_share * (pl.col("n_stages") - 1))
         & (pl.col("beta") > pl.col("beta_others")) & (pl.col("beta") > config.min_beta)
+        & (pl.col("beta") - pl.col("beta_others") >= config.min_impact)  # it must matter to the step
     )
     if flagged.height == 0:
         return pl.DataFrame(schema=schema)
@@ -415,16 +523,28 @@ def _loud(kind: pl.Expr, dim: pl.Expr, category: pl.Expr, mu_source: pl.Expr, ma
 
 
 def patterns_verdicts(localized: pl.DataFrame, stages: pl.DataFrame | None = None, job_id: str | None = None,
-                      config: LocalizeConfig = LocalizeConfig()) -> pl.DataFrame:
-    """Localized patterns (+ stage_differential rows) -> anomaly_verdicts: one verdict per abnormal
-    function (leaf name: the call stacks it appears in are listed in the evidence), kind
-    (differential: the workers that differ from their peers; expectation: the workers outside the
-    expected box) and loudness, naming the workers and the dimension that differs; one verdict
-    per imbalanced stage. Severity: critical when the function holds >= 5 % of the window on
-    the flagged workers, else warning; symptoms (see _loud) are info."""
+                      config: LocalizeConfig = LocalizeConfig(), ranks: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Localized patterns (+ stage_differential rows, + straggling_ranks rows) -> anomaly_verdicts:
+    one verdict per abnormal function (leaf name: the call stacks it appears in are listed in the
+    evidence), kind (differential: the workers that differ from their peers; expectation: the
+    workers above what is expected, from the job's history or a configured box) and loudness,
+    naming the workers and the dimension that differs; one verdict per imbalanced stage; one per
+    straggling rank (detector perftracker.rank). Severity from the impact (the share of the window
+    the finding costs): critical from critical_impact, else warning; symptoms (see _loud) and
+    findings that only describe where a straggling rank loses its time are info."""
+    from fleetscope.perftracker.ranks import rank_verdict_rows
+
     rows: list[dict] = []
+    strag = {} if ranks is None or ranks.height == 0 else {
+        c: set(g["rank"].to_list()) for (c,), g in ranks.group_by("capture_id")}
     ab = localized.filter(pl.col("abnormal").fill_null(False))
     if ab.height:
+        if "impact" not in ab.columns:
+            ab = ab.with_columns(impact=pl.col("beta"))
+        if "container" not in ab.columns:
+            ab = ab.with_columns(container=pl.lit(None, pl.Boolean))
+        if "expected_source" not in ab.columns:
+            ab = ab.with_columns(expected_source=pl.lit("config"), expected_beta_hi=pl.lit(None, pl.Float64))
         ab = ab.with_columns(kind=pl.when(pl.col("reason") == "expectation").then(pl.lit("expectation")).otherwise(pl.lit("differential")),
                              dim=pl.when(pl.col("reason") == "expectation").then(pl.col("exp_dim")).otherwise(pl.col("diff_dim")),
                              leaf=pl.col("function_name").fill_null(pl.col("function")))
@@ -439,6 +559,8 @@ def patterns_verdicts(localized: pl.DataFrame, stages: pl.DataFrame | None = Non
             beta=pl.col("beta").median(), mu=pl.col("mu").median(), sigma=pl.col("sigma").median(), d_exp=pl.col("d_exp").max(),
             d_diff=pl.col("d_diff").median(), thr=pl.col("d_diff_threshold").max(), delta=pl.col("diff_delta").median(),
             mu_source=pl.col("mu_source").mode().sort().first(), resource=pl.col("resource").mode().sort().first(),
+            impact=pl.col("impact").median(), container=pl.col("container").fill_null(False).any(),
+            exp_source=pl.col("expected_source").drop_nulls().mode().sort().first(), exp_hi=pl.col("expected_beta_hi").median(),
         ).join(peers, on=["capture_id", "leaf"], how="left").sort("capture_id", "leaf", "kind", "loud")
         for r in grp.iter_rows(named=True):
             team, why = TEAM_RULES[(r["category"], r["kind"])]
@@ -450,33 +572,49 @@ def patterns_verdicts(localized: pl.DataFrame, stages: pl.DataFrame | None = Non
                 direction = "higher" if (r["delta"] or 0) > 0 else "lower"
                 how = (f"{dim} {val:.3g} vs {base:.3g} on their peers ({direction}; differs in {dims}; d_diff {r['d_diff']:.0f} of the "
                        f"sampled peers > threshold {r['thr']:.3g})") if (base is not None and val is not None) else f"{dim} {direction} than peers"
+            elif r["exp_source"] == "history":
+                base = r["exp_hi"]
+                how = (f"beta {r['beta']:.3g} above the {r['exp_hi']:.3g} this job's earlier captures give for it on this stage "
+                       f"(its usual share plus noise; d_exp {r['d_exp']:.3g})")
             else:
                 box = config.expected.get(r["category"], {}).get(dim, (0.0, 1.0))
-                how = f"{dim} {val:.3g} outside the expected [{box[0]:g}, {box[1]:g}] (d_exp {r['d_exp']:.3g})"
+                how = f"{dim} {val:.3g} outside the configured [{box[0]:g}, {box[1]:g}] (d_exp {r['d_exp']:.3g})"
             res = ("critical-path share" if dim == "beta" else f"{r['resource'] or ''} utilization from {r['mu_source'] or ''}")
             symptom = r["category"] == "collective" and dim == "beta"
-            note = "" if r["loud"] else (" Symptom only: a collective's time includes waiting for slower peers." if symptom
-                                         else " Weak alone: only the spread of coarse samples differs." if dim == "sigma"
-                                         else " Weak alone: no dimension differs by 0.75 theta or more.")
-            expl = (f"{_short(r['leaf'])} ({r['category']}) abnormal on {len(r['ranks'])} of {r['n_workers']} workers "
-                    f"(ranks {workers}): {how} [{res}]. {why}.{note}")
-            sev = ("critical" if (r["beta"] or 0) >= 0.05 else "warning") if r["loud"] else "info"
+            part_of = sorted(set(r["ranks"]) & strag.get(r["capture_id"], set()))
+            subsumed = bool(part_of) and set(r["ranks"]) <= strag.get(r["capture_id"], set())
+            loud = r["loud"] and not subsumed
+            note = ("" if loud else f" Where rank(s) {_ranks_text(part_of)} lose their time: see the straggling-rank verdict." if subsumed
+                    else " Symptom only: a collective's time includes waiting for slower peers." if symptom
+                    else " Weak alone: only the spread of coarse samples differs." if dim == "sigma"
+                    else " Weak alone: no dimension differs by 0.75 theta or more.")
+            what = (f"{_short(r['leaf'])} self time (time inside this {'annotation' if r['category'] == 'python' else 'wrapper'} "
+                    f"no traced operator covers: Python, data loading, waits the profiler does not see)" if r["container"] else _short(r["leaf"]))
+            impact = r["impact"] or 0.0
+            expl = (f"{what} ({r['category']}) abnormal on {len(r['ranks'])} of {r['n_workers']} workers "
+                    f"(ranks {workers}): {how} [{res}]; it costs {100 * impact:.0f} % of the window. {why}.{note}")
+            sev = ("critical" if impact >= config.critical_impact else "warning") if loud else "info"
+            metric = f"{r['kind']}_{dim}" + ("" if loud else ("_rank" if subsumed else "_symptom" if symptom else "_weak"))
             rows.append(dict(
                 detector="perftracker", scope="function", subject=r["leaf"], job_id=job_id, capture_id=r["capture_id"],
-                metric=f"{r['kind']}_{dim}" + ("" if r["loud"] else ("_symptom" if symptom else "_weak")), value=float(val) if val is not None else None,
+                metric=metric, value=float(val) if val is not None else None,
                 baseline=float(base) if base is not None else None, severity=sev, team=team, explanation=expl,
                 evidence=json.dumps({"ranks": [int(x) for x in r["ranks"]], "stages": [int(x) for x in r["stages"]], "kind": r["kind"],
                                      "dimension": dim, "dimensions": [d for d in r["dims"] if d], "beta": r["beta"], "mu": r["mu"],
                                      "sigma": r["sigma"], "d_diff": r["d_diff"], "d_exp": r["d_exp"], "mu_source": r["mu_source"],
-                                     "resource": r["resource"], "call_stacks": r["stacks"][:20]}),
+                                     "resource": r["resource"], "impact": impact, "container": r["container"],
+                                     "expected_source": r["exp_source"], "call_stacks": r["stacks"][:20]}),
             ))
+    if ranks is not None and ranks.height:
+        rows += rank_verdict_rows(ranks, job_id, config)
     if stages is not None and stages.height:
         for r in stages.iter_rows(named=True):
             ratio = r["beta"] / r["beta_others"] if r["beta_others"] else float("inf")
             rows.append(dict(
                 detector="perftracker", scope="stage", subject=str(r["stage"]), job_id=job_id, capture_id=r["capture_id"],
                 metric=f"stage_beta:{r['function']}", value=float(r["beta"]), baseline=float(r["beta_others"]),
-                severity="critical" if ratio >= 1.25 else "warning", team="algorithm",
+                severity="critical" if ratio >= 1.25 and r["beta"] - r["beta_others"] >= config.critical_impact else "warning",
+                team="algorithm",
                 explanation=(f"pipeline stage {r['stage']} (ranks {_ranks_text(r['ranks'])}) holds the critical path in {r['function']} "
                              f"{ratio:.2f}x as long as the other {r['n_stages'] - 1} stages (beta {r['beta']:.3g} vs {r['beta_others']:.3g}): "
                              f"the stages are unbalanced; repartition layers across stages (stage partitioning)."),

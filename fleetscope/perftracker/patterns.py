@@ -282,6 +282,7 @@ def patterns_from_pieces(
         p = _hw_utilization_for_pieces(p, hw, workers, config)
     g = p.group_by("rank", "function").agg(
         category=pl.col("category").first(), function_name=pl.col("function_name").first(),
+        container=pl.col("container").first() if "container" in p.columns else pl.lit(None, dtype=pl.Boolean),
         resource=pl.col("resource").mode().first(), mu_source=pl.col("mu_source").mode().sort().first(),
         stage=pl.col("stage").first() if "stage" in p.columns else pl.lit(None, dtype=pl.Int32),
         n_exec=pl.col("event_id").n_unique(), crit_ns=pl.col("crit_ns").sum(), d_sum=pl.col("d_ns").sum(),
@@ -364,13 +365,15 @@ def workers_from_capture(events: pl.DataFrame | None = None, timings: pl.DataFra
     that rank and the trace proxy is used; the table says so in mu_source)."""
     parts = []
     if timings is not None and timings.height:
-        aggs = []
-        if "host" in timings.columns:
-            aggs.append(pl.col("host").drop_nulls().mode().first().cast(pl.Utf8).alias("host"))
-        if "stage" in timings.columns:
-            aggs.append(pl.col("stage").drop_nulls().mode().first().cast(pl.Int32).alias("stage"))
-        if aggs:
-            parts.append(timings.group_by(pl.col("rank").cast(pl.Int32)).agg(aggs))
+        t = timings.with_columns(pl.col("rank").cast(pl.Int32))
+        if "stage" in t.columns:
+            parts.append(t.group_by("rank").agg(pl.col("stage").drop_nulls().mode().first().cast(pl.Int32).alias("stage")))
+        if "host" in t.columns:
+            # a rank's host: of the names its rows carry, the one the fewest ranks share (a name every
+            # rank of a multi-host job reports, e.g. a container's hostname, says nothing), then the commonest
+            h = t.filter(pl.col("host").is_not_null()).group_by("rank", pl.col("host").cast(pl.Utf8)).agg(n=pl.len())
+            h = h.with_columns(k=pl.col("rank").n_unique().over("host")).sort(["rank", "k", "n", "host"], descending=[False, False, True, False])
+            parts.append(h.unique("rank", keep="first", maintain_order=True).select("rank", "host"))
     if events is not None and events.height and "device" in events.columns:
         parts.append(events.filter(pl.col("device").is_not_null()).group_by(pl.col("rank").cast(pl.Int32))
                      .agg(device=pl.col("device").mode().first().cast(pl.Int32)))

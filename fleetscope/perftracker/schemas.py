@@ -40,7 +40,11 @@ BEHAVIOR_PATTERNS = pa.DataFrameSchema(
         "diff_delta": pa.Column(pl.Float64, nullable=True),  # that dimension minus the group median (raw)
         "diff_material": pa.Column(pl.Boolean, nullable=True),  # beta or mu differs by >= 0.75 theta (normalized)
         "exp_dim": pa.Column(pl.Utf8, nullable=True),  # dimension farthest outside the expected box
-        "reason": pa.Column(pl.Utf8, nullable=True),  # expectation / differential / both
+        "reason": pa.Column(pl.Utf8, nullable=True),  # expectation / differential / both / stage_imbalance / rank
+        "container": pa.Column(pl.Boolean, nullable=True),  # an annotation or wrapper: its exclusive time is untraced work
+        "expected_source": pa.Column(pl.Utf8, nullable=True),  # where an expectation came from: config / history
+        "expected_beta_hi": pa.Column(pl.Float64, nullable=True),  # the highest beta expected (config box or job history)
+        "impact": pa.Column(pl.Float64, nullable=True),  # share of the window the finding costs (materiality)
     },
     # one row per (capture_id, rank, function) by construction (group_by); not re-checked here
     # because pandera's uniqueness check costs seconds per million rows

@@ -92,6 +92,8 @@ CAPTURES = pa.DataFrameSchema({
     "world_size": pa.Column(pl.Int32, nullable=True),
     "n_trace_files": pa.Column(pl.Int32),
     "n_timing_files": pa.Column(pl.Int32),
+    "start_ns": pa.Column(pl.Int64, nullable=True),  # first trace event / timing row: orders a job's captures
+    "end_ns": pa.Column(pl.Int64, nullable=True),
 })
 
 STACKS = pa.DataFrameSchema({

@@ -7,6 +7,7 @@ import polars as pl
 import pytest
 
 from fleetscope.perftracker.localize import (
+    PAPER_EXPECTED,
     LocalizeConfig,
     LocalizeError,
     _group_median_mad,
@@ -85,15 +86,44 @@ def test_healthy_fleet_raises_nothing():
     assert v.filter(pl.col("severity").is_in(["warning", "critical"])).height == 0
 
 
-def test_expectation_flags_a_python_bottleneck_on_every_worker():
-    pats, _ = fleet(plant=False, python_beta=0.08)
+def test_the_same_share_on_every_worker_is_the_jobs_shape_not_an_anomaly():
+    """A Python function taking 20 % of every worker's window: no fixed box says it is wrong by
+    default (PerfTracker's production box raised dozens of false alarms on a healthy real fleet)."""
+    pats, _ = fleet(plant=False, python_beta=0.2)
     loc = localize(pats)
+    assert loc.filter("abnormal").height == 0 and (loc["d_exp"] == 0).all()
+    assert patterns_verdicts(loc).filter(pl.col("severity") != "info").height == 0
+
+
+def test_expectation_from_a_configured_box():
+    pats, _ = fleet(plant=False, python_beta=0.2)
+    loc = localize(pats, LocalizeConfig(expected=PAPER_EXPECTED))
     py = loc.filter(pl.col("category") == "python")
-    assert py["abnormal"].all() and (py["d_exp"] > 0.05).all() and set(py["reason"]) == {"expectation"}
-    v = patterns_verdicts(loc)
+    assert py["abnormal"].all() and (py["d_exp"] > 0.15).all() and set(py["reason"]) == {"expectation"}
+    assert set(py["expected_source"]) == {"config"} and py["impact"].min() > 0.15
+    v = patterns_verdicts(loc, config=LocalizeConfig(expected=PAPER_EXPECTED))
     row = v.filter(pl.col("metric") == "expectation_beta")
     assert row.height == 1 and row["team"][0] == "algorithm" and row["severity"][0] == "critical"
-    assert "400 of 400 workers" in row["explanation"][0]
+    assert "400 of 400 workers" in row["explanation"][0] and "configured" in row["explanation"][0]
+    # an immaterial excess over a configured box (beta 0.013 vs 0.01) is not a finding
+    small, _ = fleet(plant=False, python_beta=0.013)
+    assert localize(small, LocalizeConfig(expected=PAPER_EXPECTED)).filter("abnormal").height == 0
+
+
+def test_expectation_from_the_jobs_history():
+    """Earlier captures of the job had the Python function at 0.2 %; now it takes 12 % everywhere."""
+    history = pl.concat([fleet(plant=False, seed=s)[0].with_columns(capture_id=pl.lit(f"old{s}")) for s in (10, 11, 12)])
+    pats, _ = fleet(plant=False, python_beta=0.12)
+    loc = localize(pats, history=history)
+    py = loc.filter(pl.col("category") == "python")
+    assert py["abnormal"].all() and set(py["expected_source"]) == {"history"} and set(py["reason"]) == {"expectation"}
+    assert py["expected_beta_hi"].max() < 0.06 and loc.filter(pl.col("category") != "python", "abnormal").height == 0
+    v = patterns_verdicts(loc).filter(pl.col("severity") != "info")
+    assert v["subject"].to_list() == ["grad_mode.py: __init__"] and v["severity"][0] == "critical"
+    assert "earlier captures" in v["explanation"][0]
+    # the same job as usual: nothing
+    same, _ = fleet(plant=False, seed=13)
+    assert localize(same, history=history).filter("abnormal").height == 0
 
 
 def test_stage_aware_peers():

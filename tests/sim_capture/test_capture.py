@@ -315,10 +315,11 @@ def test_slow_stage_worker_no_hw_signal(tmp_path):
 
     job, faults = scenario_job_and_faults("slow_stage_worker", 0)
     truth = render_capture(tmp_path, "cap", job, faults, 0, trace_ranks=[])
-    assert [(r["rank"], r["stage"]) for r in truth] == [(18, 2)] and job.pp == 4 and job.tp * job.dp == 8
+    slow = job.ips.index(faults[0]["subject"])  # the place is drawn from the seed
+    assert [(r["rank"], r["stage"]) for r in truth] == [(slow, slow // 8)] and job.pp == 4 and job.tp * job.dp == 8
     t = pl.read_parquet(sorted((tmp_path / "timings" / "cap").glob("rank*.parquet"))).with_columns(d=pl.col("end_ns") - pl.col("start_ns"))
     g = t.filter(pl.col("name") == "gemm").group_by("rank").agg(pl.col("d").median()).sort("rank")["d"].to_numpy()
-    assert g[18] > 1.4 * np.median(g) and (np.delete(g, 18) < 1.05 * np.median(g)).all()
+    assert g[slow] > 1.4 * np.median(g) and (np.delete(g, slow) < 1.05 * np.median(g)).all()
     gpus = pl.DataFrame({"host": job.hosts, "gpu": job.gpus, "ip": job.ips})
     render_hw(tmp_path, gpus, faults, job.start_ns, job.start_ns + 10**9, 0, 100_000_000)
     hw = pl.read_parquet(next((tmp_path / "hw").glob("*.parquet")))
@@ -351,6 +352,15 @@ def test_hang_rank_and_link(tmp_path):
     assert (low["rank"], low["peer"]) == (3, 9)
     assert all(x["step"] > low["step"] for x in ring if (x["rank"], x["peer"]) != (3, 9))
     assert all("all_reduce (" in (tmp_path / "stacks" / "inc2" / f"rank{r}.txt").read_text() for r in range(16))
+
+
+def test_scenario_fault_places_change_with_the_seed():
+    from fleetscope.sim.capture.scenarios import scenario_job_and_faults
+
+    for scenario in ("slow_gpu", "throttled_racks", "nvlink_down", "slow_stage_worker"):
+        places = {tuple(sorted(f["subject"] for f in scenario_job_and_faults(scenario, s)[1])) for s in range(6)}
+        assert len(places) >= 3, (scenario, places)
+        assert places == {tuple(sorted(f["subject"] for f in scenario_job_and_faults(scenario, s)[1])) for s in range(6)}  # reproducible
 
 
 def test_bad_input_is_refused(tmp_path):

@@ -58,11 +58,12 @@ def render_hang(landing_dir: Path, incident_id: str, job: CaptureJob, fault: dic
     return _r(landing_dir, incident_id, job, fault, seed)
 
 
-def scenario_capture(out_dir, scenario: str, seed: int = 0):
-    """Render one job with a named scenario (see SCENARIOS); returns (landing_dir, truth_rows)."""
+def scenario_capture(out_dir, scenario: str, seed: int = 0, history: int = 0):
+    """Render one job with a named scenario (see SCENARIOS; fault places drawn from the seed), plus
+    `history` earlier healthy captures of the same job; returns (landing_dir, truth_rows)."""
     from fleetscope.sim.capture.scenarios import scenario_capture as _s
 
-    return _s(out_dir, scenario, seed)
+    return _s(out_dir, scenario, seed, history=history)
 
 
 def _check_job(job: CaptureJob) -> None:

@@ -1,10 +1,18 @@
 """Named single-job scenarios for colleagues' validations: one landing folder with traces, timings,
-hw samples (and stacks for a hang) plus the ground truth of what is wrong."""
+hw samples (and stacks for a hang) plus the ground truth of what is wrong.
+
+Where a fault sits (which GPU is slow, which host throttled, which ranks lost NVLink, which rank or
+link hangs) is drawn from the seed: seeds are different cases, not the same ranks again. With
+`history=N` the landing folder also holds N earlier healthy captures of the same job (other seeds,
+earlier times): the job's history an analysis may learn its expectations from."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import zlib
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from fleetscope.sim.capture import SCENARIOS, CaptureJob
@@ -41,7 +49,9 @@ def scenario_job_and_faults(scenario: str, seed: int = 0) -> tuple[CaptureJob, l
     if scenario not in SCENARIOS + EXTRA_SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r}; known: {SCENARIOS + EXTRA_SCENARIOS}")
     jid = f"job-{scenario.replace('_', '-')}"
-    start = T0 + seed * 3_600_000_000_000
+    # a day per scenario (and an hour per seed): scenarios rendered into one landing folder do not
+    # overlap in time, so their GPUs' hw samples (same host names) never mix
+    start = T0 + (SCENARIOS + EXTRA_SCENARIOS).index(scenario) * 86_400_000_000_000 + seed * 3_600_000_000_000
     if scenario == "throttled_racks":
         job = make_job(jid, 4, tp=4, pp=2, dp=4, start_ns=start, seed=seed)
     elif scenario == "slow_stage_worker":
@@ -51,34 +61,42 @@ def scenario_job_and_faults(scenario: str, seed: int = 0) -> tuple[CaptureJob, l
         job = make_job(jid, 2, tp=2, pp=2, dp=4, start_ns=start, n_steps=2 if scenario.startswith("hang") else 3, seed=seed)
     if scenario == "healthy_zero":
         job.dp_mode = "zero"
+    # fault places drawn from the seed (and the scenario's name, so scenarios differ too)
+    rng = np.random.default_rng([seed, zlib.crc32(scenario.encode())])
+    n = len(job.ips)
     f: list[dict] = []
     if scenario == "slow_gpu":
-        f = [_fault("f-slow-gpu", "slow_gpu", "gpu", job.ips[5], job, 1.6)]
+        f = [_fault("f-slow-gpu", "slow_gpu", "gpu", job.ips[int(rng.integers(n))], job, 1.6)]
     elif scenario == "throttled_racks":
-        f = [_fault("f-throttle-rack", "throttled_racks", "host", "h003", job, 1.5)]
+        f = [_fault("f-throttle-rack", "throttled_racks", "host", str(rng.choice(sorted(set(job.hosts)))), job, 1.5)]
     elif scenario == "nvlink_down":
-        f = [_fault(f"f-nvlink-{i}", "nvlink_down", "gpu", job.ips[r], job) for i, r in enumerate((1, 4, 10))]
+        f = [_fault(f"f-nvlink-{i}", "nvlink_down", "gpu", job.ips[int(r)], job) for i, r in enumerate(np.sort(rng.choice(n, 3, replace=False)))]
     elif scenario in ("slow_dataloader", "cpu_bound_forward", "gc_stall", "sync_in_forward", "misaligned_gemm"):
         f = [_fault(f"f-{scenario}", scenario, "job", job.job_id, job)]
     elif scenario == "slow_stage_worker":
-        f = [_fault("f-slow-worker", "slow_stage_worker", "gpu", job.ips[18], job, 1.5)]  # stage 2, dp 1, tp 0
+        f = [_fault("f-slow-worker", "slow_stage_worker", "gpu", job.ips[int(rng.integers(n))], job, 1.5)]  # one worker of its stage
     return job, f
 
 
-def scenario_capture(out_dir, scenario: str, seed: int = 0) -> tuple[Path, list[dict]]:
+def scenario_capture(out_dir, scenario: str, seed: int = 0, history: int = 0) -> tuple[Path, list[dict]]:
+    """Render the scenario's capture (and, with history=N, N earlier healthy captures of the same job)
+    into out_dir/landing; the truth goes to out_dir/ground_truth (capture_faults.csv, capture_job.json).
+    Returns (landing, truth rows of the scenario's capture)."""
     out_dir = Path(out_dir)
     landing = out_dir / "landing"
     job, faults = scenario_job_and_faults(scenario, seed)
     capture_id = f"{job.job_id}-s{seed}"
-    sim = simulate_job(job, faults, seed)
-    start, end = render_sim(landing, capture_id, sim, traces=True, timings=True, trace_ranks=None)
+    for i in range(history):
+        # the same job, healthy, an hour per capture earlier, its own noise
+        past = dataclasses.replace(job, start_ns=job.start_ns - (history - i) * 3_600_000_000_000)
+        _render(landing, f"{job.job_id}-h{i}-s{seed}", past, [], seed * 1000 + 100 + i)  # (sorts before the capture)
+    sim, start, end = _render(landing, capture_id, job, faults, seed)
     truth = truth_rows(sim, capture_id, sim.eff, (start, end))
-    gpus = pl.DataFrame({"host": job.hosts, "gpu": job.gpus, "ip": job.ips})
-    render_hw(landing, gpus, faults, start - start % HW_PERIOD_NS, end, seed, HW_PERIOD_NS, activity=activity_frame(sim),
-              name=f"hw-{capture_id}.parquet")
     if scenario.startswith("hang"):
         mode = "link" if scenario == "hang_link" else "rank"
-        subject = f"{job.ips[3]}-{job.ips[4]}" if mode == "link" else job.ips[6]
+        # the hung rank, or the two ends of the faulty link, drawn from the seed
+        a, b = (int(r) for r in np.random.default_rng([seed, zlib.crc32(scenario.encode()), 1]).choice(len(job.ips), 2, replace=False))
+        subject = f"{job.ips[a]}-{job.ips[b]}" if mode == "link" else job.ips[a]
         hf = {"fault_id": "f-hang", "kind": "hang", "scope": "link" if mode == "link" else "gpu", "subject": subject,
               "start_ns": end, "end_ns": end + 600_000_000_000, "magnitude": None, "job_id": job.job_id, "mode": mode}
         truth += render_hang(landing, f"incident-{job.job_id}-s{seed}", job, hf, seed)
@@ -90,5 +108,15 @@ def scenario_capture(out_dir, scenario: str, seed: int = 0) -> tuple[Path, list[
         (gt / "capture_faults.csv").write_text(",".join(TRUTH.columns) + "\n")
     (gt / "capture_job.json").write_text(json.dumps({"capture_id": capture_id, "scenario": scenario, "job_id": job.job_id,
                                                      "tp": job.tp, "pp": job.pp, "dp": job.dp, "ips": job.ips, "hosts": job.hosts,
-                                                     "gpus": job.gpus, "start_ns": start, "end_ns": end}, indent=1))
+                                                     "gpus": job.gpus, "start_ns": start, "end_ns": end,
+                                                     "history": [f"{job.job_id}-h{i}-s{seed}" for i in range(history)]}, indent=1))
     return landing, truth
+
+
+def _render(landing: Path, capture_id: str, job: CaptureJob, faults: list[dict], seed: int):
+    sim = simulate_job(job, faults, seed)
+    start, end = render_sim(landing, capture_id, sim, traces=True, timings=True, trace_ranks=None)
+    gpus = pl.DataFrame({"host": job.hosts, "gpu": job.gpus, "ip": job.ips})
+    render_hw(landing, gpus, faults, start - start % HW_PERIOD_NS, end, seed, HW_PERIOD_NS, activity=activity_frame(sim),
+              name=f"hw-{capture_id}.parquet")
+    return sim, start, end
