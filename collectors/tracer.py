@@ -193,8 +193,8 @@ class _Tracer:
     # -- collective progress ---------------------------------------------------------------
     def begin_coll(self, fn, gid, nbytes, sizes, peer=None) -> _Coll:
         p2p = fn in _P2P_FNS
-        if p2p:
-            key = (gid, peer)
+        if p2p:  # numbered per group, peer and direction, as the other side numbers its matching calls
+            key = (gid, peer, "send" if fn in ("send", "isend") else "recv")
             self.p2p_seq[key] += 1
             seq = self.p2p_seq[key]
         else:

@@ -22,6 +22,7 @@ TABLES: dict[str, pa.DataFrameSchema] = {
     "captures": landing.CAPTURES,
     "stacks": landing.STACKS,
     "ring_progress": landing.RING,
+    "collective_progress": landing.COLLECTIVE_PROGRESS,
     "incidents": landing.INCIDENTS,
     "rejected_records": landing.REJECTED,
     "landed_files": landing.LANDED,
@@ -56,6 +57,7 @@ TABLES: dict[str, pa.DataFrameSchema] = {
     "xputimer_iterations": xputimer.ITERATIONS,
     "xputimer_degradations": xputimer.DEGRADATIONS,
     "xputimer_hang_ranks": xputimer.HANG_RANKS,
+    "xputimer_hang_collectives": xputimer.HANG_COLLECTIVES,
     # prism
     "variability_models": prism.VARIABILITY_MODELS,
     "variability_hw_correlation": prism.HW_CORRELATION,
