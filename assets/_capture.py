@@ -2,6 +2,7 @@
 and the hw samples covering its time span."""
 import polars as pl
 
+from fleetscope.ingest.trace_timings import capture_timings
 from fleetscope.warehouse import Warehouse
 
 
@@ -9,7 +10,22 @@ def capture_info(wh: Warehouse, key: str) -> dict:
     cap = wh.read("captures", partitions=[key])
     info = cap.to_dicts()[0] if cap.height else {"capture_id": key}
     layout = {k: info[k] for k in ("dp", "pp", "tp", "vpp", "world_size") if info.get(k) is not None}
-    return {"job_id": info.get("job_id") or key, "layout": layout or None}
+    return {"job_id": info.get("job_id") or key, "layout": layout or None, "n_trace_files": info.get("n_trace_files") or 0}
+
+
+def capture_frames(wh: Warehouse, key: str, info: dict, ops: bool = False,
+                   traces: bool = False) -> tuple[pl.DataFrame, pl.DataFrame | None, list[str]]:
+    """(timings the analyses read, the capture's trace_events when read, notes): the landed timings,
+    completed from the capture's traces where they lack rows (fleetscope.ingest.trace_timings): all
+    of them for a trace-only capture, the op rows when `ops` and the timings have none. `traces`:
+    return the trace_events too whenever the capture has traces."""
+    t = wh.read("timings", partitions=[key])
+    lacks_ops = "kind" not in t.columns or t.filter(pl.col("kind") == "op").height == 0
+    ev = None
+    if info.get("n_trace_files") and (t.height == 0 or (ops and lacks_ops) or traces):
+        ev = wh.read("trace_events", partitions=[key])
+    t, notes = capture_timings(t, ev, info.get("layout"), need_ops=ops)
+    return t, ev, notes
 
 
 def capture_hw(wh: Warehouse, frame: pl.DataFrame, start_col: str, end_col: str) -> pl.DataFrame | None:

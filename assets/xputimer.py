@@ -3,7 +3,7 @@ percentages, stage metrics, degradation (PerfTracker 4.1) and their verdicts."""
 import polars as pl
 from dagster import AssetExecutionContext, multi_asset
 
-from fleetscope.assets._capture import capture_info
+from fleetscope.assets._capture import capture_frames, capture_info
 from fleetscope.assets._tables import analysis_specs, materialize_analysis
 from fleetscope.assets.partitions import captures
 from fleetscope.resources import WarehouseResource
@@ -40,8 +40,11 @@ def job_history(wh, key: str, job_id: str) -> pl.DataFrame | None:
 def xputimer_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     wh = warehouse.get()
     key = context.partition_key
-    job = capture_info(wh, key)["job_id"]
-    result = analyze_capture(wh.read("timings", partitions=[key]), history=job_history(wh, key, job), job_id=job)
+    info = capture_info(wh, key)
+    job = info["job_id"]
+    t, _, notes = capture_frames(wh, key, info)  # a trace-only capture: its traces converted to timings
+    result = analyze_capture(t, history=job_history(wh, key, job), job_id=job)
+    result.notes[:0] = notes
     yield from materialize_analysis(wh, key, result, TABLES, "xputimer_verdicts", "xputimer", capture_id=key)
 
 

@@ -25,6 +25,7 @@ import polars as pl
 from fleetscope.schemas.base import conform
 from fleetscope.verdicts import make_verdicts
 from fleetscope.xputimer import schemas as S
+from fleetscope.xputimer.detectors import TEAM_FOR_CAUSE
 
 LOADER, OPT = "dataloader.next", "optimizer.step"
 
@@ -126,14 +127,14 @@ def degradation_verdicts(deg: pl.DataFrame, job_id: str | None = None) -> pl.Dat
         if r["kind"] == "degraded":
             rows.append(dict(detector="xputimer.degradation", scope="job", subject=job, job_id=job, capture_id=r["capture_id"],
                              start_ns=r["at_ns"], metric="iteration_mean_over_min", value=r["ratio"], baseline=1.05,
-                             severity="info", team="infrastructure",
+                             severity="info", team=TEAM_FOR_CAUSE["degraded"],
                              explanation=f"iterations slowed: recent mean {r['recent_mean_ns'] / 1e6:.1f} ms is {r['ratio'] - 1:.1%} "
                                          f"above the recent shortest ({r['recent_min_ns'] / 1e6:.1f} ms) on ranks {r['ranks']}; "
                                          f"an on-demand profile was requested for localization."))
         else:
             rows.append(dict(detector="xputimer.degradation", scope="job", subject=job, job_id=job, capture_id=r["capture_id"],
                              start_ns=r["at_ns"], metric="idle_over_mean_iteration", value=r["ratio"], baseline=1.0,
-                             severity="warning", team="operations",
+                             severity="warning", team=TEAM_FOR_CAUSE["blocked"],
                              explanation=f"training blocked: no data-loader or optimizer event for {r['idle_ns'] / 1e9:.2f} s "
                                          f"({r['ratio']:.1f} mean iterations) on ranks {r['ranks']}; take stack dumps "
                                          f"(landing/stacks/) to find the hung rank."))

@@ -26,6 +26,7 @@ from typing import NamedTuple
 from fleetscope.schemas.base import conform
 from fleetscope.verdicts import make_verdicts
 from fleetscope.xputimer import schemas as S
+from fleetscope.xputimer.detectors import TEAM_FOR_CAUSE
 from fleetscope.xputimer.flight import analyze_dumps
 
 _COLLECTIVES = {"all_reduce", "allreduce", "all_gather", "all_gather_into_tensor", "allgather", "reduce_scatter",
@@ -176,7 +177,7 @@ def diagnose_hang(incident_dir: str | Path, job_id: str | None = None, rank_host
             text = " and ".join(parts) + (f", while {waiting.height} rank(s) wait in {', '.join(colls_s)}" if waiting.height else "")
             rows.append(dict(detector="xputimer.hang", scope="rank", subject=str(r), job_id=job_id,
                              metric="hang_missing_from_collective" if r in missing else "hang_not_in_collective", value=1.0,
-                             severity="critical", team="operations",
+                             severity="critical", team=TEAM_FOR_CAUSE["hang"],
                              explanation=f"hang {inc}: {name(r)} {text}: its machine is the source; "
                                          "isolate it and restart the job.",
                              evidence=json.dumps({"incident": inc, "top_function": top.get(r),
@@ -186,7 +187,7 @@ def diagnose_hang(incident_dir: str | Path, job_id: str | None = None, rank_host
         who = json.loads(first["ranks"])
         what = "a different collective" if first["problem"] == "collective_type_mismatch" else "different tensor sizes"
         rows.append(dict(detector="xputimer.hang", scope="job", subject=job_id or inc, job_id=job_id,
-                         metric=f"hang_{first['problem']}", value=float(len(who)), severity="critical", team="algorithm",
+                         metric=f"hang_{first['problem']}", value=float(len(who)), severity="critical", team=TEAM_FOR_CAUSE["diverged_program"],
                          explanation=f"hang {inc}: at {first['collective']} #{first['seq']} of group {first['process_group']}, "
                                      f"ranks {who} issued {what} than the other ranks: the ranks' code diverged (a condition "
                                      f"on the rank, data-dependent control flow, mismatched shapes); fix the training script.",
@@ -199,7 +200,7 @@ def diagnose_hang(incident_dir: str | Path, job_id: str | None = None, rank_host
         n = ranks.height or len(json.loads(first["ranks_present"]))
         if low is None:
             rows.append(dict(detector="xputimer.hang", scope="job", subject=job_id or inc, job_id=job_id,
-                             metric="hang_in_collective", value=float(n), severity="critical", team="operations",
+                             metric="hang_in_collective", value=float(n), severity="critical", team=TEAM_FOR_CAUSE["hang"],
                              explanation=f"hang {inc}: all {n} ranks wait in {', '.join(colls_s)}{where} (a communication "
                                          f"hang); no ring.json to name the link: collect intra-kernel ring progress.",
                              window_id=inc))
@@ -208,7 +209,7 @@ def diagnose_hang(incident_dir: str | Path, job_id: str | None = None, rank_host
             subj = f"{rank_ips[a]}-{rank_ips[b]}" if rank_ips and a in rank_ips and b in rank_ips else f"rank{a}-rank{b}"
             rows.append(dict(detector="xputimer.hang", scope="link", subject=subj, job_id=job_id,
                              metric="ring_min_step", value=float(low["step"]), baseline=float(low["median_step"]),
-                             severity="critical", team="operations",
+                             severity="critical", team=TEAM_FOR_CAUSE["hang"],
                              explanation=f"hang {inc}: all ranks wait in {', '.join(colls_s)}{where}; the ring connection "
                                          f"{name(a)} -> {name(b)} (channel {low['channel']}) reached step {low['step']} while the "
                                          f"median connection reached {low['median_step']}: the link between these GPUs is faulty.",

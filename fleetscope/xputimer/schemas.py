@@ -63,6 +63,7 @@ ISSUE_LATENCY_SUMMARY = pa.DataFrameSchema({
 VOID = pa.DataFrameSchema({
     "capture_id": _S, "rank": _R, "step": _I, "t_step_ns": pa.Column(pl.Int64, pa.Check.gt(0)),
     "t_inter_ns": _nn(pl.Int64), "t_minority_ns": _nn(pl.Int64), "v_inter": _nn(), "v_minority": _nn(),
+    "t_traced_ns": _nn(pl.Int64),   # traced compute kernels' busy time in the step (T_minority is judged against it)
 }, unique=["capture_id", "rank", "step"])
 
 STAGE_METRICS = pa.DataFrameSchema({

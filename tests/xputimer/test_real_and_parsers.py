@@ -108,7 +108,7 @@ def test_profile_request_file(tmp_path):
 def test_metrics_over_a_real_gpu_trace():
     """The same metrics from a real A100 profiler trace (HTA test data, rank 0 of 2, NCCL)."""
     from fleetscope.ingest.traces import read_trace
-    from fleetscope.xputimer.from_traces import timings_from_trace_events
+    from fleetscope.ingest.trace_timings import timings_from_trace_events
 
     ev = read_trace(REAL / "hta" / "nccl_parser_config__nccl_data.json.gz", capture_id="hta").events
     t = timings_from_trace_events(ev)
