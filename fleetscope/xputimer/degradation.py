@@ -158,3 +158,55 @@ def write_profile_request(landing_dir: str | os.PathLike, job_id: str, degradati
     tmp.write_text(json.dumps(req))
     os.replace(tmp, p)
     return p
+
+
+def blocked_jobs(last_events: pl.DataFrame, iterations: pl.DataFrame | None, now_ns: int, block_factor: float = 3.0,
+                 min_idle_ns: int = 120_000_000_000, max_age_ns: int = 6 * 3600 * 10**9) -> pl.DataFrame:
+    """The 'blocked' check against the current time, for jobs that may be hung right now.
+
+    last_events: per (job_id, capture_id, rank) the rank's last landed event (`last_ns`) and whether
+    that event was the tracer's `tracer.stop` (`stopped`: the job ended there). A job is blocked now
+    when some rank of its latest capture has not stopped and the job's last event is older than
+    max(block_factor x its mean iteration (xputimer_iterations), min_idle_ns) — the idle bound
+    must exceed the tracer's flush interval plus ingestion (30 s + a sensor tick), hence 120 s —
+    and younger than max_age_ns (older silence is a job that died long ago, not a hang to chase).
+    -> job_id, capture_id, last_ns, idle_ns, mean_iteration_ns, ranks_running."""
+    cols = {"job_id": pl.Utf8, "capture_id": pl.Utf8, "last_ns": pl.Int64, "idle_ns": pl.Int64,
+            "mean_iteration_ns": pl.Float64, "ranks_running": pl.List(pl.Int32)}
+    if last_events.height == 0:
+        return pl.DataFrame(schema=cols)
+    ev = last_events.with_columns(pl.col("rank").cast(pl.Int32))
+    latest = ev.group_by("job_id", "capture_id").agg(pl.col("last_ns").max().alias("_cap_last")).sort("_cap_last").group_by(
+        "job_id").agg(pl.col("capture_id").last(), pl.col("_cap_last").last().alias("last_ns"))
+    ranks = ev.join(latest.select("job_id", "capture_id"), on=["job_id", "capture_id"]).group_by("job_id").agg(
+        pl.col("rank").filter(~pl.col("stopped")).sort().alias("ranks_running"))
+    out = latest.join(ranks, on="job_id")
+    if iterations is not None and iterations.height:
+        its = iterations.group_by("capture_id").agg(pl.col("dur_ns").mean().alias("_m"))
+        per_job = ev.select("job_id", "capture_id").unique().join(its, on="capture_id").group_by("job_id").agg(
+            pl.col("_m").median().alias("mean_iteration_ns"))
+        out = out.join(per_job, on="job_id", how="left")
+    else:
+        out = out.with_columns(pl.lit(None, pl.Float64).alias("mean_iteration_ns"))
+    out = out.with_columns(idle_ns=(pl.lit(now_ns) - pl.col("last_ns")).cast(pl.Int64))
+    bound = pl.max_horizontal(pl.col("mean_iteration_ns").fill_null(0) * block_factor, pl.lit(float(min_idle_ns)))
+    out = out.filter((pl.col("ranks_running").list.len() > 0) & (pl.col("idle_ns") > bound) & (pl.col("idle_ns") < max_age_ns))
+    return out.select(list(cols)).sort("job_id")
+
+
+def write_hang_incident(landing_dir: str | os.PathLike, job_id: str, capture: str | None, from_ns: int, note: str,
+                        now_ns: int | None = None) -> str:
+    """File a hang incident (landing/incidents/<id>.json, docs/CONTRACT.md 1.7) and ask the job's
+    ranks for their stacks and collective progress into landing/stacks/<id>/ (the request file
+    the collectors' stack watchers serve, collectors/stacks.py). Returns the incident id."""
+    now_ns = now_ns or time.time_ns()
+    inc = f"{job_id}-blocked-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now_ns / 1e9))}"
+    land = Path(landing_dir)
+    for path, obj in ((land / "incidents" / f"{inc}.json", {"kind": "hang", "job_id": job_id, "capture": capture,
+                                                              "from_ns": int(from_ns), "note": note}),
+                      (land / "requests" / f"{job_id}.stacks.json", {"incident": inc, "created_ns": now_ns})):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(obj))
+        os.replace(tmp, path)
+    return inc
