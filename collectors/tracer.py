@@ -478,11 +478,6 @@ def _sdpa_info(q, k, *rest, is_causal=False, **kw):
     return f, _shape_str({"b": b, "l": L, "s": S, "e": E}, q.dtype)
 
 
-# backward FLOPs relative to forward: a GEMM's backward computes the input and the weight
-# gradients (2x); attention's backward recomputes and differentiates (2.5x, FlashAttention's count)
-_BWD_FLOPS = {"gemm": 2.0, "attn": 2.5}
-
-
 _COMPUTE_NODE = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "attention", "flash", "efficient", "cudnn")
 
 
@@ -553,8 +548,10 @@ def _timed_kernel(tr: _Tracer, name: str, info, backward: bool = True):
             dev = tr.on_device(x)
             rec = None
             if backward and torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in a):
-                rec = _BwdRecord(tr, f"{name.removesuffix('_fwd')}_bwd", flops * _BWD_FLOPS.get(family, 2.0) if flops else None,
-                                 shape, dev)
+                # a GEMM's backward computes one GEMM per operand that needs a gradient (input, weight);
+                # attention's recomputes and differentiates (2.5x, FlashAttention's count)
+                factor = sum(1 for t in a[:2] if isinstance(t, torch.Tensor) and t.requires_grad) if family == "gemm" else 2.5
+                rec = _BwdRecord(tr, f"{name.removesuffix('_fwd')}_bwd", flops * factor if flops else None, shape, dev)
             issue = _now()
             if dev:
                 s = tr.cuda.current_stream()

@@ -77,6 +77,8 @@ HW = pa.DataFrameSchema({
     "nvlink_rx_bps": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
     "nic_tx_bps": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
     "nic_rx_bps": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
+    "sm_active_pct": pa.Column(pl.Float64, pa.Check.in_range(0, 100), nullable=True),
+    "cpu_util_pct": pa.Column(pl.Float64, pa.Check.in_range(0, 100), nullable=True),
     "source_file": pa.Column(pl.Utf8),
 })
 
