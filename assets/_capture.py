@@ -13,18 +13,20 @@ def capture_info(wh: Warehouse, key: str) -> dict:
     return {"job_id": info.get("job_id") or key, "layout": layout or None, "n_trace_files": info.get("n_trace_files") or 0}
 
 
-def capture_frames(wh: Warehouse, key: str, info: dict, ops: bool = False,
+def capture_frames(wh: Warehouse, key: str, info: dict, ops: str | None = None,
                    traces: bool = False) -> tuple[pl.DataFrame, pl.DataFrame | None, list[str]]:
     """(timings the analyses read, the capture's trace_events when read, notes): the landed timings,
-    completed from the capture's traces where they lack rows (fleetscope.ingest.trace_timings): all
-    of them for a trace-only capture, the op rows when `ops` and the timings have none. `traces`:
-    return the trace_events too whenever the capture has traces."""
+    completed from the capture's traces (fleetscope.ingest.trace_timings): all rows for a trace-only
+    capture; op rows derived from the traces when ops="missing" and the timings have none, or
+    ops="trace_only" and there are no timings at all (the traces cover a few steps: they must not
+    stand for a whole window the tracer timed). `traces`: return the trace_events too."""
     t = wh.read("timings", partitions=[key])
     lacks_ops = "kind" not in t.columns or t.filter(pl.col("kind") == "op").height == 0
+    need_ops = (ops == "missing" and lacks_ops) or (ops == "trace_only" and t.height == 0)
     ev = None
-    if info.get("n_trace_files") and (t.height == 0 or (ops and lacks_ops) or traces):
+    if info.get("n_trace_files") and (t.height == 0 or need_ops or traces):
         ev = wh.read("trace_events", partitions=[key])
-    t, notes = capture_timings(t, ev, info.get("layout"), need_ops=ops)
+    t, notes = capture_timings(t, ev, info.get("layout"), need_ops=need_ops)
     return t, ev, notes
 
 

@@ -27,14 +27,14 @@ TABLES = {
 
 @multi_asset(specs=analysis_specs(TABLES, "prism_verdicts", "Jobs measurably slower than their no_stragglers forecast, "
                                   "attributed to op type, stage and rank.", partitions_def=captures, group="prism",
-                                  deps=["timings", "hw", "captures"]),
+                                  deps=["timings", "trace_events", "hw", "captures"]),
              can_subset=False)
 def prism_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     wh = warehouse.get()
     key = context.partition_key
     info = capture_info(wh, key)
     # op rows from the traces when the timings have none; the traces' kernels for kernel-level models
-    t, ev, notes = capture_frames(wh, key, info, ops=True, traces=True)
+    t, ev, notes = capture_frames(wh, key, info, ops="missing", traces=True)
     result = analyze_capture(t, hw=capture_hw(wh, t, "start_ns", "end_ns") if t.height else None, capture_id=key,
                              layout=info["layout"], job_id=info["job_id"], trace_events=ev)
     result.notes[:0] = notes

@@ -35,14 +35,14 @@ def job_history(wh, key: str, job_id: str) -> pl.DataFrame | None:
 
 @multi_asset(specs=analysis_specs(TABLES, "xputimer_verdicts", "XPUTimer verdicts (slow GPUs, misaligned shapes, slow "
                                   "collectives, issue stalls from GC or synchronization, void time, stage imbalance, "
-                                  "degradation) routed to a team.", partitions_def=captures, group="xputimer", deps=["timings"]),
+                                  "degradation) routed to a team.", partitions_def=captures, group="xputimer", deps=["timings", "trace_events", "captures"]),
              can_subset=False)
 def xputimer_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     wh = warehouse.get()
     key = context.partition_key
     info = capture_info(wh, key)
     job = info["job_id"]
-    t, _, notes = capture_frames(wh, key, info)  # a trace-only capture: its traces converted to timings
+    t, _, notes = capture_frames(wh, key, info, ops="trace_only")  # a trace-only capture: its traces converted to timings
     result = analyze_capture(t, history=job_history(wh, key, job), job_id=job)
     result.notes[:0] = notes
     yield from materialize_analysis(wh, key, result, TABLES, "xputimer_verdicts", "xputimer", capture_id=key)

@@ -132,6 +132,7 @@ def worker(rank: int, a, port: int, q):
         times.append(time.perf_counter() - t0)
         if a.hang_rank == rank and step == a.hang_step:
             if a.hang_marker:
+                open(a.hang_marker + ".ns", "w").write(str(time.time_ns()))
                 open(a.hang_marker, "w").write(str(os.getpid()))
             time.sleep(a.hang_s)  # a rank stuck outside any collective
     summary = None

@@ -249,11 +249,23 @@ def capture_timings(timings: pl.DataFrame | None, events: pl.DataFrame | None, l
     notes = []
     t = timings
     if t.height == 0 and has_ev:
-        t = timings_from_trace_events(events)
+        t = _as_timings(timings_from_trace_events(events))
         notes.append("no tracer timings: kernel and API rows converted from the capture's profiler traces")
     if need_ops and has_ev and ("kind" not in t.columns or t.filter(pl.col("kind") == "op").height == 0):
-        ops = ops_from_trace_events(events, layout)
+        ops = _as_timings(ops_from_trace_events(events, layout))
         if ops.height:
             t = pl.concat([t, ops], how="diagonal_relaxed") if t.height else ops
             notes.append(f"op rows ({ops.height}) derived from the profiler traces' step structure")
     return t, notes
+
+
+def _as_timings(df: pl.DataFrame) -> pl.DataFrame:
+    """The ingested timings table's shape (docs/CONTRACT.md 2.1 timings), marked as from the traces."""
+    from fleetscope.schemas.base import conform
+    from fleetscope.schemas.landing import TIMINGS
+
+    if df.height == 0:
+        return conform(df, TIMINGS)
+    df = df.with_columns((pl.col("end_ns") - pl.col("start_ns")).clip(lower_bound=0).alias("duration_ns"),
+                         pl.lit("profiler traces").alias("source_file"))
+    return TIMINGS.validate(conform(df, TIMINGS))
