@@ -218,13 +218,9 @@ def void_percentages(t: pl.DataFrame, loader_api: str = "dataloader.next") -> pl
 
 # -- pipeline stages (op timings such as Megatron's / StragglerAnalysis) ---------------------------
 def stage_metrics(t: pl.DataFrame) -> pl.DataFrame:
-    """Per capture and rank: compute and communication time per step (op rows named *-compute, or,
-    for a rank without op rows, non-communication kernels), the step span, and compute relative to
-    the median rank."""
+    """Per capture and rank: compute and communication time per step (op rows named *-compute, or
+    non-communication kernels), the step span, and compute relative to the median rank."""
     t = prepare(t).filter(pl.col("step").is_not_null())
-    # a rank with framework ops (kind=op) is measured on them alone: its kernels run inside them
-    has_op = (pl.col("kind") == "op").any().over("capture_id", "rank")
-    t = t.filter(pl.when(has_op).then(pl.col("kind") == "op").otherwise(pl.col("kind") != "op"))
     lname = pl.col("name").str.to_lowercase()
     is_compute = pl.when(pl.col("kind") == "op").then(lname.str.contains("compute")).otherwise(
         (pl.col("kind") == "kernel") & ~pl.col("is_comm"))
