@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 
 MARGIN_STEPS = 3   # steps between a rank's proposal and the profile's first step: ranks of a job
-                   # are within a step of each other (every step synchronizes), so all are before it
+                   # are within a step of each other (every step synchronizes), so all are before it,
+                   # plus the steps that pass while every rank's watcher gets to see the request
 
 
 class ProfilerCapture:
@@ -74,9 +75,20 @@ class ProfilerCapture:
                 time.sleep(0.01)
             return proposal
 
+    def margin_steps(self) -> int:
+        """MARGIN_STEPS plus the steps two watcher polls take (the ranks see a request up to one poll
+        apart, and must all learn the agreed step before reaching it): with 50 ms steps and 0.5 s
+        polls that is 23 steps, with multi-second LLM steps 4."""
+        ends = list(self.tr.step_ends)
+        if len(ends) < 3:
+            return MARGIN_STEPS + 20
+        steps = sorted(b - a for a, b in zip(ends[:-1], ends[1:]))
+        med = max(steps[len(steps) // 2], 1)
+        return MARGIN_STEPS + int(-(-2 * self.poll_s * 1e9 // med))
+
     def _want(self, req: dict):
         req = dict(req)
-        req["first_step"] = self._agree(str(req["id"]), self.tr.step + MARGIN_STEPS)
+        req["first_step"] = self._agree(str(req["id"]), self.tr.step + self.margin_steps())
         self.wanted = req
 
     def _watch(self):

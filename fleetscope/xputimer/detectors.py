@@ -230,8 +230,9 @@ def issue_stall_rows(t: pl.DataFrame, history_t: pl.DataFrame | None, job_id: st
                      lat: pl.DataFrame | None = None, history_lat: pl.DataFrame | None = None) -> tuple[list[dict], pl.DataFrame]:
     """Compare each capture's issue-latency distribution with the job's healthy history (earlier
     captures of the same job, given as timings). A one-sided KS distance (latencies got shorter)
-    above `d_threshold` plus the history's own drift (history_drift: the bar comes from the job's
-    data, not from a constant alone), and significant, flags a kernel-issue stall. The cause is the
+    above the larger of `d_threshold` and the history's own drift (history_drift: a shift no larger
+    than the healthy job moves by itself is not a stall; the bar comes from the job's data, not from a
+    constant alone), and significant, flags a kernel-issue stall. The cause is the
     API whose share of step time grew `growth`-fold over the history: Python GC, dataloader.next
     (input pipeline); otherwise unnecessary
     synchronization -> algorithm (timers, .item(), cuda.synchronize in forward)."""
@@ -247,7 +248,7 @@ def issue_stall_rows(t: pl.DataFrame, history_t: pl.DataFrame | None, job_id: st
     h_sync = _api_per_step(history_t, "cuda.synchronize")
     hmed = float(history_lat["latency_frac"].median())
     drift = history_drift(history_lat)
-    bar = d_threshold + drift
+    bar = max(d_threshold, drift)
     for r in summ.filter((pl.col("ks_vs_history") > bar) & (pl.col("p_value") < p_threshold)).iter_rows(named=True):
         cur = t.filter(pl.col("capture_id") == r["capture_id"]) if "capture_id" in t.columns else t
         c = {n: _api_share(cur, n, typ) for n, typ in typical.items()}

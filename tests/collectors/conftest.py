@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[2]
 WORLD = 4
+HANG_STEPS = 40
 COMMON = ["--world", str(WORLD), "--layers", "6", "--hidden", "256", "--batch", "32"]
 
 
@@ -55,7 +56,7 @@ def real_runs(tmp_path_factory):
 def hang_run(tmp_path_factory):
     """A run with a profiling request waiting for it (served a few steps in, on the same steps on
     every rank), an extra traced Python API from the environment, a per-step loss all-reduce, and
-    rank 2 stuck outside any collective for 8 s at step 14: the other ranks' watchdogs (bound at
+    rank 2 stuck outside any collective for 8 s at step 36: the other ranks' watchdogs (bound at
     least 1.5 s) file a hang incident with every rank's stacks; after it, a human asks for stacks
     too (incident inc-test)."""
     from fleetscope.xputimer.degradation import write_profile_request
@@ -64,7 +65,7 @@ def hang_run(tmp_path_factory):
     req = write_profile_request(landing, "hang", {"kind": "degraded", "at_ns": 1, "ratio": 1.2}, steps=2, capture="hang-prof")
     marker = landing.parent / "hang.marker"
     code = ("from fleetscope.collectors import demo_train; "
-            f"demo_train.run({[*COMMON, '--steps', '20', '--landing', str(landing), '--capture', 'hang', '--job-id', 'hang', '--log-loss', '--hang-rank', '2', '--hang-step', '14', '--hang-s', '8', '--hang-marker', str(marker)]!r})")
+            f"demo_train.run({[*COMMON, '--steps', str(HANG_STEPS), '--landing', str(landing), '--capture', 'hang', '--job-id', 'hang', '--log-loss', '--hang-rank', '2', '--hang-step', '36', '--hang-s', '8', '--hang-marker', str(marker)]!r})")
     env = dict(os.environ, FLEETSCOPE_TRACED_PYTHON_API="torch.nn.functional.mse_loss,torch.nn.init@zeros_",
                FLEETSCOPE_HANG_MIN_S="1.5")
     p = subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO)

@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from fleetscope.ingest.timings import read_timings, read_timings_file, timing_files
+from tests.collectors.conftest import HANG_STEPS
 
 REPO = Path(__file__).resolve().parents[2]
 WORLD = 4
@@ -102,7 +103,7 @@ def test_env_traced_python_api(hang_run):
     # the steps of the profile window went to the profile's capture id (test_profiler_capture_on_request)
     t = pl.concat([read_timings(landing / "timings" / "hang"), read_timings(landing / "timings" / "hang-prof")], how="diagonal_relaxed")
     n = t.filter(pl.col("name") == "torch.nn.functional.mse_loss").group_by("rank").len()
-    assert n.sort("rank")["len"].to_list() == [20] * WORLD
+    assert n.sort("rank")["len"].to_list() == [HANG_STEPS] * WORLD
     assert t.filter(pl.col("name") == "torch.nn.functional.mse_loss")["kind"].unique().to_list() == ["api"]
 
 
