@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import polars as pl
 from scipy import stats
 
@@ -214,15 +215,16 @@ def issue_latency_summary(lat: pl.DataFrame, history: pl.DataFrame | None = None
 def history_drift(history_lat: pl.DataFrame, min_n: int = 40) -> float:
     """How far the job's issue-latency distribution moves with no fault at all: the two-sided KS
     distance between the first and the second half (in issue order) of each healthy history
-    capture, the largest over captures (0 without enough samples). On a shared or loaded machine
-    the latencies drift with the load; a shift no larger than that drift is not a stall."""
-    out = 0.0
+    capture, the median over captures (0 without enough samples): the typical drift of one healthy
+    capture (the maximum would grow with the number of captures kept). On a shared or loaded
+    machine the latencies drift with the load; a shift no larger than that is not a stall."""
+    ds = []
     for _, g in history_lat.sort("issue_ns").group_by("capture_id"):
         x = g["latency_frac"].drop_nulls().to_numpy()
         h = len(x) // 2
         if h >= min_n:
-            out = max(out, float(stats.ks_2samp(x[:h], x[h:], method="asymp").statistic))
-    return out
+            ds.append(float(stats.ks_2samp(x[:h], x[h:], method="asymp").statistic))
+    return float(np.median(ds)) if ds else 0.0
 
 
 def issue_stall_rows(t: pl.DataFrame, history_t: pl.DataFrame | None, job_id: str | None = None,
