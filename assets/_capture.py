@@ -2,6 +2,7 @@
 and the hw samples covering its time span."""
 import polars as pl
 
+from fleetscope.ingest.trace_timings import capture_timings
 from fleetscope.warehouse import Warehouse
 
 
@@ -9,7 +10,8 @@ def capture_info(wh: Warehouse, key: str) -> dict:
     cap = wh.read("captures", partitions=[key])
     info = cap.to_dicts()[0] if cap.height else {"capture_id": key}
     layout = {k: info[k] for k in ("dp", "pp", "tp", "vpp", "world_size") if info.get(k) is not None}
-    return {"job_id": info.get("job_id") or key, "layout": layout or None, "start_ns": info.get("start_ns")}
+    return {"job_id": info.get("job_id") or key, "layout": layout or None, "start_ns": info.get("start_ns"),
+            "n_trace_files": info.get("n_trace_files") or 0}
 
 
 def job_history(wh: Warehouse, key: str, job_id: str, start_ns: int | None, table: str, limit: int = 8) -> pl.DataFrame | None:
@@ -24,6 +26,23 @@ def job_history(wh: Warehouse, key: str, job_id: str, start_ns: int | None, tabl
     keys = earlier.sort("start_ns", descending=True).head(limit)["capture_id"].to_list()
     keys = [k for k in keys if k in set(wh.partitions(table))]
     return wh.read(table, partitions=keys) if keys else None
+
+
+def capture_frames(wh: Warehouse, key: str, info: dict, ops: str | None = None,
+                   traces: bool = False) -> tuple[pl.DataFrame, pl.DataFrame | None, list[str]]:
+    """(timings the analyses read, the capture's trace_events when read, notes): the landed timings,
+    completed from the capture's traces (fleetscope.ingest.trace_timings): all rows for a trace-only
+    capture; op rows derived from the traces when ops="missing" and the timings have none, or
+    ops="trace_only" and there are no timings at all (the traces cover a few steps: they must not
+    stand for a whole window the tracer timed). `traces`: return the trace_events too."""
+    t = wh.read("timings", partitions=[key])
+    lacks_ops = "kind" not in t.columns or t.filter(pl.col("kind") == "op").height == 0
+    need_ops = (ops == "missing" and lacks_ops) or (ops == "trace_only" and t.height == 0)
+    ev = None
+    if info.get("n_trace_files") and (t.height == 0 or need_ops or traces):
+        ev = wh.read("trace_events", partitions=[key])
+    t, notes = capture_timings(t, ev, info.get("layout"), need_ops=need_ops)
+    return t, ev, notes
 
 
 def capture_hw(wh: Warehouse, frame: pl.DataFrame, start_col: str, end_col: str) -> pl.DataFrame | None:

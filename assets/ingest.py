@@ -10,7 +10,7 @@ from fleetscope.assets._tables import preview, table_schema_metadata, write_tabl
 from fleetscope.assets.partitions import captures, flow_files, flow_windows, hw_files, incidents, topology_files
 from fleetscope.ingest import partitions as ing
 from fleetscope.ingest.captures import capture_ranks
-from fleetscope.schemas.landing import CAPTURES, FLOWS, HW, INCIDENTS, RING, STACKS, TIMINGS, TOPOLOGY
+from fleetscope.schemas.landing import CAPTURES, COLLECTIVE_PROGRESS, FLOWS, HW, INCIDENTS, RING, STACKS, TIMINGS, TOPOLOGY
 from fleetscope.schemas.landing import TRACE_EVENTS
 from fleetscope.windows import windows_touched
 from fleetscope.resources import AnalysisSettings, LandingResource, WarehouseResource
@@ -127,6 +127,8 @@ _INCIDENT_TABLES = {
     "incidents": ("Incident requests (docs/CONTRACT.md 1.7): what an SRE or a sensor asked to look at.", INCIDENTS),
     "stacks": ("Stack dumps of every rank taken during a hang (docs/CONTRACT.md 1.6).", STACKS),
     "ring_progress": ("The loop step each ring connection reached inside a hung collective (ring.json).", RING),
+    "collective_progress": ("Each rank's recent collectives during a hang (PyTorch Flight Recorder dumps or the fleetscope "
+                            "tracer's progress, fr_rank<R>.json).", COLLECTIVE_PROGRESS),
 }
 
 

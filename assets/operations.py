@@ -40,17 +40,24 @@ def _write_report(folder: Path, stem: str, md: str, plots: dict[str, bytes]) -> 
     return path
 
 
-@multi_asset(specs=analysis_specs({"xputimer_hang_ranks": "Per rank of a hung job: its main thread's top frame, whether it "
-                                  "waits in a collective, and the culprit."}, "hang_verdicts", "Hang diagnosis from the stack "
-                                  "dumps of every rank and ring progress (XPUTimer): the culprit rank or the faulty link.",
-                                  partitions_def=incidents, group="operations", deps=["incidents", "stacks", "ring_progress"]),
+HANG_TABLES = {"xputimer_hang_ranks": "Per rank of a hung job: its main thread's top frame, whether it waits in a collective, "
+                                      "and the culprit.",
+               "xputimer_hang_collectives": "Per process group of a hung job: the first collective not the same on every member "
+                                            "(ranks missing from it, a different collective or sizes, not completed)."}
+
+
+@multi_asset(specs=analysis_specs(HANG_TABLES, "hang_verdicts", "Hang diagnosis from the stack dumps of every rank, their "
+                                  "collective progress (Flight Recorder) and ring progress (XPUTimer): the culprit rank, a "
+                                  "diverged program or the faulty link.",
+                                  partitions_def=incidents, group="operations",
+                                  deps=["incidents", "stacks", "ring_progress", "collective_progress"]),
              can_subset=False)
 def hang_diagnosis(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource):
     wh = warehouse.get()
     key = context.partition_key
     req = wh.read("incidents", where=f"incident_id = '{key}'")
     result = analyze_hang(landing.root / "stacks" / key, job_id=req["job_id"][0] if req.height else None)
-    yield from materialize_analysis(wh, key, result, {"xputimer_hang_ranks": ""}, "hang_verdicts", "hang")
+    yield from materialize_analysis(wh, key, result, HANG_TABLES, "hang_verdicts", "hang")
 
 
 @asset(name="incident_report", partitions_def=incidents, group_name="operations", deps=["incidents", "hang_verdicts"], kinds={"duckdb"},

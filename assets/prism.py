@@ -2,7 +2,7 @@
 forecasts (baseline, no_stragglers and the what-if scenarios), CDF plots and verdicts."""
 from dagster import AssetExecutionContext, multi_asset
 
-from fleetscope.assets._capture import capture_hw, capture_info
+from fleetscope.assets._capture import capture_frames, capture_hw, capture_info
 from fleetscope.assets._tables import analysis_specs, materialize_analysis
 from fleetscope.assets.partitions import captures
 from fleetscope.prism import analyze_capture
@@ -27,15 +27,17 @@ TABLES = {
 
 @multi_asset(specs=analysis_specs(TABLES, "prism_verdicts", "Jobs measurably slower than their no_stragglers forecast, "
                                   "attributed to op type, stage and rank.", partitions_def=captures, group="prism",
-                                  deps=["timings", "hw", "captures"]),
+                                  deps=["timings", "trace_events", "hw", "captures"]),
              can_subset=False)
 def prism_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     wh = warehouse.get()
     key = context.partition_key
     info = capture_info(wh, key)
-    t = wh.read("timings", partitions=[key])
-    result = analyze_capture(t, hw=capture_hw(wh, t, "start_ns", "end_ns"), capture_id=key, layout=info["layout"],
-                             job_id=info["job_id"])
+    # op rows from the traces when the timings have none; the traces' kernels for kernel-level models
+    t, ev, notes = capture_frames(wh, key, info, ops="missing", traces=True)
+    result = analyze_capture(t, hw=capture_hw(wh, t, "start_ns", "end_ns") if t.height else None, capture_id=key,
+                             layout=info["layout"], job_id=info["job_id"], trace_events=ev)
+    result.notes[:0] = notes
     yield from materialize_analysis(wh, key, result, TABLES, "prism_verdicts", "prism", capture_id=key, artifacts_on="step_forecasts")
 
 

@@ -1,9 +1,8 @@
 """XPUTimer over a capture's timings: throughput, kernel FLOPS, bus bandwidth, issue latency, void
 percentages, stage metrics, degradation (PerfTracker 4.1) and their verdicts."""
-import polars as pl
 from dagster import AssetExecutionContext, multi_asset
 
-from fleetscope.assets._capture import capture_info
+from fleetscope.assets._capture import capture_frames, capture_info, job_history
 from fleetscope.assets._tables import analysis_specs, materialize_analysis
 from fleetscope.assets.partitions import captures
 from fleetscope.resources import WarehouseResource
@@ -24,24 +23,19 @@ TABLES = {
 }
 
 
-def job_history(wh, key: str, job_id: str) -> pl.DataFrame | None:
-    """Timings of the same job's earlier captures: the job's own baseline."""
-    caps = wh.read("captures", where=f"job_id = '{job_id}' AND capture_id <> '{key}'")["capture_id"].to_list()
-    if not caps:
-        return None
-    h = wh.read("timings", partitions=caps)
-    return h if h.height else None
-
-
 @multi_asset(specs=analysis_specs(TABLES, "xputimer_verdicts", "XPUTimer verdicts (slow GPUs, misaligned shapes, slow "
                                   "collectives, issue stalls from GC or synchronization, void time, stage imbalance, "
-                                  "degradation) routed to a team.", partitions_def=captures, group="xputimer", deps=["timings"]),
+                                  "degradation) routed to a team.", partitions_def=captures, group="xputimer", deps=["timings", "trace_events", "captures"]),
              can_subset=False)
 def xputimer_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     wh = warehouse.get()
     key = context.partition_key
-    job = capture_info(wh, key)["job_id"]
-    result = analyze_capture(wh.read("timings", partitions=[key]), history=job_history(wh, key, job), job_id=job)
+    info = capture_info(wh, key)
+    job = info["job_id"]
+    t, _, notes = capture_frames(wh, key, info, ops="trace_only")  # a trace-only capture: its traces converted to timings
+    # the job's own baseline: timings of its earlier captures
+    result = analyze_capture(t, history=job_history(wh, key, job, info["start_ns"], "timings"), job_id=job)
+    result.notes[:0] = notes
     yield from materialize_analysis(wh, key, result, TABLES, "xputimer_verdicts", "xputimer", capture_id=key)
 
 

@@ -16,6 +16,7 @@ Prints one JSON line per rank at the end: step times and the tracer's summary.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -104,6 +105,7 @@ def worker(rank: int, a, port: int, q):
     for m in linears:
         m.weight.register_post_accumulate_grad_hook(hook)
 
+    op = _op_marker(a)
     if a.trace:
         import fleetscope.collectors.tracer as ft
         ft.start(landing_dir=a.landing, capture=a.capture, rank=rank, job_id=a.job_id,
@@ -115,17 +117,22 @@ def worker(rank: int, a, port: int, q):
         t0 = time.perf_counter()
         x, y = next(it)
         opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.mse_loss(net(x, step), y)
-        loss.backward()
-        for w in works:
-            w.wait()
+        with op("forward-compute", microbatch=0):
+            loss = torch.nn.functional.mse_loss(net(x, step), y)
+        with op("backward-compute", microbatch=0):
+            loss.backward()
+        with op("grads-all-reduce"):  # the exposed end of the bucket all-reduces issued during backward
+            for w in works:
+                w.wait()
         works.clear()
-        opt.step()
+        with op("optimizer"):
+            opt.step()
         if a.log_loss:  # average the loss over ranks for logging (a synchronous collective per step)
             dist.all_reduce(loss.detach().clone())
         times.append(time.perf_counter() - t0)
         if a.hang_rank == rank and step == a.hang_step:
             if a.hang_marker:
+                open(a.hang_marker + ".ns", "w").write(str(time.time_ns()))
                 open(a.hang_marker, "w").write(str(os.getpid()))
             time.sleep(a.hang_s)  # a rank stuck outside any collective
     summary = None
@@ -155,6 +162,7 @@ def _pipeline_worker(rank, a, q, torch, dist, DataLoader, Data, collate):
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     prev_rank, next_rank = rank - dp, rank + dp
     mb = a.batch // a.microbatches
+    op = _op_marker(a)
     if a.trace:
         import fleetscope.collectors.tracer as ft
         ft.start(landing_dir=a.landing, capture=a.capture, rank=rank, job_id=a.job_id, flush_interval_s=a.flush_s,
@@ -165,30 +173,39 @@ def _pipeline_worker(rank, a, q, torch, dist, DataLoader, Data, collate):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         saved = []
-        for _ in range(a.microbatches):
+        for i in range(a.microbatches):
             x, y = next(it)  # every stage reads its batch (the last one needs the targets)
             if stage > 0:
                 x = torch.empty(mb, a.hidden)
-                dist.recv(x, src=prev_rank)
+                with op("forward-recv", microbatch=i):
+                    dist.recv(x, src=prev_rank)
                 x.requires_grad_(True)
-            out = model(x)
+            with op("forward-compute", microbatch=i):
+                out = model(x)
+                if stage == a.pp - 1:
+                    out = torch.nn.functional.mse_loss(out, y) / a.microbatches
             if stage < a.pp - 1:
-                dist.send(out.detach(), dst=next_rank)
-            else:
-                out = torch.nn.functional.mse_loss(out, y) / a.microbatches
+                with op("forward-send", microbatch=i):
+                    dist.send(out.detach(), dst=next_rank)
             saved.append((x, out))
-        for x, out in reversed(saved):
+        for i, (x, out) in reversed(list(enumerate(saved))):
             if stage == a.pp - 1:
-                out.backward()
+                with op("backward-compute", microbatch=i):
+                    out.backward()
             else:
                 g = torch.empty_like(out)
-                dist.recv(g, src=next_rank)
-                out.backward(g)
+                with op("backward-recv", microbatch=i):
+                    dist.recv(g, src=next_rank)
+                with op("backward-compute", microbatch=i):
+                    out.backward(g)
             if stage > 0:
-                dist.send(x.grad, dst=prev_rank)
-        for p in model.parameters():
-            dist.all_reduce(p.grad, group=groups[stage])
-        opt.step()
+                with op("backward-send", microbatch=i):
+                    dist.send(x.grad, dst=prev_rank)
+        with op("grads-all-reduce"):
+            for p in model.parameters():
+                dist.all_reduce(p.grad, group=groups[stage])
+        with op("optimizer"):
+            opt.step()
         times.append(time.perf_counter() - t0)
     summary = None
     if a.trace:
@@ -197,6 +214,14 @@ def _pipeline_worker(rank, a, q, torch, dist, DataLoader, Data, collate):
     q.put(json.dumps({"rank": rank, "step_times": times, "tracer": summary}))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _op_marker(a):
+    """ft.op when tracing (framework-level op rows, docs/CONTRACT.md 1.4), else a no-op."""
+    if a.trace:
+        import fleetscope.collectors.tracer as ft
+        return ft.op
+    return lambda *names, **kw: contextlib.nullcontext()
 
 
 def parse(argv=None):

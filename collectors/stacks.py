@@ -1,4 +1,6 @@
-"""Stack dumps of every rank during a hang, into landing/stacks/<incident>/rank<R>.txt (docs/CONTRACT.md 1.6).
+"""Stack dumps of every rank during a hang, into landing/stacks/<incident>/rank<R>.txt (docs/CONTRACT.md 1.6),
+with each rank's collective progress beside them (fr_rank<R>.json, the PyTorch Flight Recorder's JSON:
+torch's own recorder when TORCH_FR_BUFFER_SIZE is set, else the fleetscope tracer's ring buffer).
 
 In the job (started by fleetscope.collectors.tracer.start, or `fleetscope.collectors.stacks.install(landing, rank)`):
 a daemon thread polls `landing/requests/<job_id>.stacks.json` = {"incident": "inc-7"} and, for each
@@ -26,6 +28,31 @@ import time
 from pathlib import Path
 
 
+_DUMPERS: list = []   # more dumps written beside the stacks: fn(incident folder, rank)
+
+
+def add_dumper(fn) -> None:
+    if fn not in _DUMPERS:
+        _DUMPERS.append(fn)
+
+
+def flight_recorder_json(rank: int) -> dict | None:
+    """torch's Flight Recorder buffer (recorded by ProcessGroupNCCL and, since torch 2.6, gloo, when
+    TORCH_FR_BUFFER_SIZE > 0) as JSON, with this rank added (torch's dump does not carry it)."""
+    torch = sys.modules.get("torch")
+    size = os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE") or "0"
+    if torch is None or not size.isdigit() or int(size) <= 0:
+        return None
+    try:
+        if not torch.distributed.is_initialized():
+            return None
+        d = json.loads(torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=False))
+    except Exception:
+        return None
+    d.update(rank=int(rank), source="torch.flight_recorder", time_ns=time.time_ns())
+    return d
+
+
 def dump_now(landing_dir, incident: str, rank: int) -> Path:
     out = Path(landing_dir) / "stacks" / incident
     out.mkdir(parents=True, exist_ok=True)
@@ -34,7 +61,28 @@ def dump_now(landing_dir, incident: str, rank: int) -> Path:
     with open(tmp, "w") as f:
         faulthandler.dump_traceback(file=f, all_threads=True)
     os.replace(tmp, path)
+    fr = flight_recorder_json(rank)
+    if fr is not None:
+        tmp = out / f".fr_rank{rank}.json.tmp"
+        tmp.write_text(json.dumps(fr, default=str))
+        os.replace(tmp, out / f"fr_rank{rank}.json")
+    for fn in list(_DUMPERS):
+        try:
+            fn(out, rank)
+        except Exception as exc:  # a dump must never take the job down
+            print(f"[fleetscope.stacks] rank {rank}: extra dump failed: {exc!r}", flush=True)
     return path
+
+
+def dump_once(landing_dir, incident: str, rank: int) -> Path | None:
+    """dump_now unless this process's watcher already served (or is serving) that incident."""
+    w = _WATCHER
+    if w is not None:
+        with w.lock:
+            if incident in w.served:
+                return None
+            w.served.add(incident)
+    return dump_now(landing_dir, incident, rank)
 
 
 class _Watcher:
@@ -42,6 +90,7 @@ class _Watcher:
         self.landing, self.rank, self.poll_s = Path(landing_dir), int(rank), poll_s
         self.req = self.landing / "requests" / f"{job_id}.stacks.json"
         self.served: set[str] = set()
+        self.lock = threading.Lock()
         self.n_signals = 0
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="fleetscope-stacks-watch", daemon=True)
@@ -52,8 +101,10 @@ class _Watcher:
                 inc = str(json.loads(self.req.read_text()).get("incident", ""))
             except (OSError, ValueError):
                 continue
-            if inc and inc not in self.served:
+            with self.lock:
+                new = bool(inc) and inc not in self.served
                 self.served.add(inc)
+            if new:
                 dump_now(self.landing, inc, self.rank)
 
     def on_signal(self, signum, frame):

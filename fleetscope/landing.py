@@ -24,8 +24,18 @@ FILE_KINDS = {
 FOLDER_KINDS = {
     "traces": (".json", ".json.gz"),
     "timings": (".parquet", ".jsonl", ".jsonl.gz", ".yaml", ".json"),
-    "stacks": (".txt", ".json"),
+    "stacks": (".txt", ".json", ".pkl"),
 }
+# folder files also accepted by name: torch's Flight Recorder dumps (TORCH_FR_DUMP_TEMP_FILE prefix + rank, no suffix)
+FOLDER_NAMES = {"stacks": re.compile(r"rank_\d+$", re.I)}
+
+
+def _accepted(kind: str, name: str) -> bool:
+    suffixes = FILE_KINDS.get(kind) or FOLDER_KINDS[kind]
+    rx = FOLDER_NAMES.get(kind)
+    return name.lower().endswith(suffixes) or bool(rx and rx.search(name))
+
+
 # Partition set each kind belongs to (Dagster dynamic partitions of the same name).
 PARTITION_SET = {"topology": "topology_files", "flows": "flow_files", "hw": "hw_files",
                  "incidents": "incidents", "traces": "captures", "timings": "captures", "stacks": "incidents"}
@@ -118,7 +128,7 @@ def scan_landing(landing: Path | str, settle_s: float = 2.0, now_ns: int | None 
                 deferred.append((rel, why))
                 continue
             suffixes = FILE_KINDS.get(kind) or FOLDER_KINDS[kind]
-            if not p.name.lower().endswith(suffixes):
+            if not _accepted(kind, p.name):
                 ignored.append((rel, f"not a {kind} file (expected {', '.join(suffixes)})"))
                 continue
             lf = LandedFile(kind, p, rel, st.st_size, st.st_mtime_ns)
@@ -163,7 +173,7 @@ def folder_files(landing: Path, kind: str, key: str) -> list[LandedFile]:
         if d.is_dir() and safe_key(d.name) == key:
             for p in sorted(d.iterdir()):
                 if p.is_file() and not _in_progress(p, p.stat().st_mtime_ns, time.time_ns(), 0) \
-                        and p.name.lower().endswith(FOLDER_KINDS[kind]):
+                        and _accepted(kind, p.name):
                     st = p.stat()
                     out.append(LandedFile(kind, p, str(p.relative_to(landing)), st.st_size, st.st_mtime_ns))
     return out

@@ -24,6 +24,7 @@ TABLES: dict[str, pa.DataFrameSchema] = {
     "capture_ranks": CAPTURE_RANKS,
     "stacks": landing.STACKS,
     "ring_progress": landing.RING,
+    "collective_progress": landing.COLLECTIVE_PROGRESS,
     "incidents": landing.INCIDENTS,
     "rejected_records": landing.REJECTED,
     "landed_files": landing.LANDED,
@@ -58,6 +59,7 @@ TABLES: dict[str, pa.DataFrameSchema] = {
     "xputimer_iterations": xputimer.ITERATIONS,
     "xputimer_degradations": xputimer.DEGRADATIONS,
     "xputimer_hang_ranks": xputimer.HANG_RANKS,
+    "xputimer_hang_collectives": xputimer.HANG_COLLECTIVES,
     # prism
     "variability_models": prism.VARIABILITY_MODELS,
     "variability_hw_correlation": prism.HW_CORRELATION,

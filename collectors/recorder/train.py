@@ -12,8 +12,9 @@ decisions always name a future step so all ranks agree): `stop_step`, the timing
 (`windows`: capture id, first step, profiled step), and `straggle` (rank, from/to step, extra ms
 of sleep in every microbatch forward). The rank writes what it did to `<run-dir>/rank<R>.jsonl`
 (steps, per-microbatch ops, buckets, faults, events): that log is the recording's ground truth.
-Into the landing folder it writes the fleetscope tracer's timings plus `kind=op` rows per
-microbatch (timings/<capture>/) and Kineto traces of the profiled steps (traces/<capture>/).
+Into the landing folder it writes the fleetscope tracer's timings with `kind=op` rows per
+microbatch (through the tracer's op API, timings/<capture>/) and Kineto traces of the profiled
+steps (traces/<capture>/).
 """
 from __future__ import annotations
 
@@ -55,19 +56,20 @@ class RankLog:
 
 
 class Ops:
-    """`kind=op` timing rows (docs/CONTRACT.md 1.4) per microbatch, Megatron timer names. The tracer
-    (collectors/tracer.py) has no API for framework-level ops, so they are timed here and written
-    beside its files in the same timings/<capture>/ folder (also into the rank log)."""
+    """`kind=op` timing rows (docs/CONTRACT.md 1.4) per microbatch, Megatron timer names, recorded
+    through the fleetscope tracer's op API (ft.record_op: its timings files carry them, with the
+    rank's stage and dp_rank) and into the rank log (the recording's ground truth)."""
 
-    def __init__(self, log: RankLog, rank: int, host: str, layout: dict):
-        self.log, self.rank, self.host, self.layout = log, rank, host, layout
-        self.rows: list[tuple] = []
+    def __init__(self, log: RankLog):
+        self.log = log
         self.step = 0
-        self.n_files = 0
 
     def add(self, names: tuple[str, ...], t0: int, t1: int, mb: int | None):
-        for n in names:  # a fused op (send_forward_recv_backward) is one slot: identical times
-            self.rows.append((n, t0, t1, self.step, mb))
+        import fleetscope.collectors.tracer as ft
+
+        # a fused op (send_forward_recv_backward) is one slot: its names share the start and end
+        ft.record_op(names, t0, t1, microbatch=mb, step=self.step)
+        for n in names:
             self.log.write("op", name=n, step=self.step, microbatch=mb, start_ns=t0, end_ns=t1)
 
     @contextlib.contextmanager
@@ -75,26 +77,6 @@ class Ops:
         t0 = now()
         yield
         self.add(names, t0, now(), mb)
-
-    def flush(self, out_dir: Path):
-        if not self.rows:
-            return
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        name, t0, t1, step, mb = map(list, zip(*self.rows))
-        n = len(name)
-        cols = {"rank": pa.array([self.rank] * n, pa.int32()), "host": pa.array([self.host] * n),
-                "kind": pa.array(["op"] * n), "name": pa.array(name), "issue_ns": pa.array(t0, pa.int64()),
-                "start_ns": pa.array(t0, pa.int64()), "end_ns": pa.array(t1, pa.int64()),
-                "step": pa.array(step, pa.int64()), "microbatch": pa.array(mb, pa.int32())}
-        cols |= {k: pa.array([v] * n, pa.int32()) for k, v in self.layout.items()}
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / f"rank{self.rank}-ops-{self.n_files:03d}.parquet"
-        pq.write_table(pa.table(cols), str(path) + ".tmp", compression="zstd")
-        os.replace(str(path) + ".tmp", path)
-        self.rows.clear()
-        self.n_files += 1
 
 
 class Control:
@@ -152,7 +134,7 @@ class Rank:
         self.dp = a.world // a.pp
         self.stage, self.dp_rank = a.rank // self.dp, a.rank % self.dp
         self.layout = {"stage": self.stage, "dp_rank": self.dp_rank}
-        self.ops = Ops(self.log, a.rank, a.host, self.layout)
+        self.ops = Ops(self.log)
         self.capture = None
         self.prof = None
         self.prof_left = 0
@@ -166,7 +148,6 @@ class Rank:
             if w["from_step"] == step or (self.capture is None and w["from_step"] <= step):
                 if self.capture is not None:
                     ft.stop()
-                    self.ops.flush(self.landing / "timings" / self.capture)
                 self.capture = w["capture"]
                 # before ft.start: the tracer writes its own capture.json only where there is none
                 self._capture_json(self.landing / "timings" / self.capture)
@@ -378,8 +359,6 @@ class Rank:
         import fleetscope.collectors.tracer as ft
 
         ft.stop()
-        if self.capture:
-            self.ops.flush(self.landing / "timings" / self.capture)
         self.log.write("event", event="finish", step=step, start_ns=now(), end_ns=now(), why=stopped_by)
         return stopped_by
 

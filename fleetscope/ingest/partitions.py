@@ -18,7 +18,8 @@ from fleetscope.ingest.timings import read_capture_layout, read_timings_file
 from fleetscope.ingest.topology import read_topology
 from fleetscope.landing import LandedFile, dedupe_folder_files, folder_files
 from fleetscope.schemas.base import conform
-from fleetscope.schemas.landing import CAPTURES, FLOWS, HW, INCIDENTS, REJECTED, RING, STACKS, TIMINGS, TOPOLOGY
+from fleetscope.schemas.landing import (
+    CAPTURES, COLLECTIVE_PROGRESS, FLOWS, HW, INCIDENTS, REJECTED, RING, STACKS, TIMINGS, TOPOLOGY)
 from fleetscope.warehouse import Warehouse
 
 
@@ -228,10 +229,21 @@ def ingest_incident(wh: Warehouse, landing: Path, key: str) -> IngestSummary:
             rejected.append(_rejections("incidents", key, rel, file_reason=f"incident request not usable: {exc}; see docs/CONTRACT.md 1.7", sha=sha))
     files, dup_rej = _folder(landing, "stacks", key)
     rejected += dup_rej
-    stack_rows, ring_rows = [], []
+    stack_rows, ring_rows, progress = [], [], []
     import re
+
+    from fleetscope.ingest.flight_recorder import FlightRecorderError, entries_frame, is_dump_name, read_dump
     for f in files:
         s.files_in += 1
+        if is_dump_name(f.path.name):  # collective progress: a Flight Recorder dump or the tracer's
+            try:
+                ev, _ = entries_frame([read_dump(f.path)])
+                progress.append(ev.with_columns(incident_id=pl.lit(key), source_file=pl.lit(f.rel)))
+            except (FlightRecorderError, OSError, ValueError, TypeError, KeyError) as exc:
+                s.files_rejected += 1
+                rejected.append(_rejections("stacks", key, f.rel, file_reason=f"collective progress dump unusable ({exc}); expected "
+                                            "a PyTorch Flight Recorder dump (JSON or pickle) or fr_rank<R>.json", sha=f.sha256))
+            continue
         if f.path.name == "ring.json":
             try:
                 ring = json.loads(f.path.read_text())
@@ -257,6 +269,10 @@ def ingest_incident(wh: Warehouse, landing: Path, key: str) -> IngestSummary:
         wh.write_partition("stacks", key, STACKS.validate(conform(pl.DataFrame(stack_rows), STACKS)))
     if ring_rows:
         wh.write_partition("ring_progress", key, RING.validate(conform(pl.DataFrame(ring_rows), RING)))
-    s.extra = {"stack_dumps": len(stack_rows), "ring_connections": len(ring_rows)}
+    if progress:
+        cp = pl.concat(progress, how="vertical_relaxed")
+        wh.write_partition("collective_progress", key, COLLECTIVE_PROGRESS.validate(conform(cp, COLLECTIVE_PROGRESS)))
+    s.extra = {"stack_dumps": len(stack_rows), "ring_connections": len(ring_rows),
+               "progress_entries": sum(p.height for p in progress)}
     s.rejected = _write_rejected(wh, "incidents", key, rejected)
     return s

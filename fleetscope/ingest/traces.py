@@ -582,23 +582,26 @@ def _normalize(raw: pl.DataFrame, rare: pl.DataFrame | None, base_ns: int, first
     return df.drop([c for c in df.columns if c.startswith("_")])
 
 
-_RANK_FROM_NAME = [re.compile(r"rank[-_]?(\d+)", re.I), re.compile(r"_(\d+)\.")]
+# The documented naming rule for a trace without distributedInfo: `rank<R>`, `rank_<R>` or `rank-<R>`
+# in the file name (not after a letter). Nothing looser: a bare number in a name is usually Kineto's
+# pid (`host_pid.ts.pt.trace.json`), and a pid taken for a rank silently mixes ranks up.
+_RANK_FROM_NAME = re.compile(r"(?<![a-z])rank[-_]?(\d+)(?!\d)", re.I)
 
 
 def rank_from_file_name(name: str) -> int | None:
-    for rx in _RANK_FROM_NAME:
-        m = rx.search(name)
-        if m:
-            return int(m.group(1))
-    return None
+    m = _RANK_FROM_NAME.search(name)
+    return int(m.group(1)) if m else None
 
 
 def read_trace(path: str | Path, capture_id: str = "", rank: int | None = None) -> TraceFile:
     """Read one rank's profiler trace (.json or .json.gz, GPU / CPU-only / ROCm) into trace_events.
 
-    rank: given -> used; else distributedInfo.rank; else from the file name (`rank3`, `_3.`); else 0
-    (meta['rank_source'] says which). Raises TraceError with an actionable message when the file is
-    not a readable trace."""
+    rank: given -> used; else distributedInfo.rank (torch.profiler writes it whenever
+    torch.distributed is initialized); else the naming rule (`rank3`, `rank_3`, `rank-3` in the file
+    name); else, for a trace with no distributedInfo and no communication at all (a single-process
+    run), 0; else TraceError (a distributed rank whose rank cannot be known is quarantined, never
+    guessed from a pid). meta['rank_source'] says which. Raises TraceError with an actionable
+    message when the file is not a readable trace."""
     path = Path(path)
     frames, (n_raw, n_no_ts), meta, nbytes = _scan_events(path)
     dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else None
@@ -608,8 +611,14 @@ def read_trace(path: str | Path, capture_id: str = "", rank: int | None = None) 
         r, src = int(dist["rank"]), "distributedInfo"
     elif (fr := rank_from_file_name(path.name)) is not None:
         r, src = fr, "file_name"
+    elif dist is None and not any(f["is_comm"].any() for f in frames):
+        r, src = 0, "single_process"
     else:
-        r, src = 0, "default"
+        why = ("its distributedInfo has no rank" if dist is not None
+               else "it has no distributedInfo although it holds collectives (a rank of a distributed job)")
+        raise TraceError(f"{path}: cannot tell which rank this trace is: {why}, and its file name follows no rank rule; "
+                         "rename it rank<R>.json(.gz) (also rank_<R>, rank-<R>), or export it from a process where "
+                         "torch.distributed is initialized (the profiler then writes distributedInfo.rank)")
     base_ns = meta.get("baseTimeNanoseconds")
     base_ns = int(base_ns) if isinstance(base_ns, (int, float)) and base_ns else 0
     ev = pl.concat(frames, how="vertical_relaxed") if frames else _normalize(pl.DataFrame(schema=_READ_SCHEMA), None, 0)

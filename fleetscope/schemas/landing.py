@@ -77,6 +77,8 @@ HW = pa.DataFrameSchema({
     "nvlink_rx_bps": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
     "nic_tx_bps": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
     "nic_rx_bps": pa.Column(pl.Float64, pa.Check.ge(0), nullable=True),
+    "sm_active_pct": pa.Column(pl.Float64, pa.Check.in_range(0, 100), nullable=True),
+    "cpu_util_pct": pa.Column(pl.Float64, pa.Check.in_range(0, 100), nullable=True),
     "source_file": pa.Column(pl.Utf8),
 })
 
@@ -102,6 +104,16 @@ STACKS = pa.DataFrameSchema({
     "text": pa.Column(pl.Utf8),
     "n_frames": pa.Column(pl.Int32),
     "source_file": pa.Column(pl.Utf8),
+})
+
+COLLECTIVE_PROGRESS = pa.DataFrameSchema({   # fr_rank<R>.json / Flight Recorder dumps (fleetscope.ingest.flight_recorder)
+    "incident_id": pa.Column(pl.Utf8),
+    "rank": pa.Column(pl.Int32, pa.Check.ge(0)),
+    "pg": pa.Column(pl.Utf8), "pg_desc": pa.Column(pl.Utf8, nullable=True),
+    "seq": pa.Column(pl.Int64), "is_p2p": pa.Column(pl.Boolean), "peer": pa.Column(pl.Int32, nullable=True),
+    "collective": pa.Column(pl.Utf8), "sizes": pa.Column(pl.Utf8, nullable=True), "state": pa.Column(pl.Utf8, nullable=True),
+    "created_ns": pa.Column(pl.Int64, nullable=True), "completed_ns": pa.Column(pl.Int64, nullable=True),
+    "source": pa.Column(pl.Utf8), "source_file": pa.Column(pl.Utf8),
 })
 
 RING = pa.DataFrameSchema({

@@ -11,6 +11,7 @@ from fleetscope.analysis import Analysis, skipped
 from fleetscope.verdicts import make_verdicts
 from fleetscope.xputimer.degradation import degradation_verdicts, detect_degradation
 from fleetscope.xputimer.detectors import analyze
+from fleetscope.xputimer.flight import dump_files
 from fleetscope.xputimer.hang import diagnose_hang
 
 METRIC_TABLES = ("xputimer_step_throughput", "xputimer_job_throughput", "xputimer_kernel_flops", "xputimer_comm_instances",
@@ -33,9 +34,12 @@ def analyze_capture(timings: pl.DataFrame, history: pl.DataFrame | None = None, 
 
 
 def analyze_hang(incident_dir: str | Path, job_id: str | None = None) -> Analysis:
-    """stacks/<incident>/rank<R>.txt (+ ring.json) -> xputimer_hang_ranks and the hang verdict."""
+    """stacks/<incident>/: rank<R>.txt stack dumps, fr_rank<R>.json collective progress (Flight
+    Recorder or the tracer's), ring.json -> xputimer_hang_ranks, xputimer_hang_collectives and the
+    hang verdict."""
     folder = Path(incident_dir)
-    if not folder.is_dir() or not any(folder.glob("rank*.txt")):
-        return skipped("no stack dumps for this incident")
-    ranks, verdicts = diagnose_hang(folder, job_id=job_id)
-    return Analysis(tables={"xputimer_hang_ranks": ranks}, verdicts=verdicts)
+    if not folder.is_dir() or not (any(folder.glob("rank*.txt")) or dump_files(folder)):
+        return skipped("no stack dumps or collective progress for this incident")
+    h = diagnose_hang(folder, job_id=job_id)
+    return Analysis(tables={"xputimer_hang_ranks": h.ranks, "xputimer_hang_collectives": h.collectives},
+                    verdicts=h.verdicts, notes=list(h.notes))

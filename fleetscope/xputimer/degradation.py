@@ -4,7 +4,10 @@ optimizer.step) of each rank, and close the loop with a profiling request for th
 - iteration detection: the event stream is cut before each dataloader.next that follows an
   optimizer.step; a name sequence seen `n_identical` (10) times in a row is the iteration sequence;
 - degraded: after each matched iteration, the mean of the last `recent` (50) iterations exceeds
-  the shortest of them by more than `threshold` (5 %); reported when the state turns degraded;
+  their fast reference by more than `threshold` (5 %); reported when the state turns degraded.
+  The paper's reference is the shortest iteration; one unusually fast iteration then makes every
+  ordinary one look degraded (healthy runs on a loaded machine crossed 3.5x), so the reference is
+  the `reference_q` (0.1) quantile of the window (0: the paper's minimum);
 - blocked: no event for longer than `block_factor` mean iterations (the paper uses 1.0; the
   default 3.0 keeps slow iterations on a noisy machine, up to ~2-3x the mean on a loaded shared
   CPU box, from reading as blocked) and for at least `min_idle_ns` (1 s, like XPUTimer's hang
@@ -25,6 +28,7 @@ import polars as pl
 from fleetscope.schemas.base import conform
 from fleetscope.verdicts import make_verdicts
 from fleetscope.xputimer import schemas as S
+from fleetscope.xputimer.detectors import TEAM_FOR_CAUSE
 
 LOADER, OPT = "dataloader.next", "optimizer.step"
 
@@ -39,7 +43,8 @@ def _candidates(names: list[str]):
     return out, start
 
 
-def _rank_degradation(names, starts, ends, n_identical, recent, threshold, redetect_after, block_factor, now_ns, min_idle_ns):
+def _rank_degradation(names, starts, ends, n_identical, recent, threshold, redetect_after, block_factor, now_ns, min_idle_ns,
+                      reference_q=0.1):
     iters, events = [], []
     cands, _tail = _candidates(names)
     pattern, run_seq, run_len, unmatched = None, None, 0, 0
@@ -79,7 +84,7 @@ def _rank_degradation(names, starts, ends, n_identical, recent, threshold, redet
         iters.append((len(iters), int(starts[a]), int(ends[b]), d))
         win = durs[-recent:]
         if len(win) >= min(recent, n_identical):
-            mean, mn = float(np.mean(win)), float(min(win))
+            mean, mn = float(np.mean(win)), float(np.quantile(win, reference_q)) if reference_q else float(min(win))
             now_bad = mean > (1 + threshold) * mn
             if now_bad and not degraded:
                 events.append(("degraded", int(ends[b]), len(iters) - 1, mean, mn, mean / mn, None))
@@ -93,6 +98,7 @@ def _rank_degradation(names, starts, ends, n_identical, recent, threshold, redet
 
 
 def detect_degradation(t: pl.DataFrame, n_identical: int = 10, recent: int = 50, threshold: float = 0.05,
+                       reference_q: float = 0.1,
                        redetect_after: int = 200, block_factor: float = 3.0, now_ns: int | None = None,
                        min_idle_ns: int = 1_000_000_000
                        ) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -103,7 +109,8 @@ def detect_degradation(t: pl.DataFrame, n_identical: int = 10, recent: int = 50,
     it_rows, ev_rows = [], []
     for (cap, rank), g in api.group_by(["capture_id", "rank"], maintain_order=True):
         iters, events = _rank_degradation(g["name"].to_list(), g["start_ns"].to_numpy(), g["end_ns"].to_numpy(),
-                                          n_identical, recent, threshold, redetect_after, block_factor, now_ns, min_idle_ns)
+                                          n_identical, recent, threshold, redetect_after, block_factor, now_ns, min_idle_ns,
+                                          reference_q)
         it_rows += [{"capture_id": cap, "rank": rank, "iteration": i, "start_ns": s, "end_ns": e, "dur_ns": d} for i, s, e, d in iters]
         ev_rows += [{"capture_id": cap, "rank": rank, "kind": k, "at_ns": at, "iteration": i, "recent_mean_ns": m,
                      "recent_min_ns": mn, "ratio": r, "idle_ns": idle} for k, at, i, m, mn, r, idle in events]
@@ -126,14 +133,14 @@ def degradation_verdicts(deg: pl.DataFrame, job_id: str | None = None) -> pl.Dat
         if r["kind"] == "degraded":
             rows.append(dict(detector="xputimer.degradation", scope="job", subject=job, job_id=job, capture_id=r["capture_id"],
                              start_ns=r["at_ns"], metric="iteration_mean_over_min", value=r["ratio"], baseline=1.05,
-                             severity="info", team="infrastructure",
+                             severity="info", team=TEAM_FOR_CAUSE["degraded"],
                              explanation=f"iterations slowed: recent mean {r['recent_mean_ns'] / 1e6:.1f} ms is {r['ratio'] - 1:.1%} "
                                          f"above the recent shortest ({r['recent_min_ns'] / 1e6:.1f} ms) on ranks {r['ranks']}; "
                                          f"an on-demand profile was requested for localization."))
         else:
             rows.append(dict(detector="xputimer.degradation", scope="job", subject=job, job_id=job, capture_id=r["capture_id"],
                              start_ns=r["at_ns"], metric="idle_over_mean_iteration", value=r["ratio"], baseline=1.0,
-                             severity="warning", team="operations",
+                             severity="warning", team=TEAM_FOR_CAUSE["blocked"],
                              explanation=f"training blocked: no data-loader or optimizer event for {r['idle_ns'] / 1e9:.2f} s "
                                          f"({r['ratio']:.1f} mean iterations) on ranks {r['ranks']}; take stack dumps "
                                          f"(landing/stacks/) to find the hung rank."))
@@ -157,3 +164,55 @@ def write_profile_request(landing_dir: str | os.PathLike, job_id: str, degradati
     tmp.write_text(json.dumps(req))
     os.replace(tmp, p)
     return p
+
+
+def blocked_jobs(last_events: pl.DataFrame, iterations: pl.DataFrame | None, now_ns: int, block_factor: float = 3.0,
+                 min_idle_ns: int = 120_000_000_000, max_age_ns: int = 6 * 3600 * 10**9) -> pl.DataFrame:
+    """The 'blocked' check against the current time, for jobs that may be hung right now.
+
+    last_events: per (job_id, capture_id, rank) the rank's last landed event (`last_ns`) and whether
+    that event was the tracer's `tracer.stop` (`stopped`: the job ended there). A job is blocked now
+    when some rank of its latest capture has not stopped and the job's last event is older than
+    max(block_factor x its mean iteration (xputimer_iterations), min_idle_ns) — the idle bound
+    must exceed the tracer's flush interval plus ingestion (30 s + a sensor tick), hence 120 s —
+    and younger than max_age_ns (older silence is a job that died long ago, not a hang to chase).
+    -> job_id, capture_id, last_ns, idle_ns, mean_iteration_ns, ranks_running."""
+    cols = {"job_id": pl.Utf8, "capture_id": pl.Utf8, "last_ns": pl.Int64, "idle_ns": pl.Int64,
+            "mean_iteration_ns": pl.Float64, "ranks_running": pl.List(pl.Int32)}
+    if last_events.height == 0:
+        return pl.DataFrame(schema=cols)
+    ev = last_events.with_columns(pl.col("rank").cast(pl.Int32))
+    latest = ev.group_by("job_id", "capture_id").agg(pl.col("last_ns").max().alias("_cap_last")).sort("_cap_last").group_by(
+        "job_id").agg(pl.col("capture_id").last(), pl.col("_cap_last").last().alias("last_ns"))
+    ranks = ev.join(latest.select("job_id", "capture_id"), on=["job_id", "capture_id"]).group_by("job_id").agg(
+        pl.col("rank").filter(~pl.col("stopped")).sort().alias("ranks_running"))
+    out = latest.join(ranks, on="job_id")
+    if iterations is not None and iterations.height:
+        its = iterations.group_by("capture_id").agg(pl.col("dur_ns").mean().alias("_m"))
+        per_job = ev.select("job_id", "capture_id").unique().join(its, on="capture_id").group_by("job_id").agg(
+            pl.col("_m").median().alias("mean_iteration_ns"))
+        out = out.join(per_job, on="job_id", how="left")
+    else:
+        out = out.with_columns(pl.lit(None, pl.Float64).alias("mean_iteration_ns"))
+    out = out.with_columns(idle_ns=(pl.lit(now_ns) - pl.col("last_ns")).cast(pl.Int64))
+    bound = pl.max_horizontal(pl.col("mean_iteration_ns").fill_null(0) * block_factor, pl.lit(float(min_idle_ns)))
+    out = out.filter((pl.col("ranks_running").list.len() > 0) & (pl.col("idle_ns") > bound) & (pl.col("idle_ns") < max_age_ns))
+    return out.select(list(cols)).sort("job_id")
+
+
+def write_hang_incident(landing_dir: str | os.PathLike, job_id: str, capture: str | None, from_ns: int, note: str,
+                        now_ns: int | None = None) -> str:
+    """File a hang incident (landing/incidents/<id>.json, docs/CONTRACT.md 1.7) and ask the job's
+    ranks for their stacks and collective progress into landing/stacks/<id>/ (the request file
+    the collectors' stack watchers serve, collectors/stacks.py). Returns the incident id."""
+    now_ns = now_ns or time.time_ns()
+    inc = f"{job_id}-blocked-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now_ns / 1e9))}"
+    land = Path(landing_dir)
+    for path, obj in ((land / "incidents" / f"{inc}.json", {"kind": "hang", "job_id": job_id, "capture": capture,
+                                                              "from_ns": int(from_ns), "note": note}),
+                      (land / "requests" / f"{job_id}.stacks.json", {"incident": inc, "created_ns": now_ns})):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(obj))
+        os.replace(tmp, path)
+    return inc

@@ -3,10 +3,15 @@
 1. Call-stack analysis: each rank's main-thread stack (py-spy dump or faulthandler text) is inside
    a collective or not. Ranks not inside a collective while others wait in one are the culprits
    (a non-communication error: crash, dead loop, I/O, a GPU that stopped).
-2. All ranks inside the same collective: a communication hang. ring.json
+2. Collective progress (fleetscope.xputimer.flight: PyTorch Flight Recorder dumps or the fleetscope
+   tracer's progress, fr_rank<R>.json): per process group, the first collective not the same on
+   every member; ranks that never issued it are culprits too (with or without their stacks), ranks
+   that issued another collective or other sizes are a program that diverged.
+3. All ranks inside the same collective: a communication hang. ring.json
    ([{"rank", "peer", "channel", "step"}], the loop step each ring connection reached in the hung
    kernel) names the faulty link: the connection with the lowest step, and its two GPUs.
-Verdicts go to operations (isolate the machines, restart the job).
+Hangs go to operations (isolate the machines, restart the job); a diverged program to algorithm
+(the ranks' code issued different collectives: the script or its configuration).
 """
 from __future__ import annotations
 
@@ -16,9 +21,13 @@ from pathlib import Path
 
 import polars as pl
 
+from typing import NamedTuple
+
 from fleetscope.schemas.base import conform
 from fleetscope.verdicts import make_verdicts
 from fleetscope.xputimer import schemas as S
+from fleetscope.xputimer.detectors import TEAM_FOR_CAUSE
+from fleetscope.xputimer.flight import analyze_dumps
 
 _COLLECTIVES = {"all_reduce", "allreduce", "all_gather", "all_gather_into_tensor", "allgather", "reduce_scatter",
                 "reduce_scatter_tensor", "_reduce_scatter_base", "_all_gather_base", "reducescatter", "broadcast",
@@ -88,6 +97,12 @@ def stack_ranks(incident_dir: str | Path) -> pl.DataFrame:
     files = sorted(d.glob("rank*.txt"))
     if not files:
         raise FileNotFoundError(f"no rank<R>.txt stack dumps in {d}")
+    return _stack_frame(d, files)
+
+
+def _stack_frame(d: Path, files: list[Path]) -> pl.DataFrame:
+    if not files:
+        return S.HANG_RANKS.validate(conform(pl.DataFrame(), S.HANG_RANKS))
     rows = []
     for f in files:
         m = re.match(r"rank(\d+)\.txt$", f.name)
@@ -120,33 +135,73 @@ def ring_lowest(ring_path: str | Path) -> dict | None:
             "median_step": steps[len(steps) // 2], "n": len(ring)}
 
 
+class HangDiagnosis(NamedTuple):
+    ranks: pl.DataFrame          # xputimer_hang_ranks (from the stack dumps)
+    verdicts: pl.DataFrame
+    collectives: pl.DataFrame    # xputimer_hang_collectives (from the collective progress dumps)
+    notes: list
+
+
 def diagnose_hang(incident_dir: str | Path, job_id: str | None = None, rank_hosts: dict[int, str] | None = None,
-                  rank_ips: dict[int, str] | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """-> (xputimer_hang_ranks, verdicts). rank_hosts / rank_ips (when known from topology or
-    capture metadata) name the machines and the link in the subjects."""
+                  rank_ips: dict[int, str] | None = None) -> HangDiagnosis:
+    """Stack dumps (rank<R>.txt), collective progress (fr_rank<R>.json / Flight Recorder dumps) and
+    ring progress (ring.json) of one incident -> the per-rank picture, the first mismatching
+    collective per process group, and the verdicts. rank_hosts / rank_ips (when known from
+    topology or capture metadata) name the machines and the link in the subjects."""
     d = Path(incident_dir)
-    ranks = stack_ranks(d)
+    files = sorted(d.glob("rank*.txt"))
+    colls, notes = analyze_dumps(d)
+    if not files and colls.height == 0:
+        raise FileNotFoundError(f"no rank<R>.txt stack dumps and no collective progress (fr_rank<R>.json) in {d}")
+    ranks = _stack_frame(d, files)
     inc = d.name
-    rows = []
-    culprits = ranks.filter(pl.col("culprit"))
     name = (lambda r: f"rank {r} ({rank_hosts[r]})" if rank_hosts and r in rank_hosts else f"rank {r}")
-    if culprits.height:
+    top = dict(zip(ranks["rank"].to_list(), ranks["top_function"].to_list()))
+    # the earliest problem in any process group is where the job went wrong
+    first = colls.filter(pl.col("problem") != "none").sort("issued_ns", nulls_last=True)
+    first = first.row(0, named=True) if first.height else None
+    missing = json.loads(first["ranks"]) if first and first["problem"] == "missing_ranks" else []
+    rows = []
+    culprits = sorted(set(ranks.filter(pl.col("culprit"))["rank"].to_list()) | set(missing))
+    if culprits:
         waiting = ranks.filter(pl.col("in_collective"))
-        colls = sorted({"wait() of an async collective" if c == "wait" else c for c in waiting["collective"].drop_nulls().to_list()})
-        for r in culprits.iter_rows(named=True):
-            rows.append(dict(detector="xputimer.hang", scope="rank", subject=str(r["rank"]), job_id=job_id,
-                             metric="hang_not_in_collective", value=1.0, severity="critical", team="operations",
-                             explanation=f"hang {inc}: {name(r['rank'])} is stuck outside any collective (in {r['top_function']}) "
-                                         f"while {waiting.height} rank(s) wait in {', '.join(colls)}: its machine is the "
-                                         f"source; isolate it and restart the job.",
-                             evidence=json.dumps({"incident": inc, "top_function": r["top_function"]}), window_id=inc))
-    elif ranks.height and ranks["in_collective"].all():
-        colls = sorted(set(ranks["collective"].to_list()))
+        colls_s = sorted({"wait() of an async collective" if c == "wait" else c for c in waiting["collective"].drop_nulls().to_list()})
+        for r in culprits:
+            parts = []
+            if first and r in missing:
+                parts.append(f"never issued {first['collective']} #{first['seq']} of group {first['process_group']} that "
+                             f"ranks {json.loads(first['ranks_present'])} issued")
+            if r in top:
+                parts.append(f"is stuck outside any collective (in {top[r]})" if r in ranks.filter(pl.col("culprit"))["rank"].to_list()
+                             else f"is in {top[r]}")
+            text = " and ".join(parts) + (f", while {waiting.height} rank(s) wait in {', '.join(colls_s)}" if waiting.height else "")
+            rows.append(dict(detector="xputimer.hang", scope="rank", subject=str(r), job_id=job_id,
+                             metric="hang_missing_from_collective" if r in missing else "hang_not_in_collective", value=1.0,
+                             severity="critical", team=TEAM_FOR_CAUSE["hang"],
+                             explanation=f"hang {inc}: {name(r)} {text}: its machine is the source; "
+                                         "isolate it and restart the job.",
+                             evidence=json.dumps({"incident": inc, "top_function": top.get(r),
+                                                  "first_mismatch": {k: first[k] for k in ("process_group", "seq", "collective", "problem")} if first else None}),
+                             window_id=inc))
+    elif first and first["problem"] in ("collective_type_mismatch", "size_mismatch"):
+        who = json.loads(first["ranks"])
+        what = "a different collective" if first["problem"] == "collective_type_mismatch" else "different tensor sizes"
+        rows.append(dict(detector="xputimer.hang", scope="job", subject=job_id or inc, job_id=job_id,
+                         metric=f"hang_{first['problem']}", value=float(len(who)), severity="critical", team=TEAM_FOR_CAUSE["diverged_program"],
+                         explanation=f"hang {inc}: at {first['collective']} #{first['seq']} of group {first['process_group']}, "
+                                     f"ranks {who} issued {what} than the other ranks: the ranks' code diverged (a condition "
+                                     f"on the rank, data-dependent control flow, mismatched shapes); fix the training script.",
+                         evidence=json.dumps({"incident": inc, **{k: first[k] for k in ("process_group", "seq", "collective", "problem", "ranks")}}),
+                         window_id=inc))
+    elif (ranks.height and ranks["in_collective"].all()) or (first and first["problem"] == "not_completed"):
+        colls_s = sorted(set(ranks["collective"].drop_nulls().to_list())) or ([first["collective"]] if first else [])
+        where = f" ({first['collective']} #{first['seq']} of group {first['process_group']}, issued by every member)" if first else ""
         low = ring_lowest(d / "ring.json")
+        n = ranks.height or len(json.loads(first["ranks_present"]))
         if low is None:
             rows.append(dict(detector="xputimer.hang", scope="job", subject=job_id or inc, job_id=job_id,
-                             metric="hang_in_collective", value=float(ranks.height), severity="critical", team="operations",
-                             explanation=f"hang {inc}: all {ranks.height} ranks wait in {', '.join(colls)} (a communication "
+                             metric="hang_in_collective", value=float(n), severity="critical", team=TEAM_FOR_CAUSE["hang"],
+                             explanation=f"hang {inc}: all {n} ranks wait in {', '.join(colls_s)}{where} (a communication "
                                          f"hang); no ring.json to name the link: collect intra-kernel ring progress.",
                              window_id=inc))
         else:
@@ -154,17 +209,20 @@ def diagnose_hang(incident_dir: str | Path, job_id: str | None = None, rank_host
             subj = f"{rank_ips[a]}-{rank_ips[b]}" if rank_ips and a in rank_ips and b in rank_ips else f"rank{a}-rank{b}"
             rows.append(dict(detector="xputimer.hang", scope="link", subject=subj, job_id=job_id,
                              metric="ring_min_step", value=float(low["step"]), baseline=float(low["median_step"]),
-                             severity="critical", team="operations",
-                             explanation=f"hang {inc}: all ranks wait in {', '.join(colls)}; the ring connection {name(a)} -> "
-                                         f"{name(b)} (channel {low['channel']}) reached step {low['step']} while the median "
-                                         f"connection reached {low['median_step']}: the link between these GPUs is faulty.",
+                             severity="critical", team=TEAM_FOR_CAUSE["hang"],
+                             explanation=f"hang {inc}: all ranks wait in {', '.join(colls_s)}{where}; the ring connection "
+                                         f"{name(a)} -> {name(b)} (channel {low['channel']}) reached step {low['step']} while the "
+                                         f"median connection reached {low['median_step']}: the link between these GPUs is faulty.",
                              evidence=json.dumps({"incident": inc, "gpus": [a, b], **low}), window_id=inc))
-    return ranks, make_verdicts(rows)
+    return HangDiagnosis(ranks, make_verdicts(rows), colls, notes)
 
 
-def diagnose_all(stacks_dir: str | Path, job_id: str | None = None, **kw) -> tuple[pl.DataFrame, pl.DataFrame]:
+def diagnose_all(stacks_dir: str | Path, job_id: str | None = None, **kw) -> HangDiagnosis:
     """Every incident folder under landing/stacks/."""
-    parts = [diagnose_hang(d, job_id, **kw) for d in sorted(Path(stacks_dir).iterdir()) if d.is_dir() and any(d.glob("rank*.txt"))]
+    parts = [diagnose_hang(d, job_id, **kw) for d in sorted(Path(stacks_dir).iterdir())
+             if d.is_dir() and (any(d.glob("rank*.txt")) or any(d.glob("fr_rank*.json")))]
     if not parts:
-        return conform(pl.DataFrame(), S.HANG_RANKS), make_verdicts([])
-    return pl.concat([p[0] for p in parts]), pl.concat([p[1] for p in parts])
+        return HangDiagnosis(conform(pl.DataFrame(), S.HANG_RANKS), make_verdicts([]),
+                             conform(pl.DataFrame(), S.HANG_COLLECTIVES), [])
+    return HangDiagnosis(*(pl.concat([getattr(p, f) for p in parts]) for f in ("ranks", "verdicts", "collectives")),
+                         [n for p in parts for n in p.notes])

@@ -171,9 +171,16 @@ def issue_latencies(t: pl.DataFrame, mode: str | None = None) -> pl.DataFrame:
 # -- void percentages ----------------------------------------------------------------------------
 def void_percentages(t: pl.DataFrame, loader_api: str = "dataloader.next") -> pl.DataFrame:
     """Per capture, rank, step (steps delimited by the first data-loader call of each step):
-    T_inter = first kernel start after the loader call - last kernel end before it;
+
+    T_inter = start of the first kernel *issued* after the loader call - end of the last kernel
+    *issued* before it. Issue order, not device times: on a GPU the kernels queued before the
+    loader call may still be running when the CPU calls it, so the kernel that last *ended* before
+    the call is not the one preceding it (XPUTimer: "the last kernel preceding the dataloader and
+    the first kernel following the same dataloader").
     T_minority = idle gaps between consecutive compute kernels of one stream where the second was
-    already issued when the first ended (the device ran something untraced meanwhile)."""
+    already issued when the first ended (the device ran something untraced meanwhile);
+    T_traced = the traced compute kernels' busy time in the step, what T_minority is judged against
+    (the detector's threshold is relative to what was traced, void_rows)."""
     t = prepare(t)
     dl = (t.filter((pl.col("kind") == "api") & (pl.col("name") == loader_api) & pl.col("step").is_not_null())
           .group_by("capture_id", "rank", "step").agg(pl.col("start_ns").min().alias("dl_start"),
@@ -182,12 +189,13 @@ def void_percentages(t: pl.DataFrame, loader_api: str = "dataloader.next") -> pl
         return S.VOID.validate(conform(pl.DataFrame(), S.VOID))
     dl = dl.sort("capture_id", "rank", "step").with_columns(
         pl.col("dl_start").shift(-1).over("capture_id", "rank").alias("next_dl"))
-    k = t.filter(pl.col("kind") == "kernel")
-    ends = k.select("capture_id", "rank", pl.col("end_ns").alias("k_end")).sort("k_end")
-    starts = k.select("capture_id", "rank", pl.col("start_ns").alias("k_start")).sort("k_start")
-    dl = dl.sort("dl_start")
-    dl = dl.join_asof(ends, left_on="dl_start", right_on="k_end", by=["capture_id", "rank"], strategy="backward", check_sortedness=False)
-    dl = dl.sort("dl_end").join_asof(starts, left_on="dl_end", right_on="k_start", by=["capture_id", "rank"], strategy="forward", check_sortedness=False)
+    k = t.filter(pl.col("kind") == "kernel").sort("issue_ns")
+    prev = k.select("capture_id", "rank", pl.col("issue_ns").alias("_pi"), pl.col("end_ns").alias("k_end"))
+    nxt = k.select("capture_id", "rank", pl.col("issue_ns").alias("_ni"), pl.col("start_ns").alias("k_start"))
+    dl = dl.sort("dl_start").join_asof(prev, left_on="dl_start", right_on="_pi", by=["capture_id", "rank"], strategy="backward",
+                                       check_sortedness=False)
+    dl = dl.sort("dl_end").join_asof(nxt, left_on="dl_end", right_on="_ni", by=["capture_id", "rank"], strategy="forward",
+                                     check_sortedness=False)
     dl = dl.with_columns((pl.col("next_dl") - pl.col("dl_start")).alias("t_step_ns"),
                          (pl.col("k_start") - pl.col("k_end")).clip(lower_bound=0).alias("t_inter_ns"))
     # minority: per stream, gaps whose next kernel was issued before the gap began
@@ -196,7 +204,9 @@ def void_percentages(t: pl.DataFrame, loader_api: str = "dataloader.next") -> pl
     gaps = comp.filter(pl.col("prev_end").is_not_null() & (pl.col("issue_ns") <= pl.col("prev_end"))).with_columns(
         (pl.col("start_ns") - pl.col("prev_end")).clip(lower_bound=0).alias("gap"))
     mino = gaps.group_by("capture_id", "rank", "step").agg(pl.col("gap").sum().alias("t_minority_ns"))
-    df = dl.join(mino, on=["capture_id", "rank", "step"], how="left").with_columns(pl.col("t_minority_ns").fill_null(0))
+    traced = comp.group_by("capture_id", "rank", "step").agg(pl.col("dur_ns").clip(lower_bound=0).sum().alias("t_traced_ns"))
+    df = dl.join(mino, on=["capture_id", "rank", "step"], how="left").join(traced, on=["capture_id", "rank", "step"], how="left")
+    df = df.with_columns(pl.col("t_minority_ns").fill_null(0), pl.col("t_traced_ns").fill_null(0))
     df = df.filter(pl.col("t_step_ns").is_not_null() & (pl.col("t_step_ns") > 0)).with_columns(
         pl.col("t_inter_ns").fill_null(0).clip(upper_bound=pl.col("t_step_ns")))
     df = df.with_columns((pl.col("t_inter_ns") / pl.col("t_step_ns")).alias("v_inter"),

@@ -63,6 +63,7 @@ ISSUE_LATENCY_SUMMARY = pa.DataFrameSchema({
 VOID = pa.DataFrameSchema({
     "capture_id": _S, "rank": _R, "step": _I, "t_step_ns": pa.Column(pl.Int64, pa.Check.gt(0)),
     "t_inter_ns": _nn(pl.Int64), "t_minority_ns": _nn(pl.Int64), "v_inter": _nn(), "v_minority": _nn(),
+    "t_traced_ns": _nn(pl.Int64),   # traced compute kernels' busy time in the step (T_minority is judged against it)
 }, unique=["capture_id", "rank", "step"])
 
 STAGE_METRICS = pa.DataFrameSchema({
@@ -86,3 +87,13 @@ HANG_RANKS = pa.DataFrameSchema({
     "incident": _S, "rank": _R, "in_collective": pa.Column(pl.Boolean), "collective": _SN,
     "top_function": _SN, "frames": _I, "culprit": pa.Column(pl.Boolean),
 }, unique=["incident", "rank"])
+
+HANG_COLLECTIVES = pa.DataFrameSchema({
+    "incident": _S, "process_group": _S, "group_desc": _SN, "group_size": _IN, "is_p2p": pa.Column(pl.Boolean),
+    "seq": _I, "collective": _S,
+    "problem": pa.Column(pl.Utf8, pa.Check.isin(["missing_ranks", "collective_type_mismatch", "size_mismatch",
+                                                 "not_completed", "none"])),
+    "ranks": _S,            # JSON list: the ranks the problem names (missing, mismatched, not completed)
+    "ranks_present": _S,    # JSON list: the ranks that issued that collective
+    "issued_ns": _IN, "source": _S,
+})

@@ -44,21 +44,24 @@ def test_collective_instances_match_across_ranks(real_runs):
     assert ((ci["busbw_bps"] / ci["algbw_bps"] - 2 * (WORLD - 1) / WORLD).abs() < 1e-9).all()
 
 
-def test_gc_stall_goes_to_infrastructure_on_rank_1(real_runs):
+def test_gc_stall_goes_to_algorithm_on_rank_1(real_runs):
+    """The GC pauses come from the training script's own heap (demo_train's --gc-heap): the script is
+    where they are fixed (detectors.TEAM_FOR_CAUSE)."""
     landing, _ = real_runs
     out = D.analyze(_t(landing, "gc"), history=_t(landing, "healthy_a"), job_id="demo")
     bad = _bad(out["verdicts"])
     assert bad.height >= 1
-    assert set(bad["team"].to_list()) == {"infrastructure"}
+    assert set(bad["team"].to_list()) == {"algorithm"}
     assert ("rank", "1") in bad.select("scope", "subject").rows()
 
 
 def test_unnecessary_sync_flagged_by_issue_latency(real_runs):
-    """On real runs sharing 2 cores, the size of the shift varies with load (KS 0.11-0.29 seen), so
-    this test checks what holds under any load: the sync run's issue-latency distribution moved far
-    more than a healthy run's against the same history, and significantly; a verdict, when the
-    shift passes the detector's bar, goes to the algorithm team. (The verdict itself is checked
-    deterministically on the simulator's sync_in_forward capture in tests/xputimer.)"""
+    """The sync run is flagged: one issue-latency verdict, to the algorithm team, and nothing else.
+    Robust by design rather than by a weaker check: the injected fault aligns the ranks through the
+    whole forward (8 synchronizations), the history is the two healthy runs made just before it,
+    and the latencies are fractions of each run's median step (a machine that is slower overall
+    shifts nothing). The healthy run against the other healthy run
+    is the control: its shift must stay well below the sync run's."""
     landing, _ = real_runs
     hist = pl.concat([_t(landing, "healthy_a"), _t(landing, "healthy_b")])
     out = D.analyze(_t(landing, "sync"), history=hist, job_id="demo")
@@ -67,7 +70,7 @@ def test_unnecessary_sync_flagged_by_issue_latency(real_runs):
     ks_healthy = base["xputimer_issue_latency_summary"]["ks_vs_history"][0]
     assert p_sync < 1e-6 and ks_sync > 2 * ks_healthy, (ks_sync, p_sync, ks_healthy)
     bad = _bad(out["verdicts"])
-    assert set(bad.select("metric", "team").rows()) <= {("issue_latency_ks_sync", "algorithm")}, bad
+    assert bad.select("metric", "team").rows() == [("issue_latency_ks_sync", "algorithm")], bad
 
 
 def test_slow_dataloader_v_inter_and_degradation(real_runs):

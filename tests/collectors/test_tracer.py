@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from fleetscope.ingest.timings import read_timings, read_timings_file, timing_files
+from tests.collectors.conftest import HANG_STEPS
 
 REPO = Path(__file__).resolve().parents[2]
 WORLD = 4
@@ -32,12 +33,30 @@ def test_timings_follow_the_contract(real_runs):
     for name in ("dataloader.next", "optimizer.step"):
         assert per_rank.filter(pl.col("name") == name)["len"].to_list() == [STEPS] * WORLD
     # every step present on every rank
-    assert t.group_by("rank").agg(pl.col("step").n_unique())["step"].to_list() == [STEPS] * WORLD
+    assert t.group_by("rank").agg(pl.col("step").drop_nulls().n_unique()).sort("rank")["step"].to_list() == [STEPS] * WORLD
     # GEMM FLOPs from shapes: the model's forward linears, x[32,256] @ W[256,256]^T and the head W[1,256]
     g = t.filter(pl.col("name") == "gemm")
     assert set(g["flops"].unique().to_list()) == {2.0 * BATCH * HIDDEN * HIDDEN, 2.0 * BATCH * 1 * HIDDEN}
     assert f"m={BATCH},n={HIDDEN},k={HIDDEN},dtype=fp32" in g["shape"].unique().to_list()
     assert g.height == WORLD * STEPS * (LAYERS + 1)
+    # backward GEMMs through autograd's node hooks: one per Linear per step; the first layer's input
+    # needs no gradient (one GEMM: the weight's), the others two (input and weight)
+    b = t.filter(pl.col("name") == "gemm_bwd")
+    assert b.height == WORLD * STEPS * (LAYERS + 1)
+    assert set(b["flops"].unique().to_list()) == {2.0 * BATCH * HIDDEN * HIDDEN, 4.0 * BATCH * HIDDEN * HIDDEN, 4.0 * BATCH * HIDDEN}
+    # the ops the demo marks with ft.op: one of each per step and rank, inside the step
+    ops = t.filter(pl.col("kind") == "op").group_by("rank", "name").agg(pl.len(), pl.col("microbatch").unique())
+    assert sorted(ops["name"].unique().to_list()) == ["backward-compute", "forward-compute", "grads-all-reduce", "optimizer"]
+    assert (ops["len"] == STEPS).all()
+    fb = t.filter(pl.col("kind") == "op").pivot("name", index=["rank", "step"], values="start_ns")
+    assert (fb["forward-compute"] < fb["backward-compute"]).all() and (fb["backward-compute"] < fb["optimizer"]).all()
+    # a forward GEMM lies inside its step's forward-compute op
+    fwd = t.filter(pl.col("name") == "forward-compute").select("rank", "step", pl.col("start_ns").alias("fs"), pl.col("end_ns").alias("fe"))
+    g_in = g.join(fwd, on=["rank", "step"]).select(((pl.col("start_ns") >= pl.col("fs")) & (pl.col("end_ns") <= pl.col("fe"))).all()).item()
+    assert g_in
+    # the job ended: every rank's last row says so (the platform's blocked check tells a finished job from a hung one)
+    last = t.sort("end_ns").group_by("rank").agg(pl.col("name").last())
+    assert set(last["name"].to_list()) == {"tracer.stop"}
     # gradient all-reduces: one per Linear weight per step, bytes = the weight's size
     c = t.filter(pl.col("name") == "gloo:AllReduce")
     assert set(c["bytes"].unique().to_list()) == {HIDDEN * HIDDEN * 4, HIDDEN * 4}
@@ -81,24 +100,39 @@ def test_unknown_traced_api_is_a_clear_error():
 
 def test_env_traced_python_api(hang_run):
     landing, _ = hang_run
-    t = read_timings(landing / "timings" / "hang")
+    # the steps of the profile window went to the profile's capture id (test_profiler_capture_on_request)
+    t = pl.concat([read_timings(landing / "timings" / "hang"), read_timings(landing / "timings" / "hang-prof")], how="diagonal_relaxed")
     n = t.filter(pl.col("name") == "torch.nn.functional.mse_loss").group_by("rank").len()
-    assert n.sort("rank")["len"].to_list() == [20] * WORLD
+    assert n.sort("rank")["len"].to_list() == [HANG_STEPS] * WORLD
     assert t.filter(pl.col("name") == "torch.nn.functional.mse_loss")["kind"].unique().to_list() == ["api"]
 
 
 def test_profiler_capture_on_request(hang_run):
-    from fleetscope.ingest.traces import read_trace
+    """A profiling request served on the same training steps on every rank (agreed through the
+    job's store), with prof.step() per step (ProfilerStep#<training step>) and Python stacks, and
+    the tracer's timings of those steps under the profile's capture id (traces, timings and the
+    host's hw samples of one window share one id and one time span)."""
+    from fleetscope.ingest.traces import read_capture
 
     landing, req = hang_run
     folder = landing / "traces" / "hang-prof"
     assert sorted(p.name for p in folder.glob("rank*.json.gz")) == [f"rank{r}.json.gz" for r in range(WORLD)]
     meta = json.loads((folder / "capture.json").read_text())
-    assert meta["job_id"] == "hang" and meta["request_id"] == json.loads(req.read_text())["id"]
-    ev = read_trace(folder / "rank1.json.gz", capture_id="hang-prof").events
-    assert ev.height > 100
+    assert meta["job_id"] == "hang" and meta["request_id"] == json.loads(req.read_text())["id"] and meta["steps"] == 2
+    ev = read_capture(folder)
+    steps = ev.filter(pl.col("name").str.starts_with("ProfilerStep#")).group_by("rank").agg(
+        pl.col("name").str.extract(r"#(\d+)").cast(pl.Int64).sort())
+    first = meta["first_step"]
+    assert steps["name"].to_list() == [[first, first + 1]] * WORLD
+    assert ev.filter(pl.col("cat") == "python_function").height > 0  # Python stacks on
     assert ev.filter(pl.col("name").str.contains("aten::(linear|addmm|mm)")).height > 0
     assert ev.filter(pl.col("is_comm")).height > 0  # the gloo all-reduces inside the window
+    # the tracer wrote those same steps under the profile's capture id, on every rank
+    t = read_timings(landing / "timings" / "hang-prof")
+    per = t.filter(pl.col("name") == "optimizer.step").group_by("rank").agg(pl.col("step").sort())
+    assert per.sort("rank")["step"].to_list() == [[first, first + 1]] * WORLD
+    span = ev.filter(pl.col("name").str.starts_with("ProfilerStep#")).select(pl.col("ts_ns").min(), pl.col("end_ns").max()).row(0)
+    assert t["start_ns"].min() >= span[0] - 1_000_000_000 and t["end_ns"].max() <= span[1] + 1_000_000_000
 
 
 def test_stack_dumps_name_the_hung_rank(hang_run):
@@ -107,13 +141,49 @@ def test_stack_dumps_name_the_hung_rank(hang_run):
     landing, _ = hang_run
     inc = landing / "stacks" / "inc-test"
     assert sorted(p.name for p in inc.glob("rank*.txt")) == [f"rank{r}.txt" for r in range(WORLD)]
-    ranks, verdicts = diagnose_hang(inc, job_id="hang")
-    assert ranks.filter(pl.col("culprit"))["rank"].to_list() == [2]
-    assert ranks.filter(pl.col("rank") != 2)["in_collective"].all()
-    assert verdicts.select("scope", "subject", "team", "severity").rows() == [("rank", "2", "operations", "critical")]
+    h = diagnose_hang(inc, job_id="hang")
+    assert h.ranks.filter(pl.col("culprit"))["rank"].to_list() == [2]
+    assert h.ranks.filter(pl.col("rank") != 2)["in_collective"].all()
+    assert h.verdicts.select("scope", "subject", "team", "severity").rows() == [("rank", "2", "operations", "critical")]
+
+
+def test_watchdog_files_the_hang_without_a_human(hang_run):
+    """Rank 2 stops for 8 s outside any collective; the other ranks' tracers see their gradient
+    all-reduce outstanding past the bound learned from the job (here at least 1.5 s) and file one
+    incident with every rank's stacks and collective progress; the progress alone names the
+    first collective rank 2 never issued."""
+    from fleetscope.xputimer.hang import diagnose_hang
+
+    landing, _ = hang_run
+    incs = list((landing / "incidents").glob("hang-hang-*.json"))
+    assert len(incs) == 1, incs  # one incident per hang, whichever rank saw it first
+    body = json.loads(incs[0].read_text())
+    assert body["kind"] == "hang" and body["job_id"] == "hang" and body["capture"] == "hang"
+    folder = landing / "stacks" / incs[0].stem
+    assert sorted(p.name for p in folder.glob("*")) == sorted([f"rank{r}.txt" for r in range(WORLD)]
+                                                             + [f"fr_rank{r}.json" for r in range(WORLD)])
+    h = diagnose_hang(folder, job_id="hang")
+    first = h.collectives.filter(pl.col("problem") != "none").row(0, named=True)
+    assert first["problem"] == "missing_ranks" and json.loads(first["ranks"]) == [2] and first["collective"] == "all_reduce"
+    assert json.loads(first["ranks_present"]) == [0, 1, 3]
+    assert h.verdicts.select("scope", "subject", "team").rows() == [("rank", "2", "operations")]
+    # without the stack dumps, the progress dumps alone name rank 2
+    for p in folder.glob("rank*.txt"):
+        p.rename(p.with_suffix(".bak"))
+    try:
+        assert diagnose_hang(folder, job_id="hang").verdicts["subject"].to_list() == ["2"]
+    finally:
+        for p in folder.glob("rank*.bak"):
+            p.rename(p.with_suffix(".txt"))
+    # the collective rank 2 never joined was issued when the stall began (by a rank that went on to it),
+    # and the incident came within seconds: the learned bound (at least 1.5 s) plus the watchdog's tick
+    stall = int((landing.parent / "hang.marker.ns").read_text())
+    assert abs(body["from_ns"] - stall) < 2e9
+    assert 1.4e9 < incs[0].stat().st_mtime_ns - stall < 6e9
 
 
 def test_blocked_training_is_detected(hang_run):
+    """After the fact, from the landed timings (the degradation detector's 'blocked')."""
     from fleetscope.xputimer.degradation import degradation_verdicts, detect_degradation
 
     landing, _ = hang_run
@@ -122,7 +192,7 @@ def test_blocked_training_is_detected(hang_run):
     assert its.height > 0
     blocked = deg.filter(pl.col("kind") == "blocked").group_by("rank").agg(pl.col("idle_ns").max())
     assert set(blocked["rank"].to_list()) == set(range(WORLD))
-    assert blocked["idle_ns"].min() > 3e9  # the 5 s stall, seen by every rank
+    assert blocked["idle_ns"].min() > 5e9  # the 8 s stall, seen by every rank
     v = degradation_verdicts(deg, "hang")
     assert v.filter(pl.col("severity") == "warning")["team"].to_list() == ["operations"]
 

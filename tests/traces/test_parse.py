@@ -18,7 +18,8 @@ _CAT = {"cpu_op": "cpu_op", "user_annotation": "user_annotation", "cuda_runtime"
 def test_every_real_trace_matches_json_ground_truth(path):
     doc = load_json(path)
     truth = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") != "Trace"]
-    tf = read_trace(path, "cap")
+    # a file without distributedInfo.rank gets its rank from the caller (test_rank_sources covers the rules)
+    tf = read_trace(path, "cap", rank=None if (doc.get("distributedInfo") or {}).get("rank") is not None else 0)
     ev = tf.events
     TABLES["trace_events"].validate(ev)
     assert ev.height == len(truth)
@@ -41,17 +42,25 @@ def test_every_real_trace_matches_json_ground_truth(path):
 
 def test_rank_sources(tmp_path):
     assert read_trace(real("cpu_only"), "c").meta["rank"] == 34
+    # a single-process run (no distributedInfo, no collectives): rank 0
+    tf = read_trace(real("amd_trace"), "c")
+    assert tf.meta["rank_source"] == "single_process" and tf.meta["rank"] == 0
+    # a rank of a distributed job (NCCL collectives) without distributedInfo: its rank is unknowable
     src = real("distributed_info_unavailable")
-    tf = read_trace(src, "c")
-    assert tf.meta["rank_source"] == "default" and tf.meta["rank"] == 0
-    renamed = tmp_path / "job_rank7.json.gz"
-    shutil.copy(src, renamed)
-    tf = read_trace(renamed, "c")
-    assert tf.meta["rank_source"] == "file_name" and (tf.events["rank"] == 7).all()
-    other = tmp_path / "trace_12.json.gz"
-    shutil.copy(src, other)
-    assert read_trace(other, "c").meta["rank"] == 12
-    assert read_trace(other, "c", rank=3).meta["rank"] == 3
+    with pytest.raises(TraceError, match="cannot tell which rank.*rename it rank<R>"):
+        read_trace(src, "c")
+    for name, rank in (("job_rank7.json.gz", 7), ("rank_3.json.gz", 3), ("node1_rank-12.json.gz", 12), ("RANK5.json.gz", 5)):
+        renamed = tmp_path / name
+        shutil.copy(src, renamed)
+        tf = read_trace(renamed, "c")
+        assert tf.meta["rank_source"] == "file_name" and (tf.events["rank"] == rank).all(), name
+    # Kineto's default name host_pid.ts.pt.trace.json carries the pid, never taken for a rank
+    for name in ("trace_12.json.gz", "node020_28338.1795452262410.pt.trace.json.gz", "frank3.json.gz"):
+        other = tmp_path / name
+        shutil.copy(src, other)
+        with pytest.raises(TraceError, match="cannot tell which rank"):
+            read_trace(other, "c")
+    assert read_trace(tmp_path / "trace_12.json.gz", "c", rank=3).meta["rank"] == 3
 
 
 def test_plain_json_and_bare_array(tmp_path):

@@ -58,12 +58,12 @@ def test_ring_json_names_the_faulty_link(tmp_path):
     ring = [{"rank": r, "peer": (r + 1) % 4, "channel": c, "step": 900 + 10 * r + c} for r in range(4) for c in range(2)]
     ring[5]["step"] = 311  # rank 2 -> 3, channel 1 stopped early
     (inc / "ring.json").write_text(json.dumps(ring))
-    ranks, v = diagnose_hang(inc, job_id="j", rank_ips={0: "10.0.0.1", 1: "10.0.0.2", 2: "10.0.0.3", 3: "10.0.0.4"})
+    ranks, v, _, _ = diagnose_hang(inc, job_id="j", rank_ips={0: "10.0.0.1", 1: "10.0.0.2", 2: "10.0.0.3", 3: "10.0.0.4"})
     assert ranks["in_collective"].all() and not ranks["culprit"].any()
     assert v.select("scope", "subject", "team", "value").rows() == [("link", "10.0.0.3-10.0.0.4", "operations", 311.0)]
     # without ring.json: a communication hang that says what is missing
     (inc / "ring.json").unlink()
-    _, v = diagnose_hang(inc)
+    v = diagnose_hang(inc).verdicts
     assert v["scope"].to_list() == ["job"] and "ring.json" in v["explanation"][0]
 
 
@@ -108,7 +108,7 @@ def test_profile_request_file(tmp_path):
 def test_metrics_over_a_real_gpu_trace():
     """The same metrics from a real A100 profiler trace (HTA test data, rank 0 of 2, NCCL)."""
     from fleetscope.ingest.traces import read_trace
-    from fleetscope.xputimer.from_traces import timings_from_trace_events
+    from fleetscope.ingest.trace_timings import timings_from_trace_events
 
     ev = read_trace(REAL / "hta" / "nccl_parser_config__nccl_data.json.gz", capture_id="hta").events
     t = timings_from_trace_events(ev)

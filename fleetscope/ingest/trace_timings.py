@@ -1,0 +1,271 @@
+"""Profiler traces as timings (docs/CONTRACT.md 1.4), so a capture that has only traces gets the
+timing-based analyses (XPUTimer's metrics, PRISM's models, op-level patterns) too.
+
+`timings_from_trace_events`: trace_events (fleetscope.ingest.traces) -> the kernel and api rows the
+tracer writes, where the traces carry the same facts:
+
+- GPU kernels: start/end on the device, issue = the launching CUDA runtime call (same correlation
+  id), stream; communication kernels become `nccl:<Collective>` with bytes, group (pg_name) and
+  group size; GEMM-like kernels become `gemm` (FLOPs are unknown: traces carry no GEMM shapes);
+- CPU-only traces: communication events with a message size (record_param_comms operators, gloo's
+  annotations) as kernels timed on the CPU, in their process group when the trace names it;
+- API events: the DataLoader `__next__` and `Optimizer.step` operators, device synchronizations;
+- step: the enclosing `ProfilerStep#N` annotation.
+
+`ops_from_trace_events`: the framework-level `kind=op` rows (Megatron's timer names, per
+microbatch) PRISM and op-level PerfTracker need: annotations the script made with those names
+(`record_function("forward-compute")`) when there are any, else derived from each step's
+structure on the training thread (`derive_ops`, documented there).
+
+`capture_timings`: what a capture's timing analyses read: its landed timings, completed from its
+traces where the timings lack kernel/api rows or op rows.
+"""
+from __future__ import annotations
+
+import polars as pl
+
+_CAMEL = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "ReduceScatter", "broadcast": "Broadcast",
+          "send": "Send", "recv": "Recv", "all_to_all": "AllToAll", "reduce": "Reduce", "barrier": "Barrier"}
+_GEMM = r"(?i)gemm|cutlass|xmma|cublas|matmul|s\d+_tensorop|ampere_.*(?:nn|nt|tn|tt)"
+
+
+def timings_from_trace_events(ev: pl.DataFrame) -> pl.DataFrame:
+    if ev.height == 0:
+        raise ValueError("no trace events")
+    key = ["capture_id", "rank"]
+    coll = pl.col("collective")
+    camel = coll.replace_strict(_CAMEL, default=None)
+    backend = pl.when(pl.col("name").str.to_lowercase().str.starts_with("gloo")).then(pl.lit("gloo:")).otherwise(pl.lit("nccl:"))
+    comm_name = pl.concat_str([backend, pl.coalesce(camel, coll)])
+    launch = ev.filter((pl.col("cat") == "cuda_runtime") & pl.col("correlation").is_not_null()).select(
+        *key, "correlation", pl.col("ts_ns").alias("issue_ns"))
+    gpu = ev.filter(pl.col("cat") == "kernel").join(launch, on=[*key, "correlation"], how="left")
+    gpu = gpu.select(
+        *key, pl.lit("kernel").alias("kind"),
+        pl.when(pl.col("is_comm")).then(comm_name).when(pl.col("name").str.contains(_GEMM)).then(pl.lit("gemm"))
+        .otherwise(pl.col("name")).alias("name"),
+        pl.coalesce("issue_ns", "ts_ns").alias("issue_ns"), pl.col("ts_ns").alias("start_ns"), "end_ns", "stream",
+        pl.when(pl.col("is_comm")).then(pl.col("msg_bytes")).alias("bytes"),
+        pl.when(pl.col("is_comm")).then(pl.coalesce(pl.col("pg_name"), pl.lit("pg"))).alias("group"),
+        pl.when(pl.col("is_comm")).then(pl.col("group_size")).alias("group_size"))
+    has_gpu = gpu.height > 0
+    parts = [gpu]
+    if not has_gpu:
+        # CPU-only trace: the communication events that know their size (record_param_comms
+        # operators, or gloo's own annotations, `gloo:all_reduce` on its worker threads with the
+        # collective's real duration). Without a process-group name (torch 2.13's gloo annotations
+        # carry none) the group stays unknown: collectives of different groups must not be matched
+        # into one instance, so they count as communication time but not as collective instances
+        cpu = ev.filter(pl.col("cat").is_in(["cpu_op", "user_annotation"]) & pl.col("is_comm") & pl.col("msg_bytes").is_not_null())
+        parts.append(cpu.select(*key, pl.lit("kernel").alias("kind"), comm_name.alias("name"), pl.col("ts_ns").alias("issue_ns"),
+                                pl.col("ts_ns").alias("start_ns"), "end_ns", pl.lit(None, pl.Int64).alias("stream"),
+                                pl.col("msg_bytes").alias("bytes"), pl.col("pg_name").alias("group"), "group_size"))
+    n = pl.col("name")
+    api_name = (pl.when(n.str.contains(r"DataLoader.*__next__|DataLoaderIter\.__next__")).then(pl.lit("dataloader.next"))
+                .when(n.str.contains(r"^Optimizer\.step#")).then(pl.lit("optimizer.step"))
+                .when(n.str.contains(r"^cuda(Device|Stream)Synchronize$")).then(pl.lit("cuda.synchronize")))
+    api = ev.filter(pl.col("cat").is_in(["cpu_op", "user_annotation", "cuda_runtime"])).with_columns(api_name.alias("_api"))
+    api = api.filter(pl.col("_api").is_not_null()).select(
+        *key, pl.lit("api").alias("kind"), pl.col("_api").alias("name"), pl.col("ts_ns").alias("issue_ns"),
+        pl.col("ts_ns").alias("start_ns"), "end_ns", pl.lit(None, pl.Int64).alias("stream"), pl.lit(None, pl.Int64).alias("bytes"),
+        pl.lit(None, pl.Utf8).alias("group"), pl.lit(None, pl.Int32).alias("group_size"))
+    parts.append(api)
+    t = pl.concat([p.with_columns(pl.col("group_size").cast(pl.Int32)) for p in parts], how="vertical_relaxed")
+    # step: the ProfilerStep#N annotation that contains the CPU-side time (issue) of each row
+    steps = ev.filter((pl.col("cat") == "user_annotation") & pl.col("name").str.starts_with("ProfilerStep#")).select(
+        *key, pl.col("ts_ns").alias("_s"), pl.col("end_ns").alias("_e"),
+        pl.col("name").str.extract(r"#(\d+)").cast(pl.Int64).alias("step")).sort("_s")
+    t = t.sort("issue_ns").join_asof(steps, left_on="issue_ns", right_on="_s", by=key, strategy="backward",
+                                     check_sortedness=False)
+    t = t.with_columns(pl.when(pl.col("issue_ns") <= pl.col("_e")).then(pl.col("step")).alias("step")).drop("_s", "_e")
+    return t.with_columns(pl.lit(None, pl.Float64).alias("flops"), pl.lit(None, pl.Utf8).alias("shape")).sort(*key, "start_ns")
+
+
+# ---------------------------------------------------------------------------- op rows from traces
+OP_NAMES = ("forward-compute", "backward-compute", "forward-send", "forward-recv", "backward-send", "backward-recv",
+            "grads-all-reduce", "grads-reduce-scatter", "params-all-gather", "optimizer")
+# CPU operators that are the model's own compute (a run of forward operators without one is glue:
+# allocating a receive buffer, detaching an output)
+_MODEL_OP = (r"(?i)^aten::(linear|addmm|mm|bmm|baddbmm|matmul|einsum|conv|_convolution|cudnn_convolution|embedding|"
+             r"scaled_dot_product|_scaled_dot_product|_flash|_efficient|layer_norm|native_layer_norm|rms_norm)|^nn\.Module")
+def _layout_cols(layout: dict | None) -> list[pl.Expr]:
+    """stage / dp_rank / tp_rank from the capture's layout in Megatron's rank order (tp fastest, then
+    dp, then pp), when the layout is known."""
+    if not layout or not layout.get("pp"):
+        return []
+    tp, dp = int(layout.get("tp") or 1), int(layout.get("dp") or 1)
+    r = pl.col("rank")
+    return [(r // (tp * dp)).cast(pl.Int32).alias("stage"), ((r // tp) % dp).cast(pl.Int32).alias("dp_rank"),
+            (r % tp).cast(pl.Int32).alias("tp_rank")]
+
+
+def _steps(ev: pl.DataFrame) -> pl.DataFrame:
+    return ev.filter((pl.col("cat") == "user_annotation") & pl.col("name").str.starts_with("ProfilerStep#")).select(
+        "capture_id", "rank", pl.col("tid").alias("_tid"), pl.col("ts_ns").alias("_s"), pl.col("end_ns").alias("_e"),
+        pl.col("name").str.extract(r"#(\d+)").cast(pl.Int64).alias("step")).sort("_s")
+
+
+def derive_ops(ev: pl.DataFrame) -> pl.DataFrame:
+    """kind=op rows from the structure of each ProfilerStep on its thread (the training thread).
+
+    The step's top-level operators are classed (autograd::engine::evaluate_function -> backward;
+    Optimizer.step -> optimizer; communication operators -> p2p or collective, each spanning its
+    nested annotations, e.g. gloo:recv holding the wait; other operators -> forward) and consecutive
+    operators of one class make a run. Forward and backward runs are numbered in order
+    (microbatch 0, 1, ...; Megatron's schedules run both in microbatch order); a compute run starts
+    where the previous run ended (untraced Python before the first traced operator is that compute's
+    time), a backward run followed by the optimizer or a collective lasts until it (DDP's backward()
+    waits for its bucket reductions after the last autograd node); a forward run with no model operator (a buffer allocation, a detach) is glue and not an op.
+    A p2p run after a forward run sends forward (`forward-send`), after a backward run backward; a
+    recv in it receives for the next run (`forward-recv` / `backward-recv`); a fused send+recv gets
+    both names with the same span, as Megatron's timers record them. Collectives after the step's
+    last backward are its data-parallel gradient reduction (`grads-all-reduce` /
+    `grads-reduce-scatter`); when the training thread issued none (DDP reduces from its reducer's
+    threads), the communication on other threads between the first backward and the optimizer is."""
+    out_schema = {"capture_id": pl.Utf8, "rank": pl.Int32, "kind": pl.Utf8, "name": pl.Utf8, "issue_ns": pl.Int64,
+                  "start_ns": pl.Int64, "end_ns": pl.Int64, "step": pl.Int64, "microbatch": pl.Int32}
+    steps = _steps(ev)
+    if steps.height == 0:
+        return pl.DataFrame(schema=out_schema)
+    key = ["capture_id", "rank", "step"]
+    cand = ev.filter(pl.col("cat").is_in(["cpu_op", "user_annotation"]) & ~pl.col("name").str.starts_with("ProfilerStep#"))
+    cand = cand.select("capture_id", "rank", "tid", "name", "ts_ns", "end_ns", "dur_ns", "is_comm", "collective").sort("ts_ns")
+    m = cand.join_asof(steps, left_on="ts_ns", right_on="_s", by=["capture_id", "rank"], strategy="backward", check_sortedness=False)
+    m = m.filter(pl.col("step").is_not_null() & (pl.col("ts_ns") < pl.col("_e")))
+    main = m.filter(pl.col("tid") == pl.col("_tid")).sort([*key, "ts_ns", "dur_ns"], descending=[False, False, False, False, True])
+    main = main.with_columns(_pme=pl.col("end_ns").cum_max().shift(1).over(key))
+    main = main.with_columns(_top=pl.col("_pme").is_null() | (pl.col("ts_ns") >= pl.col("_pme")))
+    main = main.with_columns(_grp=pl.col("_top").cast(pl.Int64).cum_sum().over(key))
+    n = pl.col("name")
+    cls = (pl.when(n.str.starts_with("autograd::engine::evaluate_function")).then(pl.lit("bwd"))
+           .when(n.str.starts_with("Optimizer.step#")).then(pl.lit("opt"))
+           .when(n.str.starts_with("Optimizer.zero_grad#") | n.str.contains(r"DataLoader")).then(pl.lit("skip"))
+           .when(pl.col("is_comm") & pl.col("collective").is_in(["send", "recv"])).then(pl.lit("p2p"))
+           .when(pl.col("is_comm")).then(pl.lit("coll"))
+           .otherwise(pl.lit("fwd")))
+    items = main.group_by([*key, "_grp"]).agg(
+        pl.col("ts_ns").first().alias("s"), pl.col("end_ns").max().alias("e"),
+        cls.first().alias("cls"), pl.col("_s").first(), pl.col("_e").first(),
+        n.str.contains(_MODEL_OP).any().alias("model"),
+        pl.col("collective").filter(pl.col("is_comm")).unique().alias("colls")).sort([*key, "s"])
+    items = items.filter(pl.col("cls") != "skip")
+    items = items.with_columns(_run=pl.col("cls").rle_id().over(key))
+    runs = items.group_by([*key, "_run"]).agg(
+        pl.col("cls").first(), pl.col("s").min(), pl.col("e").max(), pl.col("model").any(), pl.col("colls").list.explode(keep_nulls=False, empty_as_null=False).unique(),
+        pl.col("_s").first(), pl.col("_e").first()).sort([*key, "_run"])
+    runs = runs.filter((pl.col("cls") != "fwd") | pl.col("model"))  # glue runs are not ops
+    runs = runs.with_columns(
+        _prev_end=pl.col("e").shift(1).over(key), _prev_cls=pl.col("cls").shift(1).over(key),
+        _next_cls=pl.col("cls").shift(-1).over(key))
+    # a compute run starts where the previous run ended (or where the step began); a backward run
+    # followed by the optimizer or a collective lasts until it (DDP's backward() waits for its
+    # bucket reductions at its end, after the last autograd node)
+    runs = runs.with_columns(
+        pl.when(pl.col("cls").is_in(["fwd", "bwd"])).then(pl.coalesce("_prev_end", "_s")).otherwise("s").alias("s"),
+        pl.when((pl.col("cls") == "bwd") & pl.col("_next_cls").is_in(["opt", "coll"]))
+        .then(pl.max_horizontal("e", pl.col("s").shift(-1).over(key))).otherwise("e").alias("e"))
+    runs = runs.with_columns(
+        mb=pl.when(pl.col("cls").is_in(["fwd", "bwd"])).then(pl.int_range(pl.len()).over([*key, "cls"])).cast(pl.Int32))
+    runs = runs.with_columns(
+        _prev_mb=pl.col("mb").shift(1).over(key), _next_mb=pl.col("mb").shift(-1).over(key),
+        _last_bwd=pl.col("s").filter(pl.col("cls") == "bwd").max().over(key))
+    direction = {"fwd": "forward", "bwd": "backward"}
+    rows = []
+    for r in runs.iter_rows(named=True):
+        base = {"capture_id": r["capture_id"], "rank": r["rank"], "step": r["step"], "start_ns": r["s"], "end_ns": r["e"]}
+        c = r["cls"]
+        if c in ("fwd", "bwd"):
+            rows.append({**base, "name": f"{direction[c]}-compute", "microbatch": r["mb"]})
+        elif c == "opt":
+            rows.append({**base, "name": "optimizer", "microbatch": None})
+        elif c == "p2p":
+            if "send" in r["colls"] and r["_prev_cls"] in direction:
+                rows.append({**base, "name": f"{direction[r['_prev_cls']]}-send", "microbatch": r["_prev_mb"]})
+            if "recv" in r["colls"] and r["_next_cls"] in direction:
+                rows.append({**base, "name": f"{direction[r['_next_cls']]}-recv", "microbatch": r["_next_mb"]})
+        elif c == "coll":
+            after_bwd = r["_last_bwd"] is not None and r["s"] >= r["_last_bwd"]
+            colls = set(r["colls"])
+            if after_bwd and colls <= {"allreduce"}:
+                rows.append({**base, "name": "grads-all-reduce", "microbatch": None})
+            elif after_bwd and colls <= {"reduce_scatter"}:
+                rows.append({**base, "name": "grads-reduce-scatter", "microbatch": None})
+            elif colls <= {"allgather"} and r["_prev_cls"] in (None, "opt"):
+                rows.append({**base, "name": "params-all-gather", "microbatch": None})
+            else:
+                for cc in sorted(colls):
+                    rows.append({**base, "name": f"comm:{_CAMEL.get(cc, cc)}", "microbatch": None})
+    ops = pl.DataFrame(rows, schema={k: v for k, v in out_schema.items() if k not in ("kind", "issue_ns")}) if rows else \
+        pl.DataFrame(schema={k: v for k, v in out_schema.items() if k not in ("kind", "issue_ns")})
+    # DDP: the gradient reduction runs on the reducer's threads, overlapping backward
+    side = m.filter((pl.col("tid") != pl.col("_tid")) & pl.col("is_comm"))
+    if side.height:
+        win = runs.group_by(key).agg(pl.col("s").filter(pl.col("cls") == "bwd").min().alias("_b0"),
+                                     pl.col("s").filter(pl.col("cls") == "opt").min().alias("_o"))
+        have = ops.filter(pl.col("name").is_in(["grads-all-reduce", "grads-reduce-scatter"])).select(key).unique()
+        dp = (side.join(win, on=key).filter((pl.col("ts_ns") >= pl.col("_b0")) & (pl.col("ts_ns") < pl.col("_o")))
+              .join(have, on=key, how="anti").group_by(key).agg(
+                  pl.col("ts_ns").min().alias("start_ns"), pl.col("end_ns").max().alias("end_ns"),
+                  pl.col("collective").unique().alias("_c")))
+        dp = dp.with_columns(name=pl.when(pl.col("_c").list.eval(pl.element() == "reduce_scatter").list.any())
+                             .then(pl.lit("grads-reduce-scatter")).otherwise(pl.lit("grads-all-reduce")),
+                             microbatch=pl.lit(None, pl.Int32)).drop("_c")
+        ops = pl.concat([ops, dp.select(ops.columns)], how="vertical_relaxed")
+    return ops.with_columns(kind=pl.lit("op"), issue_ns=pl.col("start_ns")).select(list(out_schema)).sort(*key, "start_ns")
+
+
+def ops_from_trace_events(ev: pl.DataFrame, layout: dict | None = None) -> pl.DataFrame:
+    """kind=op rows of a capture's traces: the script's own annotations with Megatron's op names
+    (record_function("forward-compute"), ...) for ranks that have them, else derive_ops."""
+    marked = ev.filter((pl.col("cat") == "user_annotation") & pl.col("name").is_in(list(OP_NAMES)))
+    ranks_marked = marked.select("capture_id", "rank").unique()
+    parts = []
+    if marked.height:
+        steps = _steps(ev)
+        mk = marked.select("capture_id", "rank", pl.lit("op").alias("kind"), "name", pl.col("ts_ns").alias("issue_ns"),
+                           pl.col("ts_ns").alias("start_ns"), "end_ns").sort("start_ns")
+        mk = mk.join_asof(steps.select("capture_id", "rank", "_s", "step"), left_on="start_ns", right_on="_s",
+                          by=["capture_id", "rank"], strategy="backward", check_sortedness=False).drop("_s")
+        mk = mk.with_columns(microbatch=pl.int_range(pl.len()).over("capture_id", "rank", "step", "name").cast(pl.Int32))
+        mk = mk.with_columns(pl.when(pl.col("name").str.ends_with("-compute") | pl.col("name").str.contains("send|recv"))
+                             .then(pl.col("microbatch")).alias("microbatch"))
+        parts.append(mk)
+    rest = ev.join(ranks_marked, on=["capture_id", "rank"], how="anti") if marked.height else ev
+    if rest.height:
+        parts.append(derive_ops(rest))
+    if not parts:
+        return derive_ops(ev.head(0))
+    out = pl.concat(parts, how="diagonal_relaxed")
+    return out.with_columns(pl.col("rank").cast(pl.Int32), *_layout_cols(layout))
+
+
+def capture_timings(timings: pl.DataFrame | None, events: pl.DataFrame | None, layout: dict | None = None,
+                    need_ops: bool = False) -> tuple[pl.DataFrame, list[str]]:
+    """What a capture's timing analyses read, and notes saying what came from where: the landed
+    timings; with none, the kernel/api rows from its traces; and (need_ops) op rows derived from
+    its traces when the timings have none."""
+    timings = timings if timings is not None else pl.DataFrame()
+    has_ev = events is not None and events.height > 0
+    notes = []
+    t = timings
+    if t.height == 0 and has_ev:
+        t = _as_timings(timings_from_trace_events(events))
+        notes.append("no tracer timings: kernel and API rows converted from the capture's profiler traces")
+    if need_ops and has_ev and ("kind" not in t.columns or t.filter(pl.col("kind") == "op").height == 0):
+        ops = _as_timings(ops_from_trace_events(events, layout))
+        if ops.height:
+            t = pl.concat([t, ops], how="diagonal_relaxed") if t.height else ops
+            notes.append(f"op rows ({ops.height}) derived from the profiler traces' step structure")
+    return t, notes
+
+
+def _as_timings(df: pl.DataFrame) -> pl.DataFrame:
+    """The ingested timings table's shape (docs/CONTRACT.md 2.1 timings), marked as from the traces."""
+    from fleetscope.schemas.base import conform
+    from fleetscope.schemas.landing import TIMINGS
+
+    if df.height == 0:
+        return conform(df, TIMINGS)
+    df = df.with_columns((pl.col("end_ns") - pl.col("start_ns")).clip(lower_bound=0).alias("duration_ns"),
+                         pl.lit("profiler traces").alias("source_file"))
+    return TIMINGS.validate(conform(df, TIMINGS))
