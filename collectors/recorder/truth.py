@@ -41,6 +41,20 @@ def _logs(rec) -> pl.DataFrame:
     return pl.DataFrame([{k: d.get(k) for k in cols} for d in rows], schema=cols)
 
 
+def observed(jobs: pl.DataFrame, flows: pl.DataFrame) -> pl.DataFrame:
+    """The truth's `observed`, `first_seen_ns`, `last_seen_ns` per address (as the simulator writes
+    them): whether the address carried its job's traffic in the capture, and the first and last
+    start of such a flow."""
+    job_of = jobs.select("ip", "job_id")
+    jf = flows.join(job_of.rename({"ip": "src_ip", "job_id": "a"}), on="src_ip").join(
+        job_of.rename({"ip": "dst_ip", "job_id": "b"}), on="dst_ip").filter(pl.col("a") == pl.col("b"))
+    seen = pl.concat([jf.select(ip="src_ip", t="start_ns"), jf.select(ip="dst_ip", t="start_ns")]).group_by("ip").agg(
+        first_seen_ns=pl.col("t").min().cast(pl.Int64), last_seen_ns=pl.col("t").max().cast(pl.Int64))
+    return jobs.drop("observed", "first_seen_ns", "last_seen_ns", strict=False).join(seen, on="ip", how="left").with_columns(
+        observed=pl.col("first_seen_ns").is_not_null()).select(*[c for c in jobs.columns if c not in ("observed", "first_seen_ns", "last_seen_ns")],
+                                                               "observed", "first_seen_ns", "last_seen_ns")
+
+
 def write(rec, flows: pl.DataFrame) -> dict:
     from fleetscope.sim import schemas as S
 
@@ -61,7 +75,7 @@ def write(rec, flows: pl.DataFrame) -> dict:
         for r, h in enumerate(j.hosts):
             jrows.append({"job_id": j.job_id, "ip": h.ip, "host": h.name, "gpu": f"{h.name}/cpu0", "tenant": j.tenant,
                           "rank": r, "tp_rank": 0, "pp_stage": r // j.dp, "dp_rank": r % j.dp})
-    jobs = pl.DataFrame(jrows).with_columns(pl.col("rank", "tp_rank", "pp_stage", "dp_rank").cast(pl.Int32))
+    jobs = observed(pl.DataFrame(jrows).with_columns(pl.col("rank", "tp_rank", "pp_stage", "dp_rank").cast(pl.Int32)), flows)
     S.TRUTH_JOBS.validate(jobs).write_csv(out / "jobs.csv")
 
     # -- pairs: the layout says which pair is DP or PP; the capture says it carried traffic -------
@@ -90,9 +104,11 @@ def write(rec, flows: pl.DataFrame) -> dict:
           .with_columns(prev_end=pl.col("end_ns").shift(1).over("job_id", "ip"),
                         prev_step=pl.col("step").shift(1).over("job_id", "ip"))
           .with_columns(start_ns=pl.when(pl.col("prev_step") == pl.col("step") - 1).then("prev_end")
-                        .otherwise("compute_start_ns")))
+                        .otherwise("compute_start_ns"),
+                        # False: the first step seen after a launch, which starts at its first forward
+                        start_observed=(pl.col("prev_step") == pl.col("step") - 1).fill_null(False)))
     steps = st.filter((pl.col("compute_start_ns") >= T0) & (pl.col("start_ns") >= T0) & (pl.col("end_ns") <= T1))
-    S.TRUTH_STEPS.validate(steps.select("job_id", "ip", "step", "start_ns", "end_ns", "compute_start_ns")).write_csv(out / "steps.csv")
+    S.TRUTH_STEPS.validate(steps.select("job_id", "ip", "step", "start_ns", "end_ns", "compute_start_ns", "start_observed")).write_csv(out / "steps.csv")
 
     # -- events, captures ------------------------------------------------------------------------
     ev = log.filter(pl.col("kind") == "event").select("job_id", "rank", "ip", "event", "step", "start_ns", "end_ns")
@@ -122,6 +138,8 @@ def write(rec, flows: pl.DataFrame) -> dict:
     caps.write_csv(out / "captures.csv")
     if fault:
         fault["captures"] = "|".join(caps.filter(pl.col("shows_fault"))["capture_id"].to_list()) or None
+    if fault:
+        fault["impact"] = fault_impact(fault, steps)
     fdf = pl.DataFrame([fault] if fault else [], schema=_FAULT_SCHEMA)
     S.TRUTH_FAULTS.validate(fdf).write_csv(out / "faults.csv")
 
@@ -146,7 +164,19 @@ def write(rec, flows: pl.DataFrame) -> dict:
 _FAULT_SCHEMA = {"fault_id": pl.Utf8, "kind": pl.Utf8, "scope": pl.Utf8, "subject": pl.Utf8, "start_ns": pl.Int64,
                  "end_ns": pl.Int64, "magnitude": pl.Float64, "job_id": pl.Utf8, "unit": pl.Utf8, "team": pl.Utf8,
                  "ips": pl.Utf8, "hosts": pl.Utf8, "ranks": pl.Utf8, "affected_jobs": pl.Utf8, "source": pl.Utf8,
-                 "captures": pl.Utf8, "delay_ns": pl.Int64, "forward_ratio": pl.Float64}
+                 "captures": pl.Utf8, "delay_ns": pl.Int64, "forward_ratio": pl.Float64, "impact": pl.Float64}
+
+
+def fault_impact(fault: dict, steps: pl.DataFrame) -> float | None:
+    """The simulator's `impact`: mean step time of the job the fault hurts most, steps inside the
+    fault over steps outside it (1.0: no visible effect; None: no steps on one side)."""
+    jobs = [j for j in (fault.get("affected_jobs") or "").split("|") if j]
+    d = steps.filter(pl.col("job_id").is_in(jobs)).with_columns(
+        d=pl.col("end_ns") - pl.col("start_ns"),
+        inside=(pl.col("start_ns") < fault["end_ns"]) & (pl.col("end_ns") > fault["start_ns"]))
+    r = d.group_by("job_id").agg(a=pl.col("d").filter("inside").mean(), b=pl.col("d").filter(~pl.col("inside")).mean()) \
+        .drop_nulls().with_columns(r=pl.col("a") / pl.col("b"))
+    return float(r["r"].max()) if r.height else None
 
 
 def _fault(rec, log: pl.DataFrame, st: pl.DataFrame) -> dict | None:

@@ -15,7 +15,7 @@ OP_NAMES = {"forward-compute", "backward-compute", "forward-send", "forward-recv
 
 FAULT_TYPES = {c: pl.Utf8 for c in ("fault_id", "kind", "scope", "subject", "job_id", "unit", "team", "ips", "hosts", "ranks",
                                     "affected_jobs", "source", "captures")} | {
-    "start_ns": pl.Int64, "end_ns": pl.Int64, "magnitude": pl.Float64, "delay_ns": pl.Int64, "forward_ratio": pl.Float64}
+    "start_ns": pl.Int64, "end_ns": pl.Int64, "magnitude": pl.Float64, "delay_ns": pl.Int64, "forward_ratio": pl.Float64, "impact": pl.Float64}
 
 
 def load(root: Path) -> dict:
