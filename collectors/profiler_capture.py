@@ -78,13 +78,15 @@ class ProfilerCapture:
     def margin_steps(self) -> int:
         """MARGIN_STEPS plus the steps two watcher polls take (the ranks see a request up to one poll
         apart, and must all learn the agreed step before reaching it): with 50 ms steps and 0.5 s
-        polls that is 23 steps, with multi-second LLM steps 4."""
+        polls that is 23 steps, with multi-second LLM steps 4. At most MARGIN_STEPS + 20 (fast steps
+        would otherwise push the profile past a short run; a rank that learns the step late profiles
+        from its next step and says so in its notes)."""
         ends = list(self.tr.step_ends)
         if len(ends) < 3:
             return MARGIN_STEPS + 20
         steps = sorted(b - a for a, b in zip(ends[:-1], ends[1:]))
         med = max(steps[len(steps) // 2], 1)
-        return MARGIN_STEPS + int(-(-2 * self.poll_s * 1e9 // med))
+        return MARGIN_STEPS + min(20, int(-(-2 * self.poll_s * 1e9 // med)))
 
     def _want(self, req: dict):
         req = dict(req)

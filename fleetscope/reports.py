@@ -100,7 +100,7 @@ def step_trend_plot(steps: pl.DataFrame, max_jobs: int = 8, markers: pl.DataFram
         g = per.filter(pl.col("job_id") == j)
         line, = ax.plot((g["t"] - t0).to_numpy() / 1e9, g["d"].to_numpy(), ".-", ms=3, lw=0.8, label=j)
         if markers is not None and markers.height:
-            for m in markers.filter(pl.col("job_id") == j).iter_rows(named=True):
+            for m in markers.filter((pl.col("job_id") == j) & pl.col("start_ns").is_not_null()).iter_rows(named=True):
                 ax.axvline((m["start_ns"] - t0) / 1e9, color=line.get_color(), ls="--" if m["severity"] == "warning" else "-",
                            lw=1.2, alpha=0.8)
     ax.set_xlabel(f"seconds since {_ts(t0)} UTC")

@@ -7,7 +7,7 @@ import time
 
 import polars as pl
 
-from fleetscope.analysis import Analysis
+from fleetscope.analysis import Analysis, skipped
 from fleetscope.flows.comm_types import classify_pairs
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.diagnosis import flow_verdicts
@@ -32,6 +32,8 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
     if window_end_ns <= window_start_ns:
         raise ValueError(f"empty window [{window_start_ns}, {window_end_ns})")
     wid = window_id or window_id_for(window_start_ns, window_end_ns)
+    if flows.height == 0:
+        return skipped(f"window {wid}: no flow records")
     tm = timings if timings is not None else {}
     t = time.perf_counter()
 

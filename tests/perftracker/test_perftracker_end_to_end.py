@@ -18,7 +18,7 @@ from tests.paths import REPO
 
 SCENARIOS = ["healthy", "throttled_racks", "nvlink_down", "slow_dataloader", "cpu_bound_forward", "gc_stall", "slow_stage_worker"]
 SEED = 1
-ASSETS = ["trace_events", "timings", "captures", "behavior_patterns", "perftracker_verdicts"]
+ASSETS = ["trace_events", "timings", "captures", "capture_ranks", "behavior_patterns", "perftracker_verdicts"]
 LOUD = ["warning", "critical"]
 
 

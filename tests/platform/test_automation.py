@@ -30,7 +30,7 @@ def test_derived_assets_rerun_when_inputs_change(fleet_env):
         r0 = evaluate_automation_conditions(defs=defs, instance=instance)
         assert r0.get_requested_partitions(AssetKey("hang_verdicts")) == set()
         # the input partition is materialized (as the landing sensor's run would do)
-        job = defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection={AssetKey("incidents"), AssetKey("stacks"), AssetKey("ring_progress")})
+        job = defs.resolve_implicit_global_asset_job_def().get_subset(asset_selection={AssetKey("incidents"), AssetKey("stacks"), AssetKey("ring_progress"), AssetKey("collective_progress")})
         assert job.execute_in_process(instance=instance, partition_key=key, run_config=QUIET).success
         r1 = evaluate_automation_conditions(defs=defs, instance=instance, cursor=r0.cursor)
         assert r1.get_requested_partitions(AssetKey("hang_verdicts")) == {key}

