@@ -38,7 +38,9 @@ def _measure(folder: Path) -> dict:
     return {"flows": flows.height, "files": stats["files"], "read_s": t_read, **{f"{k}_s": v for k, v in tm.items()},
             "analyze_s": t_an, "total_s": t_read + t_an, "cpu_s": cpu, "peak_mb": peak_mb, "jobs": out["jobs"].height,
             "pairs": out["comm_pairs"].height, "steps": out["step_timelines"].height,
-            "verdicts": out["anomaly_verdicts"].height}
+            "verdicts": out.verdicts.height,
+            # a healthy fleet (faults=''): every warning or critical verdict is a false alarm
+            "loud_verdicts": out.verdicts.filter(out.verdicts["severity"] != "info").height}
 
 
 def main() -> int:
@@ -65,7 +67,7 @@ def main() -> int:
         rows.append({"gpus": g, **json.loads(r.stdout.strip().splitlines()[-1])})
         print(rows[-1], file=sys.stderr)
     cols = ["gpus", "flows", "read_s", "prepare_s", "jobs_s", "comm_types_s", "timelines_s", "verdicts_s", "total_s",
-            "cpu_s", "peak_mb", "us_per_flow"]
+            "cpu_s", "peak_mb", "us_per_flow", "jobs", "loud_verdicts"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in rows:

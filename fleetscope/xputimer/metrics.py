@@ -41,12 +41,18 @@ def prepare(t: pl.DataFrame) -> pl.DataFrame:
                                        ("stream", pl.Int64), ("stage", pl.Int32), ("dp_rank", pl.Int32))
           if c not in t.columns],
     )
-    lname = pl.col("name").str.to_lowercase()
-    is_comm = (pl.col("kind") == "kernel") & (lname.str.contains(r"^(nccl|rccl|gloo|hccl|mpi):") | pl.col("group").is_not_null())
+    # name rules on the distinct names only (a trace has 100s of kernel names over 100 Ks of rows;
+    # the collective spelling rules are a chain of string tests)
+    names = t.select(pl.col("name").unique().drop_nulls()).with_columns(
+        comm=pl.col("name").str.to_lowercase().str.contains(r"^(nccl|rccl|gloo|hccl|mpi):"),
+        coll=collective_expr(pl.col("name")))
+    comm_name = pl.col("name").replace_strict(names["name"], names["comm"], default=False, return_dtype=pl.Boolean)
+    coll_name = pl.col("name").replace_strict(names["name"], names["coll"], default=None, return_dtype=pl.Utf8)
+    is_comm = (pl.col("kind") == "kernel") & (comm_name | pl.col("group").is_not_null())
     return t.with_columns(
         (pl.col("end_ns") - pl.col("start_ns")).alias("dur_ns"),
         is_comm.alias("is_comm"),
-        pl.when(is_comm).then(collective_expr(pl.col("name"))).otherwise(None).alias("collective"),
+        pl.when(is_comm).then(coll_name).otherwise(None).alias("collective"),
     )
 
 
