@@ -241,7 +241,8 @@ def _evidence_line(d: dict) -> str:
     nums = ""
     if d.get("value") is not None:
         nums = f" [{d['metric']} {d['value']:.4g}" + (f" vs {d['baseline']:.4g}" if d.get("baseline") is not None else "") + "]"
-    return f"{d['severity']} {d['detector']} {d['scope']} {subj} at {_utc(d.get('start_ns'))} UTC: {d['explanation']}{nums}"
+    when = f"at {_utc(d['start_ns'])} UTC" if d.get("start_ns") is not None else "(time not known)"
+    return f"{d['severity']} {d['detector']} {d['scope']} {subj} {when}: {d['explanation']}{nums}"
 
 
 def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None, job_clusters: pl.DataFrame | None = None,

@@ -74,7 +74,8 @@ def problems_markdown(problems: pl.DataFrame, links: dict[str, list[str]] | None
                f"- **subject**: {r['subject']}" + (f"; host `{r['host']}`" if r.get("host") else "") +
                (f", GPU `{r['gpu']}`" if r.get("gpu") else "") + (f", address `{r['ip']}`" if r.get("ip") else "") +
                (f", switch `{r['switch']}`" if r.get("switch") else ""),
-               f"- **when**: {_ts(r['start_ns'])} .. {_ts(r['end_ns'])} UTC; jobs: {r['job_ids'] or '-'}",
+               (f"- **when**: {_ts(r['start_ns'])} .. {_ts(r['end_ns'])} UTC; jobs: {r['job_ids'] or '-'}" if r["start_ns"] is not None
+                else f"- **when**: not known (the finding carries no time); jobs: {r['job_ids'] or '-'}"),
                f"- **evidence** ({r['n_verdicts']} findings; metrics {r['metrics']}; "
                f"`fleetscope sql \"SELECT v.* FROM problem_members m JOIN anomaly_verdicts v USING (verdict_id) WHERE m.problem_id = '{r['problem_id']}'\"`):"]
         md += [f"  - {line}" for line in json.loads(r["evidence"])]
