@@ -14,7 +14,7 @@ from fleetscope.assets.partitions import incidents
 from fleetscope.incidents import scoped_verdicts
 from fleetscope.ingest.topology import latest_topology
 from fleetscope.problems import group_problems
-from fleetscope.reports import fleet_report, incident_report, problems_markdown
+from fleetscope.reports import fleet_report, incident_report, md_table, problems_markdown
 from fleetscope.resources import LandingResource, WarehouseResource
 from fleetscope.tables import TABLES
 from fleetscope.xputimer import analyze_hang
@@ -93,6 +93,9 @@ VERDICT_ASSETS = ("flows_verdicts", "traces_verdicts", "perftracker_verdicts", "
 _SEVERITIES = ("critical", "warning", "info")
 
 
+_MORE = "_{n} more: `fleetscope sql` has them all_"
+
+
 @asset(name="anomaly_verdicts", group_name="operations", kinds={"duckdb", "parquet"},
        deps=[AssetDep(k, partition_mapping=_ALL) for k in VERDICT_ASSETS],
        description="Every finding of every detector in one table (docs/CONTRACT.md section 2): the analyses each write their "
@@ -107,22 +110,11 @@ def anomaly_verdicts_asset(context: AssetExecutionContext, warehouse: WarehouseR
         "dagster/row_count": MetadataValue.int(v.height),
         "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(TABLES["anomaly_verdicts"])),
         "by_severity": MetadataValue.json({s: int((v["severity"] == s).sum()) for s in _SEVERITIES} if v.height else {}),
-        "by_severity_and_team": MetadataValue.md(_md_rows(counts, ["severity", "team", "len"])),
-        "warning_and_critical": MetadataValue.md(_md_rows(bad.with_columns(
+        "by_severity_and_team": MetadataValue.md(md_table(counts, ["severity", "team", "len"], n=50, more=_MORE)),
+        "warning_and_critical": MetadataValue.md(md_table(bad.with_columns(
             when=pl.from_epoch("start_ns", time_unit="ns").dt.strftime("%Y-%m-%d %H:%M:%S")),
-            ["when", "severity", "team", "detector", "scope", "subject", "explanation"], n=200)),
+            ["when", "severity", "team", "detector", "scope", "subject", "explanation"], n=200, more=_MORE)),
     })
-
-
-def _md_rows(df: pl.DataFrame, cols: list[str], n: int = 50) -> str:
-    """A markdown table for the UI, every cell whole."""
-    if df.height == 0:
-        return "_none_"
-    cols = [c for c in cols if c in df.columns]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in df.head(n).select(cols).iter_rows():
-        lines.append("| " + " | ".join(("" if x is None else str(x)).replace("|", "\\|").replace("\n", " ") for x in row) + " |")
-    return "\n".join(lines) + (f"\n\n_{df.height - n} more: `fleetscope sql` has them all_" if df.height > n else "")
 
 
 @multi_asset(specs=[AssetSpec("problems", group_name="operations", kinds={"duckdb", "parquet"}, deps=["anomaly_verdicts"],

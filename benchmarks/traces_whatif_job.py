@@ -27,19 +27,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-
-class SleepGrad(torch.autograd.Function):
-    """Identity whose backward sleeps (emulated backward compute of one layer)."""
-
-    @staticmethod
-    def forward(ctx, x, ms):
-        ctx.ms = ms
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        time.sleep(ctx.ms / 1e3)
-        return g, None
+# identity whose backward sleeps: emulated backward compute (the recorder's jobs use the same)
+from fleetscope.collectors.recorder.train import SleepGrad
 
 
 class Stage(torch.nn.Module):

@@ -29,15 +29,17 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def _md_table(df: pl.DataFrame, cols: list[str], n: int = 20) -> str:
+def md_table(df: pl.DataFrame, cols: list[str], n: int = 20, more: str = "_... {n} more_") -> str:
+    """A markdown table of the first n rows, every cell whole (pipes escaped, line breaks flattened);
+    `more` says how many rows were left out ({n} is replaced)."""
     if df.height == 0:
         return "_none_\n"
     cols = [c for c in cols if c in df.columns]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in df.head(n).select(cols).iter_rows():
         lines.append("| " + " | ".join(("" if v is None else str(v)).replace("|", "\\|").replace("\n", " ") for v in row) + " |")
-    more = f"\n_... {df.height - n} more_" if df.height > n else ""
-    return "\n".join(lines) + more + "\n"
+    left = f"\n{more.replace('{n}', str(df.height - n))}" if df.height > n else ""
+    return "\n".join(lines) + left + "\n"
 
 
 def problems_text(problems: pl.DataFrame, limit: int = 10) -> str:
@@ -173,13 +175,13 @@ def incident_report(request: dict, verdicts: pl.DataFrame, problems: pl.DataFram
           f"## Problems ({problems.height}, from {v.height} findings; the cause first)", "", problems_markdown(problems)]
     md += ["## Timeline (UTC, in time order)", ""]
     tl = v.sort("start_ns", nulls_last=True).with_columns(when=pl.col("start_ns").map_elements(_ts, return_dtype=pl.Utf8))
-    md.append(_md_table(tl, ["when", "severity", "team", "detector", "scope", "subject", "explanation"], n=40))
+    md.append(md_table(tl, ["when", "severity", "team", "detector", "scope", "subject", "explanation"], n=40))
     if "start_observed" in steps.columns:
         steps = steps.filter(pl.col("start_observed"))
     if steps.height:
         per = steps.with_columns(d=(pl.col("end_ns") - pl.col("start_ns")) / 1e6).group_by("job_id").agg(
             steps=pl.col("step").n_unique(), median_ms=pl.col("d").median().round(1), p95_ms=pl.col("d").quantile(0.95).round(1))
-        md += ["## Step times in scope", "", _md_table(per, ["job_id", "steps", "median_ms", "p95_ms"])]
+        md += ["## Step times in scope", "", md_table(per, ["job_id", "steps", "median_ms", "p95_ms"])]
     for name in plots:
         md.append(f"![{name}]({name})")
     if v.height == 0:
@@ -219,7 +221,7 @@ def fleet_report(day: str, jobs: pl.DataFrame, steps: pl.DataFrame, verdicts: pl
                 problems=pl.col("title").str.join(" / "))
             trend = trend.join(per_job, on="job_id", how="left")
         md += ["## Jobs and their step-time trends", "", "![step_trend.png](step_trend.png)", "",
-               _md_table(trend, ["job_id", "steps", "median_ms", "first_ms", "last_ms", "trend_pct", "problems"], n=50)]
+               md_table(trend, ["job_id", "steps", "median_ms", "first_ms", "last_ms", "trend_pct", "problems"], n=50)]
     rec = verdicts.filter(pl.col("scope").is_in(["switch", "host", "gpu", "link"]) & (pl.col("severity") != "info"))
     if rec.height:
         topo = topology.unique("ip", keep="last") if topology is not None and topology.height else None
@@ -232,6 +234,6 @@ def fleet_report(day: str, jobs: pl.DataFrame, steps: pl.DataFrame, verdicts: pl
                                                     detectors=pl.col("detector").unique().sort().str.join(",")) \
             .filter(pl.col("windows") >= 2).sort("times", descending=True)
     md += ["## Machines and switches that recur (findings in two or more windows)", "",
-           _md_table(rec, ["scope", "subject", "on_host", "times", "windows", "detectors"])]
+           md_table(rec, ["scope", "subject", "on_host", "times", "windows", "detectors"])]
     md += [f"![{name}]({name})" for name in plots if name != "step_trend.png"]
     return "\n".join(md) + "\n", plots
