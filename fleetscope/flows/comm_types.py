@@ -4,19 +4,24 @@ The paper counts distinct flow sizes per step (one size: PP, several: DP). That 
 pipeline's activations vary with the sequence length, or a job pads its gradient buckets to one
 size, or reduces a single bucket. What does not vary is how the two kinds of traffic move:
 
-- a collective hop (ring or tree all-reduce, reduce-scatter, all-gather) either runs one way (a
-  ring's hop carries one direction) or both ways at once (two ranks exchanging their halves, or
-  channels of opposite direction): the two directions overlap in time;
-- a pipeline hop carries activations forward and gradients back, in turn: both directions, and they
-  rarely overlap (the gradient of a microbatch comes back after the next stages computed it).
+- a collective hop (ring or tree all-reduce, reduce-scatter, all-gather, a two-rank exchange)
+  either runs one way (a ring's hop carries one direction) or both ways at once: its two
+  directions overlap in time MORE often than chance;
+- a pipeline hop carries activations forward and gradients back, in turn: both directions, every
+  step, and they overlap LESS often than chance (a microbatch's gradient comes back only after the
+  next stages computed it).
 
-So per pair: the share of its data flows in its minority direction (`dir_share`) and the share of
-its flows that overlap a flow of the other direction (`overlap`). One-way or overlapping: DP;
-two-way and taking turns: PP; in between, the size count decides. The size-count label stays as
-`raw_type` (evidence). Pairs inside a job that are not job traffic are `other`: aperiodic ones
-(rendezvous, barriers, stores), ones carrying a negligible share of their ends' traffic (probes,
-heartbeats, control messages every few seconds): what jobs.job_edges did not take as job traffic.
-DP groups are the connected components of the DP pairs."""
+Chance is measured on the pair itself: the share of its flows that would overlap a flow of the
+other direction if that direction were shifted by fractions of the pair's period (its own duty
+cycle and burst structure kept). So no cut-off on the overlap decides: the label is the sign of
+(observed - chance): together when significantly above chance (z against the binomial noise of
+both shares, a Bonferroni bar over the window's pairs), in turn when not above it; a pair whose
+directions carry significantly unequal numbers of flows is no pipeline hop (one activation each
+way per microbatch) but a collective hop that runs (mostly) one way. The job's structure then checks the labels (LLMPrism's transitivity): a DP group (connected
+DP pairs) never holds a PP pair, and pairs the timing does not settle take the label the
+structure gives them (inside a DP group: DP), else the size count. `method` says which evidence
+decided. The size-count label stays as `raw_type` (evidence). Pairs inside a job that are not job
+traffic are `other`."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,74 +30,216 @@ from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
 from fleetscope.flows.config import FlowConfig
+from fleetscope.flows.stats import bonferroni_z
+
+N_SHIFTS = 8  # shifted copies that measure the chance overlap (fractions (k - 0.5) / 8 of the period)
 
 
 def direction_features(seg_flows: pl.DataFrame, pids: pl.DataFrame, max_flows: int = 400) -> pl.DataFrame:
-    """Per pair (pid): dir_share (minority direction's share of its data flows) and overlap (share
-    of an evenly spread sample of its flows that overlap a flow of the other direction)."""
+    """Per pair (pid): dir_share (minority direction's share of its data flows), overlap (share of an evenly spread sample of
+    its flows that overlap a flow of the other direction), overlap_chance (the same with the other
+    direction shifted by fractions of the pair's period), n_sample. pids: pid, period_ns."""
     f = seg_flows.join(pids.select("pid"), on="pid").select(
         "pid", "start_ns", "end_ns", ab=pl.col("src_ip") == pl.col("ip_a"))
     cnt = f.group_by("pid").agg(n=pl.len(), n_ab=pl.col("ab").sum())
     # a sample is enough for a share and keeps this linear in flows
     s = f.with_columns(k=pl.int_range(pl.len()).over("pid"), n=pl.len().over("pid")).filter(
         pl.col("k") % (pl.col("n") // max_flows).clip(lower_bound=1) == 0).drop("k", "n")
+    s = s.join(pids.select("pid", "period_ns"), on="pid", how="left")
+    shifts = pl.DataFrame({"shift": list(range(N_SHIFTS + 1))}, schema={"shift": pl.Int32})
     hits = []
     for d in (True, False):
-        a = s.filter(pl.col("ab") == d).sort("pid", "end_ns")
+        # each sampled flow of this direction, as it is (shift 0) and shifted: a pure time shift of
+        # one direction keeps both directions' own structure and breaks only their alignment
+        a = s.filter(pl.col("ab") == d).join(shifts, how="cross").with_columns(
+            off=pl.when(pl.col("shift") == 0).then(0.0)
+            .otherwise(pl.col("period_ns").fill_null(0.0) * (pl.col("shift") - 0.5) / N_SHIFTS).cast(pl.Int64))
+        a = a.with_columns(s2=pl.col("start_ns") + pl.col("off"), e2=pl.col("end_ns") + pl.col("off")).sort("pid", "e2")
         b = f.filter(pl.col("ab") != d).select("pid", bs="start_ns", be="end_ns").sort("pid", "bs")
         # the latest flow of the other direction starting before this one ends: does it reach into it?
-        j = a.join_asof(b, left_on="end_ns", right_on="bs", by="pid", strategy="backward", check_sortedness=False)
-        hits.append(j.select("pid", ov=(pl.col("be") >= pl.col("start_ns")).fill_null(False)))
-    ov = pl.concat(hits).group_by("pid").agg(overlap=pl.col("ov").mean())
+        j = a.join_asof(b, left_on="e2", right_on="bs", by="pid", strategy="backward", check_sortedness=False)
+        hits.append(j.select("pid", "shift", ov=(pl.col("be") >= pl.col("s2")).fill_null(False)))
+    h = pl.concat(hits)
+    ov = h.group_by("pid").agg(overlap=pl.col("ov").filter(pl.col("shift") == 0).mean(),
+                               overlap_chance=pl.col("ov").filter(pl.col("shift") > 0).mean(),
+                               n_sample=(pl.col("shift") == 0).sum())
     return cnt.join(ov, on="pid", how="left").select(
         "pid", dir_share=(pl.min_horizontal(pl.col("n_ab"), pl.col("n") - pl.col("n_ab")) / pl.col("n")).cast(pl.Float64),
-        overlap=pl.col("overlap").fill_null(0.0))
+        overlap=pl.col("overlap").fill_null(0.0), overlap_chance=pl.col("overlap_chance").fill_null(0.0),
+        n_sample=pl.col("n_sample").fill_null(0).cast(pl.Int64))
+
+
+def _midpoint(lo: float, hi: float, eps: float) -> float:
+    """Between two overlap levels on a log scale (shares near zero differ by orders of magnitude;
+    eps: half a flow's share keeps zero finite)."""
+    return float(np.sqrt((lo + eps) * (hi + eps)) - eps)
+
+
+def overlap_split(ov: np.ndarray, z: np.ndarray, zbar: float, n_sample: int = 400) -> float | None:
+    """The cut between the two modes of ov (balanced pairs' overlaps; z: each pair's overlap z against
+    chance), or None when the data show no two kinds: the 2-means split of the sorted values (Otsu),
+    kept when the groups are two regimes, not one spread out: Ashman's D = sqrt(2)|m1 - m2| /
+    sqrt(s1^2 + s2^2) > 2 (the usual bar for a clean separation), the upper group overlapping at
+    least twice as often as the lower, and its median pair together above chance (z > zbar): a
+    collective hop's directions run together, a pipeline hop's meet now and then. Each group >= 2."""
+    o = np.argsort(ov)
+    x, zz = ov[o], z[o]
+    n = len(x)
+    if n < 4:
+        return None
+    c1, c2 = np.cumsum(x), np.cumsum(x * x)
+    k = np.arange(1, n)                      # left group x[:k]
+    m1, m2 = c1[:-1] / k, (c1[-1] - c1[:-1]) / (n - k)
+    v1 = np.maximum(c2[:-1] / k - m1 ** 2, 0.0)
+    v2 = np.maximum((c2[-1] - c2[:-1]) / (n - k) - m2 ** 2, 0.0)
+    ok = (k >= 2) & (n - k >= 2)
+    if not ok.any():
+        return None
+    i = int(np.argmin(np.where(ok, k * v1 + (n - k) * v2, np.inf)))
+    d = np.sqrt(2) * abs(m2[i] - m1[i]) / np.sqrt(max(v1[i] + v2[i], 1e-12))
+    if d <= 2 or m2[i] < 2 * m1[i] or np.median(zz[i + 1:]) <= zbar:
+        return None
+    return _midpoint(float(x[i]), float(x[i + 1]), 0.5 / max(n_sample, 1))
+
+
+def _consistent(g: pl.DataFrame, dp: pl.Expr, uniform: bool = False) -> bool:
+    """Whether labelling one job's pairs g DP where one-way or `dp` (else PP) fits a parallel layout:
+    no PP pair inside a DP group (a pipeline hop joins different stages, never two members of one
+    data-parallel group) and, with `uniform`, the DP groups of the job all of one size (every stage
+    is replicated alike; addresses without DP traffic aside; a group missing a pair the flows did
+    not show breaks this, so it only guards the weakest evidence)."""
+    ips = pl.concat([g["ip_a"], g["ip_b"]]).unique().sort()
+    idx = pl.DataFrame({"ip": ips, "i": np.arange(ips.len())})
+    e = g.join(idx.rename({"ip": "ip_a", "i": "a"}), on="ip_a").join(idx.rename({"ip": "ip_b", "i": "b"}), on="ip_b") \
+        .with_columns(dp=pl.col("one_way") | dp.fill_null(False))
+    comp = _components(e, pl.col("dp"), ips.len())
+    pp = e.filter(~pl.col("dp"))
+    if (comp[pp["a"].to_numpy()] == comp[pp["b"].to_numpy()]).any():
+        return False
+    sizes = np.bincount(comp)
+    return not uniform or len(set(sizes[sizes > 1].tolist())) <= 1
+
+
+def _components(p: pl.DataFrame, mask: pl.Expr, n: int) -> np.ndarray:
+    e = p.filter(mask)
+    g = coo_matrix((np.ones(e.height), (e["a"].to_numpy(), e["b"].to_numpy())), shape=(n, n))
+    return connected_components(g, directed=False)[1]
 
 
 def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.DataFrame,
                    cfg: FlowConfig, edges: pl.DataFrame | None = None) -> pl.DataFrame:
     """pairs (pair_summary) x job_pairs -> ip_a, ip_b, job_id, comm_type, raw_type, method,
-    refined, dp_group, n_flows, bytes, n_steps, mode_distinct_sizes, dir_share, overlap.
-    edges: the pairs that made the jobs (jobs.job_edges); job traffic is one of them."""
+    refined, dp_group, n_flows, bytes, n_steps, mode_distinct_sizes, dir_share, overlap,
+    overlap_chance, overlap_z. edges: the pairs that made the jobs (jobs.job_edges); job traffic is
+    one of them."""
     p = pairs.join(job_pairs, on=["ip_a", "ip_b"])
     is_edge = pl.lit(True) if edges is None else pl.col("pid").is_in(edges["pid"].implode())
-    p = p.with_columns(edge=is_edge & pl.col("periodic"))
+    p = p.with_columns(job_traffic=is_edge & pl.col("periodic"))
     p = p.with_columns(
         raw_type=pl.when(~pl.col("periodic")).then(pl.lit("other"))
-        .when(pl.col("mode_distinct_sizes") == 1).then(pl.lit("PP")).otherwise(pl.lit("DP")),
-        job_traffic=pl.col("edge"),
-    )
-    df = direction_features(seg_flows, p.filter("job_traffic"), ) if p.height else pl.DataFrame(
-        schema={"pid": pl.Int64, "dir_share": pl.Float64, "overlap": pl.Float64})
+        .when(pl.col("mode_distinct_sizes") == 1).then(pl.lit("PP")).otherwise(pl.lit("DP")))
+    jt = p.filter("job_traffic")
+    df = direction_features(seg_flows, jt.select("pid", "period_ns")) if jt.height else pl.DataFrame(
+        schema={"pid": pl.Int64, "dir_share": pl.Float64, "overlap": pl.Float64,
+                "overlap_chance": pl.Float64, "n_sample": pl.Int64})
     p = p.join(df, on="pid", how="left")
-    one_way = pl.col("dir_share") < cfg.one_way_share
-    together = pl.col("overlap") >= cfg.dp_overlap
-    in_turn = (pl.col("dir_share") >= cfg.two_way_share) & (pl.col("overlap") < cfg.pp_overlap)
+    # z of (observed - chance): binomial noise of the observed share and of the chance estimate
+    # (N_SHIFTS times as many draws); a share of exactly 0 or 1 still has the other's noise
+    se = ((pl.col("overlap") * (1 - pl.col("overlap")) + pl.col("overlap_chance") * (1 - pl.col("overlap_chance")) / N_SHIFTS)
+          / pl.col("n_sample").clip(lower_bound=1)).sqrt()
+    floor = 0.5 / pl.col("n_sample").clip(lower_bound=1)  # one flow's worth: no division by a zero spread
+    p = p.with_columns(overlap_z=((pl.col("overlap") - pl.col("overlap_chance")) / pl.max_horizontal(se, floor)))
+    zbar = bonferroni_z(cfg.label_alpha, max(jt.height, 1))
+    # a pipeline hop carries one activation forward and one gradient back per microbatch: as many
+    # flows each way. A pair whose minority direction carries significantly fewer than half of its
+    # flows is no pipeline hop: a collective hop (mostly) one way
+    bal_z = (0.5 - pl.col("dir_share")) / (0.25 / pl.col("n_flows").clip(lower_bound=1)).sqrt()
+    one_way = bal_z > zbar
+    together = pl.col("overlap_z") > zbar
+    # the split between pipeline and collective hops from the data: the two modes of the overlap
+    # among the balanced pairs of the job, else of the whole window (overlap_split). Where the data
+    # show no two kinds, the test against chance decides.
+    p = p.with_columns(one_way=one_way.fill_null(False), together=together.fill_null(False),
+                       in_turn=(pl.col("overlap") <= pl.col("overlap_chance")).fill_null(False))
+    # Per job, the first labelling of its balanced pairs that agrees with the job's structure
+    # (_consistent: no pipeline hop inside a DP group, DP groups of one size):
+    # 1. its own split (both kinds in the job); 2. the window's cut, between the highest pipeline and
+    # the lowest collective overlap the jobs with both kinds showed (a transport and library set the
+    # levels; a job of one kind has nothing to split); 3. the test against chance; 4. all in turn.
+    jt_pairs = p.filter("job_traffic")
+    own = {}
+    for (j,), g in jt_pairs.group_by(["job_id"]):
+        b = g.filter(~pl.col("one_way"))
+        c = overlap_split(b["overlap"].to_numpy(), b["overlap_z"].to_numpy(), zbar, int(b["n_sample"].max() or 1))
+        own[j] = c if c is not None and _consistent(g, pl.col("overlap") > c) else None
+    split = jt_pairs.filter(~pl.col("one_way")).join(
+        pl.DataFrame({"job_id": list(own), "c": list(own.values())}, schema={"job_id": pl.Utf8, "c": pl.Float64}),
+        on="job_id").filter(pl.col("c").is_not_null())
+    fleet_cut = None
+    eps = 0.5 / max(int(jt_pairs["n_sample"].max() or 1), 1)
+    if split.height:
+        hi_pp = split.filter(pl.col("overlap") <= pl.col("c"))["overlap"].max()
+        lo_dp = split.filter(pl.col("overlap") > pl.col("c"))["overlap"].min()
+        if hi_pp is not None and lo_dp is not None and lo_dp > hi_pp:
+            fleet_cut = _midpoint(hi_pp, lo_dp, eps)
+    rule = {}  # job -> (cut or None, how)
+    for j, c in own.items():
+        g = jt_pairs.filter(pl.col("job_id") == j)
+        if c is not None:
+            rule[j] = (c, "overlap_split")
+        elif fleet_cut is not None and _consistent(g, pl.col("overlap") > fleet_cut):
+            rule[j] = (fleet_cut, "window_split")
+        elif _consistent(g, pl.col("together"), uniform=True):
+            rule[j] = (None, "test")
+        else:
+            rule[j] = (2.0, "structure")  # no overlap exceeds 2: every balanced pair in turn
+    rules = pl.DataFrame({"job_id": list(rule), "cut": [r[0] for r in rule.values()], "how": [r[1] for r in rule.values()]},
+                         schema={"job_id": pl.Utf8, "cut": pl.Float64, "how": pl.Utf8})
+    p = p.join(rules, on="job_id", how="left")
+    cut_dp = pl.col("cut").is_not_null() & (pl.col("overlap") > pl.col("cut"))
     p = p.with_columns(
-        comm_type=pl.when(~pl.col("job_traffic")).then(pl.lit("other"))
-        .when(one_way | together).then(pl.lit("DP"))
-        .when(in_turn).then(pl.lit("PP"))
-        .otherwise(pl.col("raw_type")),
-        method=pl.when(~pl.col("periodic")).then(pl.lit("aperiodic"))
-        .when(~pl.col("job_traffic")).then(pl.lit("not_job_traffic"))
-        .when(one_way).then(pl.lit("one_way"))
-        .when(together).then(pl.lit("both_ways_together"))
-        .when(in_turn).then(pl.lit("both_ways_in_turn"))
-        .otherwise(pl.lit("size_count")),
-        refined=pl.lit(False),
-    )
-    # DP groups: connected components of the DP pairs
+        timing=pl.when(~pl.col("job_traffic")).then(pl.lit(None, pl.Utf8))
+        .when("one_way").then(pl.lit("one_way"))
+        .when(cut_dp & (pl.col("how") == "structure")).then(pl.lit("structure_dp"))
+        .when(pl.col("cut").is_not_null()).then(
+            pl.when(cut_dp).then(pl.col("how") + "_dp").otherwise(pl.col("how") + "_pp"))
+        .when("together").then(pl.lit("both_ways_together"))
+        .when("in_turn").then(pl.lit("both_ways_in_turn"))
+        .otherwise(pl.lit("unsettled")))
+    p = p.with_columns(comm_type=pl.when(~pl.col("job_traffic")).then(pl.lit("other"))
+                       .when(pl.col("timing").is_in(["one_way", "both_ways_together"]) | pl.col("timing").str.ends_with("_dp"))
+                       .then(pl.lit("DP"))
+                       .when((pl.col("timing") == "both_ways_in_turn") | pl.col("timing").str.ends_with("_pp")).then(pl.lit("PP"))
+                       .otherwise(pl.lit(None, pl.Utf8)),
+                       method=pl.when(~pl.col("periodic")).then(pl.lit("aperiodic"))
+                       .when(~pl.col("job_traffic")).then(pl.lit("not_job_traffic"))
+                       .otherwise(pl.col("timing")),
+                       refined=pl.lit(False))
+    # the job's structure (index the addresses once)
     ips = pl.concat([p["ip_a"], p["ip_b"]]).unique().sort()
-    idx = pl.DataFrame({"ip": ips, "i": np.arange(ips.len())})
-    p = p.join(idx.rename({"ip": "ip_a", "i": "a"}), on="ip_a").join(idx.rename({"ip": "ip_b", "i": "b"}), on="ip_b")
-    dp = p.filter(pl.col("comm_type") == "DP")
     n = ips.len()
+    idx = pl.DataFrame({"ip": ips, "i": np.arange(n)})
+    p = p.join(idx.rename({"ip": "ip_a", "i": "a"}), on="ip_a").join(idx.rename({"ip": "ip_b", "i": "b"}), on="ip_b")
     if n:
-        g = coo_matrix((np.ones(dp.height), (dp["a"].to_numpy(), dp["b"].to_numpy())), shape=(n, n))
-        comp_s = pl.Series(connected_components(g, directed=False)[1], dtype=pl.Int64)
-        p = p.with_columns(dp_group=pl.when(pl.col("comm_type") == "DP").then(
-            pl.col("a").map_batches(lambda s: comp_s.gather(s), return_dtype=pl.Int64)))
+        # transitivity: a pair the timing did not settle, or a PP pair, whose two ends the DP pairs
+        # already connect is inside one DP group: DP (a pipeline hop joins different stages, never
+        # two members of one data-parallel group). Weak PP pairs only: a settled PP pair joining a
+        # DP component means the DP evidence of the component is what is wrong, left as it is.
+        comp = _components(p, pl.col("comm_type") == "DP", n)
+        p = p.with_columns(ca=pl.Series(comp).gather(p["a"].to_numpy()), cb=pl.Series(comp).gather(p["b"].to_numpy()))
+        inside = (pl.col("ca") == pl.col("cb")) & (pl.col("comm_type").is_null())
+        p = p.with_columns(comm_type=pl.when(inside).then(pl.lit("DP")).otherwise("comm_type"),
+                           method=pl.when(inside).then(pl.lit("dp_transitivity")).otherwise("method"),
+                           refined=inside)
+        # what neither timing nor structure settles keeps the size count
+        rest = pl.col("comm_type").is_null()
+        p = p.with_columns(comm_type=pl.when(rest).then("raw_type").otherwise("comm_type"),
+                           method=pl.when(rest).then(pl.lit("size_count")).otherwise("method"))
+        # DP groups: connected components of the DP pairs
+        comp = pl.Series(_components(p, pl.col("comm_type") == "DP", n), dtype=pl.Int64)
+        p = p.with_columns(dp_group=pl.when(pl.col("comm_type") == "DP").then(comp.gather(p["a"].to_numpy())))
     else:
         p = p.with_columns(dp_group=pl.lit(None, dtype=pl.Int64))
     return p.select("pid", "ip_a", "ip_b", "job_id", "comm_type", "n_flows", "bytes", "n_steps", "mode_distinct_sizes",
-                    "raw_type", "method", "refined", "dp_group", "dir_share", "overlap").sort("job_id", "ip_a", "ip_b")
+                    "raw_type", "method", "refined", "dp_group", "dir_share", "overlap", "overlap_chance",
+                    "overlap_z").sort("job_id", "ip_a", "ip_b")

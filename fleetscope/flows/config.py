@@ -34,13 +34,9 @@ class FlowConfig:
     lockstep_slice_ns: int = 20_000_000_000  # flow starts compared over this much of the window
     period_tol: float = 0.005
     phase_tol: float = 0.05
-    # comm types (comm_types module doc): a pair is one-way below one_way_share in its minority
-    # direction, two-way from two_way_share; DP when its directions overlap in >= dp_overlap of its
-    # flows, PP when two-way and < pp_overlap
-    one_way_share: float = 0.15
-    two_way_share: float = 0.25
-    dp_overlap: float = 0.75
-    pp_overlap: float = 0.5
+    # comm types (comm_types module doc): the false-label probability the window's timing tests may
+    # spend over all its pairs (each pair's bar is the Bonferroni z of it)
+    label_alpha: float = 0.01
     # a step belongs to the window holding its closing boundary + this guard, longer than half of any
     # step period (timelines module doc); the window margin must exceed 2 periods + the guard
     edge_guard_ns: int = 6_000_000_000

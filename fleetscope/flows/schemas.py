@@ -49,13 +49,17 @@ COMM_PAIRS = pa.DataFrameSchema(
         "n_steps": pa.Column(pl.Int64),  # segments found by the change-point split
         "mode_distinct_sizes": pa.Column(pl.Int64, nullable=True),
         "raw_type": pa.Column(pl.Utf8, pa.Check.isin(COMM_TYPES)),  # size-count rule alone
-        # one_way | both_ways_together | both_ways_in_turn | size_count | aperiodic | not_job_traffic
+        # one_way | both_ways_together | both_ways_in_turn | dp_transitivity | size_count | aperiodic | not_job_traffic
         "method": pa.Column(pl.Utf8),
         "refined": pa.Column(pl.Boolean),  # changed by DP transitivity
         "dp_group": pa.Column(pl.Int64, nullable=True),
         # timing evidence: share of flows in the minority direction, share overlapping the other one
         "dir_share": pa.Column(pl.Float64, nullable=True),
         "overlap": pa.Column(pl.Float64, nullable=True),
+        # the overlap the pair's own flows give by chance (one direction shifted by fractions of its
+        # period), and the z of (overlap - chance): > 0 together (DP), < 0 in turn (PP)
+        "overlap_chance": pa.Column(pl.Float64, nullable=True),
+        "overlap_z": pa.Column(pl.Float64, nullable=True),
     },
     checks=[pa.Check(lambda d: d.lazyframe.select(pl.col("ip_a") < pl.col("ip_b")), name="ip_a<ip_b")],
     unique=["window_id", "ip_a", "ip_b"],
