@@ -159,8 +159,7 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     # the split between pipeline and collective hops from the data: the two modes of the overlap
     # among the balanced pairs of the job, else of the whole window (overlap_split). Where the data
     # show no two kinds, the test against chance decides.
-    p = p.with_columns(one_way=one_way.fill_null(False), together=together.fill_null(False),
-                       in_turn=(pl.col("overlap") <= pl.col("overlap_chance")).fill_null(False))
+    p = p.with_columns(one_way=one_way.fill_null(False), together=together.fill_null(False))
     # Per job, the first labelling of its balanced pairs that agrees with the job's structure
     # (_consistent: no pipeline hop inside a DP group, DP groups of one size):
     # 1. its own split (both kinds in the job); 2. the window's cut, between the highest pipeline and
@@ -175,13 +174,21 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     split = jt_pairs.filter(~pl.col("one_way")).join(
         pl.DataFrame({"job_id": list(own), "c": list(own.values())}, schema={"job_id": pl.Utf8, "c": pl.Float64}),
         on="job_id").filter(pl.col("c").is_not_null())
-    fleet_cut = None
+    fleet_cut, lo_dp = None, None
     eps = 0.5 / max(int(jt_pairs["n_sample"].max() or 1), 1)
     if split.height:
         hi_pp = split.filter(pl.col("overlap") <= pl.col("c"))["overlap"].max()
         lo_dp = split.filter(pl.col("overlap") > pl.col("c"))["overlap"].min()
         if hi_pp is not None and lo_dp is not None and lo_dp > hi_pp:
             fleet_cut = _midpoint(hi_pp, lo_dp, eps)
+    # in turn, by the test: not together, and even the upper confidence bound of its overlap (Wilson,
+    # at the same bar) below the lowest overlap collective hops showed here (half, when none did):
+    # with few flows a pair cannot be told, and then the structure or the size count decides
+    together_ov = p.filter(pl.col("job_traffic") & pl.col("together") & ~pl.col("one_way"))["overlap"]
+    dp_level = lo_dp if split.height and lo_dp is not None else (together_ov.min() if together_ov.len() else 0.5)
+    nn, ph = pl.col("n_sample").clip(lower_bound=1).cast(pl.Float64), pl.col("overlap")
+    upper = (ph + zbar ** 2 / (2 * nn) + zbar * (ph * (1 - ph) / nn + zbar ** 2 / (4 * nn ** 2)).sqrt()) / (1 + zbar ** 2 / nn)
+    p = p.with_columns(in_turn=(~pl.col("together") & (upper < dp_level)).fill_null(False))
     rule = {}  # job -> (cut or None, how)
     for j, c in own.items():
         g = jt_pairs.filter(pl.col("job_id") == j)
@@ -221,16 +228,25 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     idx = pl.DataFrame({"ip": ips, "i": np.arange(n)})
     p = p.join(idx.rename({"ip": "ip_a", "i": "a"}), on="ip_a").join(idx.rename({"ip": "ip_b", "i": "b"}), on="ip_b")
     if n:
-        # transitivity: a pair the timing did not settle, or a PP pair, whose two ends the DP pairs
-        # already connect is inside one DP group: DP (a pipeline hop joins different stages, never
-        # two members of one data-parallel group). Weak PP pairs only: a settled PP pair joining a
-        # DP component means the DP evidence of the component is what is wrong, left as it is.
+        # pairs the timing did not settle take what the structure says:
+        # - a triangle: pipeline hops form chains (one partner per neighbouring stage), so a pair
+        #   closing a triangle of job pairs is a collective hop (a ring or clique of three or more);
+        # - transitivity: a pair whose ends the DP pairs already connect lies inside one DP group.
+        jt_e = p.filter(pl.col("comm_type") != "other")
+        adj = coo_matrix((np.ones(2 * jt_e.height), (np.r_[jt_e["a"].to_numpy(), jt_e["b"].to_numpy()],
+                                                     np.r_[jt_e["b"].to_numpy(), jt_e["a"].to_numpy()])), shape=(n, n)).tocsr()
+        adj.data[:] = 1.0
+        tri = np.asarray((adj @ adj)[p["a"].to_numpy(), p["b"].to_numpy()]).ravel() > 0
+        in_tri = pl.Series(tri) & pl.col("comm_type").is_null()
+        p = p.with_columns(comm_type=pl.when(in_tri).then(pl.lit("DP")).otherwise("comm_type"),
+                           method=pl.when(in_tri).then(pl.lit("dp_triangle")).otherwise("method"),
+                           refined=in_tri)
         comp = _components(p, pl.col("comm_type") == "DP", n)
         p = p.with_columns(ca=pl.Series(comp).gather(p["a"].to_numpy()), cb=pl.Series(comp).gather(p["b"].to_numpy()))
         inside = (pl.col("ca") == pl.col("cb")) & (pl.col("comm_type").is_null())
         p = p.with_columns(comm_type=pl.when(inside).then(pl.lit("DP")).otherwise("comm_type"),
                            method=pl.when(inside).then(pl.lit("dp_transitivity")).otherwise("method"),
-                           refined=inside)
+                           refined=pl.col("refined") | inside)
         # what neither timing nor structure settles keeps the size count
         rest = pl.col("comm_type").is_null()
         p = p.with_columns(comm_type=pl.when(rest).then("raw_type").otherwise("comm_type"),
