@@ -31,6 +31,7 @@ class SplitParams:
     # a change point lies above lo + hi_weight * (hi - lo) in log space: closer to hi than the
     # midpoint, because gaps between buckets or collective phases form levels of their own below it
     hi_weight: float = 0.75
+    one_flow_gap_ratio: float = 10.0  # flat sequences whose gaps are 10x their flows: a flow per step
 
 
 def sequence_gaps(group: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray) -> np.ndarray:
@@ -58,8 +59,8 @@ def split_steps(group: np.ndarray, gaps: np.ndarray, params: SplitParams = Split
     """Boolean array, True where a flow starts a new step (the first flow of each group too).
     `group` sorted and contiguous; `gaps` from sequence_gaps (NaN at group starts).
 
-    A sequence that never shows two gap levels and is quiet longer than busy between its flows
-    (one collective per step, a flow per microbatch) is split at every gap, given `durations`."""
+    A sequence that never shows two gap levels but whose gaps dwarf its flows (one flow per step:
+    a single bucket on one channel) is split at every flow, given `durations`."""
     n = len(group)
     if n == 0:
         return np.zeros(0, dtype=bool)
@@ -126,8 +127,7 @@ def split_steps(group: np.ndarray, gaps: np.ndarray, params: SplitParams = Split
             rows = flat_g[gid] & valid
             med = (pl.DataFrame({"g": gid[rows], "gap": gaps[rows], "dur": durations[rows]})
                    .group_by("g").agg(pl.col("gap").median(), pl.col("dur").median()))
-            # quiet longer than busy: the flows (or bursts of concurrent flows) are steps of their own
-            one = med.filter(pl.col("gap") > pl.col("dur").clip(lower_bound=1.0))["g"]
+            one = med.filter(pl.col("gap") > params.one_flow_gap_ratio * pl.col("dur").clip(lower_bound=1.0))["g"]
             if one.len():
                 sel = np.zeros(len(starts), dtype=bool)
                 sel[one.to_numpy()] = True
