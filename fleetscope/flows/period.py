@@ -23,8 +23,9 @@ UNIT = 1_000_000  # a period in normalized time units
 
 
 def autocorr_period(t: np.ndarray, min_lag_ns: int, bin_ns: int | None = None, near: float = 0.85,
-                    smooth_bins: int = 4, min_peak: float = 0.2) -> float | None:
-    """Step period (ns) of an event train (start times), or None when it shows no repetition."""
+                    smooth_bins: int = 4, min_peak: float = 0.2, weights: np.ndarray | None = None) -> float | None:
+    """Step period (ns) of an event train (start times; `weights`, e.g. bytes, weigh each event), or
+    None when it shows no repetition."""
     if len(t) < 8:
         return None
     t0, t1 = int(t.min()), int(t.max())
@@ -32,7 +33,7 @@ def autocorr_period(t: np.ndarray, min_lag_ns: int, bin_ns: int | None = None, n
     if span <= 4 * min_lag_ns:
         return None
     b = bin_ns or max(min_lag_ns // 8, span // (1 << 15), 1)
-    x = np.bincount(((t - t0) // b).astype(np.int64)).astype(np.float64)
+    x = np.bincount(((t - t0) // b).astype(np.int64), weights=weights).astype(np.float64)
     n = len(x)
     x -= x.mean()
     nfft = 1 << int(np.ceil(np.log2(2 * n)))
@@ -89,7 +90,10 @@ def gap_ladder_period(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.4
         return None
     order = np.argsort(-gap, kind="stable")
     best = None
-    for k in np.unique(np.round(np.geomspace(3, n, num=min(n - 2, 48))).astype(int)):
+    # at least 8 spacings where there are gaps enough: two or three largest gaps are always
+    # "evenly spaced" and would name a multiple of the period
+    k0 = min(9, max(3, n // 2))
+    for k in np.unique(np.round(np.geomspace(k0, n, num=min(n - k0 + 1, 48))).astype(int)):
         sp = np.diff(np.sort(t[order[:k]]))
         if len(sp) < 2:
             continue
