@@ -32,7 +32,11 @@ from fleetscope.flows.period import job_periods, periodic_boundaries
 def ip_flows(flows: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
     """Each labeled flow twice: once for its sender (role send), once for its receiver."""
     lab = flows.join(pairs.filter(pl.col("comm_type").is_in(["DP", "PP"])).select("pid", "job_id", "comm_type"), on="pid")
-    cols = ["job_id", "comm_type", "start_ns", "end_ns", "bytes"]
+    # the connection (pair and ports, when the exporter gives them): a DP pair may carry a data
+    # connection and a control one (gloo opens one per process group)
+    lab = lab.with_columns(conn=pl.col("pid") * 4_294_967_296 + pl.min_horizontal("src_port", "dst_port") * 65_536
+                           + pl.max_horizontal("src_port", "dst_port"))
+    cols = ["job_id", "comm_type", "start_ns", "end_ns", "bytes", "conn"]
     # ix: the ip's integer index (from the pair key), the key of the per-ip sorts and group-bys
     a_ix, b_ix = pl.col("pid") // (1 << 32), pl.col("pid") % (1 << 32)
     src_is_a = pl.col("src_ip") == pl.col("ip_a")
@@ -59,6 +63,23 @@ def reconstruct_steps(ipf: pl.DataFrame, window_start_ns: int, window_end_ns: in
         dp_send_start_ns=pl.col("start_ns").filter(pl.col("role") == "send").min(),
         dp_bytes=pl.col("bytes").sum().cast(pl.Int64), n_dp_flows=pl.len().cast(pl.Int64),
     ).sort("ix", "seg").with_columns(next_first=pl.col("dp_start_ns").shift(-1).over("ix"))
+    # the step's collective ends with its last message, small ones included (a bias tensor's
+    # all-reduce, a protocol's last handshake): messages under min_data_bytes on the same data
+    # connections, between the step's last data flow and the next step's first, nearer the former,
+    # extend its end (nearer the latter, they open the next collective). They never place a boundary
+    # (a probe or a barrier would split a step's quiet time).
+    data_conn = bnd.select("conn").unique()
+    tail = src.filter((pl.col("comm_type") == pl.col("source")) & (pl.col("bytes") < cfg.min_data_bytes)
+                      & (pl.col("conn").is_null() | pl.col("conn").is_in(data_conn["conn"].implode())))
+    if tail.height:
+        iv = steps.select("ix", "seg", t=pl.col("dp_start_ns"), last=pl.col("end_ns"), nxt=pl.col("next_first")).sort("ix", "t")
+        tj = tail.select("ix", t=pl.col("start_ns"), e=pl.col("end_ns")).sort("ix", "t").join_asof(
+            iv, on="t", by="ix", strategy="backward", check_sortedness=False)
+        ext = tj.filter(pl.col("seg").is_not_null() & (pl.col("nxt").is_null() | (pl.col("t") < pl.col("nxt")))
+                        & (pl.col("nxt").is_null() | (pl.col("t") - pl.col("last") < pl.col("nxt") - pl.col("t")))) \
+            .group_by("ix", "seg").agg(tail_end=pl.col("e").max())
+        steps = steps.join(ext, on=["ix", "seg"], how="left").with_columns(
+            end_ns=pl.max_horizontal("end_ns", "tail_end")).drop("tail_end")
     first_seen = ipf.group_by("ix").agg(first=pl.col("start_ns").min())
     steps = steps.join(first_seen, on="ix").with_columns(
         prev=pl.col("end_ns").shift(1).over("ix")).with_columns(
