@@ -86,48 +86,89 @@ class Job:
         return sum((self.run_dir / f"rank{r}.jsonl").exists() for r in range(len(self.hosts)))
 
 
-def make_plan(scenario: str, seconds: float, seed: int):
+# Layouts of the recorder matrix: the jobs of one recording, each (pp, dp, train.py arguments). The
+# first job runs from the capture's start and is cut by its end (faults hit it); a second one
+# launches a second in, loads a checkpoint and finishes before the capture ends. Step times (on an
+# idle box): 1F1B ~ (micro + pp - 1) x (fwd + bwd), DDP ~ fwd + bwd. "shared" puts its two jobs on the
+# same four hosts (two NICs per host, one per job), as a tenant's two jobs split by GPU.
+LAYOUTS = {
+    "pp2dp2+dp2": [(2, 2, ["--micro", "4", "--fwd-ms", "50", "--bwd-ms", "90"]),
+                   (1, 2, ["--micro", "1", "--mb", "128", "--fwd-ms", "110", "--bwd-ms", "260"])],
+    "dp2": [(1, 2, ["--micro", "1", "--mb", "64", "--fwd-ms", "50", "--bwd-ms", "120"])],
+    "dp4": [(1, 4, ["--micro", "1", "--mb", "128", "--fwd-ms", "120", "--bwd-ms", "280"])],
+    "pp2": [(2, 1, ["--micro", "4", "--fwd-ms", "15", "--bwd-ms", "30"])],
+    "pp4": [(4, 1, ["--micro", "8", "--fwd-ms", "30", "--bwd-ms", "60"])],
+    "pp2dp3": [(2, 3, ["--micro", "4", "--fwd-ms", "40", "--bwd-ms", "80"])],
+    "shared": [(2, 2, ["--micro", "4", "--fwd-ms", "35", "--bwd-ms", "70"]),
+               (1, 4, ["--micro", "1", "--mb", "96", "--fwd-ms", "90", "--bwd-ms", "200"])],
+    "slow3s": [(2, 2, ["--micro", "4", "--fwd-ms", "280", "--bwd-ms", "480"])],
+}
+
+
+def make_plan(scenario: str, seconds: float, seed: int, layout: str = "pp2dp2+dp2"):
     """Names, addresses, placement, timing and the fault, all drawn from the seed (so nothing
     downstream can rely on an address pattern or a fixed fault place)."""
-    rng = random.Random(f"{scenario}-{seed}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; one of {sorted(LAYOUTS)}")
+    rng = random.Random(f"{scenario}-{seed}" if layout == "pp2dp2+dp2" else f"{scenario}-{layout}-{seed}")
+    specs = LAYOUTS[layout]
+    shared = layout == "shared"
+    n_nics = sum(pp * dp for pp, dp, _ in specs)
+    n_hosts = n_nics // 2 if shared else n_nics
     net = rng.randint(16, 250)
-    octs = rng.sample(range(1, 250 * 250), 8)
+    octs = rng.sample(range(1, 250 * 250), n_nics + 2)
     ips = [f"10.{net}.{o // 250}.{o % 250 + 1}" for o in octs]
-    names = [f"node{n:03d}" for n in rng.sample(range(1, 999), 6)]
+    names = [f"node{n:03d}" for n in rng.sample(range(1, 999), n_hosts)]
     leaves = [f"leaf{n:02d}" for n in sorted(rng.sample(range(1, 60), 2))]
     spine = f"spine{rng.randint(1, 9)}"
-    hosts = [Host(names[i], ips[i], leaves[i // 3]) for i in range(6)]
-    l0, l1 = rng.sample(hosts[:3], 3), rng.sample(hosts[3:], 3)
-    svc = Host("infra01", ips[6], rng.choice(leaves))
-    svc.monitor_ip = ips[7]   # a second address on the infrastructure server: the monitor
-    # A's DP pairs cross the spine, its PP pairs stay in a leaf; B's DP pair crosses too
-    A = Job(f"job{rng.randint(1000, 9999)}", "tenant-a", 2, 2, [l0[0], l1[0], l0[1], l1[1]],
-            ["--micro", "4", "--fwd-ms", "50", "--bwd-ms", "90", "--ckpt-save-step", str(max(7, int(0.2 * seconds / 0.8)))],
-            go_s=0.3, stop_s=None, profile1=3)
-    B = Job(f"job{rng.randint(1000, 9999)}", "tenant-b", 1, 2, [l0[2], l1[2]],
-            ["--micro", "1", "--mb", "128", "--fwd-ms", "110", "--bwd-ms", "260", "--ckpt-load-s", f"{rng.uniform(3, 5):.2f}"],
-            go_s=1.0, stop_s=seconds - rng.uniform(3, 5), profile1=4)
+    half = -(-n_hosts // 2)
+    host_leaf = [leaves[0] if i < half else leaves[1] for i in range(n_hosts)]
+    # a NIC per rank; "shared": NIC k of host h serves job k
+    nics = [Host(names[i % n_hosts] if shared else names[i], ips[i], host_leaf[i % n_hosts]) for i in range(n_nics)]
+    if layout == "pp2dp2+dp2":
+        # A's DP pairs cross the spine, its PP pairs stay in a leaf; B's DP pair crosses too
+        l0, l1 = rng.sample(nics[:3], 3), rng.sample(nics[3:6], 3)
+        placed = [[l0[0], l1[0], l0[1], l1[1]], [l0[2], l1[2]]]
+    else:   # ranks placed across the leaves at random
+        placed, used = [], 0
+        for pp, dp, _ in specs:
+            placed.append(rng.sample(nics[used:used + pp * dp], pp * dp))
+            used += pp * dp
+    svc = Host("infra01", ips[n_nics], rng.choice(leaves))
+    svc.monitor_ip = ips[n_nics + 1]   # a second address on the infrastructure server: the monitor
+    jobs = []
+    for k, ((pp, dp, args), mine) in enumerate(zip(specs, placed)):
+        first = k == 0
+        job_id = f"job{rng.randint(1000, 9999)}"
+        extra = (["--ckpt-save-step", str(max(7, int(0.2 * seconds / 0.8)))] if first and pp > 1 else []) + \
+            ([] if first else ["--ckpt-load-s", f"{rng.uniform(3, 5):.2f}"])
+        jobs.append(Job(job_id, f"tenant-{'ab'[k] if not shared else 'a'}", pp, dp, mine,
+                        list(args) + extra, go_s=0.3 if first else 1.0,
+                        stop_s=None if first else seconds - rng.uniform(3, 5), profile1=3 if first else 4))
+    hosts = nics
+    A = jobs[0]
     fault = None
     t0, t1 = rng.uniform(0.40, 0.48) * seconds, rng.uniform(0.78, 0.86) * seconds
     if scenario == "straggler":
-        fault = {"rank": rng.randrange(4), "extra_ms": 150.0}
+        fault = {"rank": rng.randrange(len(A.hosts)), "extra_ms": 150.0}
     elif scenario == "slow_link":
         h = rng.choice(A.hosts)
         fault = {"host": h, "rate_bps": rng.choice([60e6, 80e6, 100e6]), "delay_ms": rng.choice([3.0, 4.0, 5.0])}
     elif scenario == "congested_uplink":
         fault = {"rate_bps": rng.choice([40e6, 50e6, 60e6])}
-    return hosts, svc, leaves, spine, [A, B], fault, (t0, t1)
+    return hosts, svc, leaves, spine, jobs, fault, (t0, t1)
 
 
 class Recorder:
-    def __init__(self, scenario: str, out: Path, seconds: float, seed: int, background: bool, stacks: bool = False, log=print):
+    def __init__(self, scenario: str, out: Path, seconds: float, seed: int, background: bool, stacks: bool = False, log=print,
+                 layout: str = "pp2dp2+dp2"):
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; one of {SCENARIOS}")
         if seconds < 12:
             raise ValueError("--seconds must be >= 12 (two profile windows and a fault need room)")
         self.scenario, self.out, self.seconds, self.seed, self.background, self.log = scenario, out, seconds, seed, background, log
-        self.stacks = stacks
-        self.hosts, self.svc, self.leaves, self.spine, self.jobs, self.fault, self.fault_s = make_plan(scenario, seconds, seed)
+        self.stacks, self.layout = stacks, layout
+        self.hosts, self.svc, self.leaves, self.spine, self.jobs, self.fault, self.fault_s = make_plan(scenario, seconds, seed, layout)
         self.landing, self.truth = out / "landing", out / "ground_truth"
         self.events: list[dict] = []       # what the recorder itself did, with times (fault injection)
         self.dumps: dict[str, subprocess.Popen] = {}
@@ -428,7 +469,7 @@ class Recorder:
 
 
 def record(scenario: str, out, seconds: float = 35.0, seed: int = 0, background: bool = True,
-           overwrite: bool = False, stacks: bool = False, log=print) -> dict:
+           overwrite: bool = False, stacks: bool = False, log=print, layout: str = "pp2dp2+dp2") -> dict:
     """Run one recording into `out` (landing/ and ground_truth/); returns the summary."""
     if os.geteuid() != 0:
         raise PermissionError("the recorder needs root (network namespaces, tcpdump, tc, iptables)")
@@ -443,4 +484,4 @@ def record(scenario: str, out, seconds: float = 35.0, seed: int = 0, background:
         for sub in ("landing", "ground_truth"):
             shutil.rmtree(out / sub, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
-    return Recorder(scenario, out, seconds, seed, background, stacks, log).run()
+    return Recorder(scenario, out, seconds, seed, background, stacks, log, layout).run()

@@ -99,6 +99,14 @@ def write(rec, flows: pl.DataFrame) -> dict:
                                                      script_end_ns="end_ns", extra_ms="extra_ms")
     dp = (log.filter((pl.col("kind") == "op") & (pl.col("name") == "grads-all-reduce"))
           .group_by("job_id", "rank", "step").agg(dp_end=pl.col("end_ns").max()))
+    # a job without data parallelism has no gradient traffic: its step's communication ends with its
+    # last pipeline send or receive (LLMPrism's step of a pipeline-only address)
+    pp_only = [j.job_id for j in rec.jobs if j.dp == 1]
+    p2p = (log.filter((pl.col("kind") == "op") & pl.col("job_id").is_in(pp_only)
+                      & pl.col("name").str.contains("send|recv"))
+           .group_by("job_id", "rank", "step").agg(p2p_end=pl.col("end_ns").max()))
+    dp = dp.join(p2p, on=["job_id", "rank", "step"], how="left").with_columns(
+        dp_end=pl.coalesce("p2p_end", "dp_end")).drop("p2p_end")
     st = (st.join(dp, on=["job_id", "rank", "step"], how="left")
           .with_columns(end_ns=pl.coalesce("dp_end", "script_end_ns")).sort("job_id", "ip", "step")
           .with_columns(prev_end=pl.col("end_ns").shift(1).over("job_id", "ip"),
@@ -152,8 +160,9 @@ def write(rec, flows: pl.DataFrame) -> dict:
                          "cut_by_capture_end": j.stop_s is None} for j in rec.jobs]).join(med, on="job_id", how="left")
     lay.write_csv(out / "job_layout.csv")
 
-    return {"scenario": rec.scenario, "seed": rec.seed, "seconds": rec.seconds, "capture_start_ns": T0, "capture_end_ns": T1,
-            "command": f"python -m fleetscope.collectors.recorder --scenario {rec.scenario} --seconds {rec.seconds:g} "
+    return {"scenario": rec.scenario, "layout": rec.layout, "seed": rec.seed, "seconds": rec.seconds, "capture_start_ns": T0, "capture_end_ns": T1,
+            "command": f"python -m fleetscope.collectors.recorder --scenario {rec.scenario} --layout {rec.layout} "
+                       f"--seconds {rec.seconds:g} "
                        f"--seed {rec.seed}" + ("" if rec.background else " --no-background") + (" --stacks" if rec.stacks else "")
                        + " --out DIR",
             "fault": fault, "jobs": lay.to_dicts(), "steps_in_capture": steps.group_by("job_id").len().to_dicts(),

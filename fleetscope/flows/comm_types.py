@@ -184,6 +184,10 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     # in turn, by the test: not together, and even the upper confidence bound of its overlap (Wilson,
     # at the same bar) below the lowest overlap collective hops showed here (half, when none did):
     # with few flows a pair cannot be told, and then the structure or the size count decides
+    # with no level from the data, a collective hop's directions overlap in most of its flows: above
+    # chance alone is not enough (a 1F1B pipeline hop sends an activation while the next gradient
+    # arrives, now and then)
+    p = p.with_columns(together=pl.col("together") & ((pl.col("overlap") >= 0.5) | pl.lit(lo_dp is not None)))
     together_ov = p.filter(pl.col("job_traffic") & pl.col("together") & ~pl.col("one_way"))["overlap"]
     dp_level = lo_dp if split.height and lo_dp is not None else (together_ov.min() if together_ov.len() else 0.5)
     nn, ph = pl.col("n_sample").clip(lower_bound=1).cast(pl.Float64), pl.col("overlap")
