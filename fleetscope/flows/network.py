@@ -1,17 +1,25 @@
-"""Network localization (LLMPrism IV-D switch-level diagnosis, made relative): which NIC or switch
-slows the flows that cross it, judged against the flows' peers, never against a nominal bandwidth.
+"""Network localization (LLMPrism IV-D switch-level diagnosis, made relative and explained across jobs):
+which NIC or switch slows the flows that cross it, judged against the flows' peers, never against a
+nominal bandwidth.
 
 Each DP/PP data flow gets a rate residual: log(bytes / duration) minus the median of its peers, the
 flows of the same job, type and size class in the same time bin (the same collective moving the same
-chunks at the same time). A second residual compares it with the same pair's flows of that size over
-the whole span (its own history), for a fault that slows most of a collective for a while. Per candidate (both
-NICs of each flow and every switch on its path) and time bin, the median residual is tested against
-the fleet's residual spread; the bar is the Bonferroni z of the detector's false-alarm budget over
-all the cells tested (fleetscope.flows.stats), plus a practical floor (min_bw_drop).
+chunks at the same time); a second residual compares it with the same pair's flows of that size over
+the whole span (its own history), for a fault that slows most of a collective for a while.
 
-Flagged candidates explain one another away greedily: the one carrying the most slow flows is taken,
-its flows are removed from every other candidate, the rest re-tested; so a congested leaf is named,
-not every NIC under it, and a degraded NIC is named, not its ring neighbours or its leaf."""
+Localization is Boolean network tomography with the collectives' behaviour built in. Every flow is
+an observation of its path (both NICs and every switch it crosses). A candidate element is suspect in
+a time bin when the median residual of the flows crossing it is significantly below zero (against the
+fleet's residual spread, a Bonferroni bar from the detector's false-alarm budget, fleetscope.flows.stats)
+and by more than a practical floor (min_bw_drop). Suspects explain the slow flows greedily, the most
+severe first (the lowest median: a degraded NIC's own flows are slower than its ring neighbours' flows
+to others, a congested spine's flows slower than the same rings' flows that avoid it), the one
+crossing more flows on a tie. A chosen cause explains not only the flows crossing it but every flow of
+the collectives they belong to in those bins (a ring moves at its slowest hop's pace, so its other
+hops' flows slow down too): its job's DP group, or its pipeline pair. The rest are re-tested, so the
+NICs and rail leaves of a ring through a congested spine are never named for it.
+
+A link that flaps stalls a few flows in episodes (stall_causes, a Poisson test per candidate)."""
 from __future__ import annotations
 
 import json
@@ -25,8 +33,13 @@ from fleetscope.flows.stats import bonferroni_z, window_alpha
 
 
 def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
-    """Per DP/PP data flow: fid, job_id, bin, start/end, src_ip, dst_ip, path, e_peer, e_hist."""
-    f = flows.join(pairs.filter(pl.col("comm_type").is_in(["DP", "PP"])).select("pid", "job_id", "comm_type"), on="pid")
+    """Per data flow (DP, PP and background): fid, job_id (null: background), unit (the collective it
+    belongs to: its job's DP group, or its pair), bin, start/end, src_ip, dst_ip, path, e_peer, e_hist."""
+    # background transfers (storage reads, checkpoint writes) are observations of their paths too: a
+    # spine that only one job's rings cross is told from the other spine those rings cross by the
+    # storage reads that go through each
+    f = flows.join(pairs.filter(pl.col("comm_type").is_in(["DP", "PP"])).select("pid", "job_id", "comm_type", "dp_group"),
+                   on="pid", how="left").with_columns(pl.col("comm_type").fill_null("bg"))
     f = f.filter((pl.col("end_ns") > pl.col("start_ns")) & (pl.col("bytes") >= cfg.min_data_bytes))
     if f.height == 0:
         return f
@@ -43,9 +56,14 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig) ->
         n_hist=pl.len().over(["pid", "size"]), base_hist=pl.col("x").median().over(["pid", "size"]),
     )
     return f.with_columns(
-        e_peer=pl.when(pl.col("n_peer") >= cfg.min_peer_flows).then(pl.col("x") - pl.col("base_peer")),
+        # background transfers have no peers moving the same thing at the same time (two storage
+        # servers serve at their own rates): only their own history is a baseline
+        e_peer=pl.when((pl.col("n_peer") >= cfg.min_peer_flows) & (pl.col("comm_type") != "bg"))
+        .then(pl.col("x") - pl.col("base_peer")),
         e_hist=pl.when(pl.col("n_hist") >= cfg.min_peer_flows).then(pl.col("x") - pl.col("base_hist")),
-    ).select("fid", "job_id", "bin", "start_ns", "end_ns", "src_ip", "dst_ip", "path", "e_peer", "e_hist")
+        unit=pl.when(pl.col("comm_type") == "DP").then(pl.lit("dp:") + pl.col("job_id") + "/" + pl.col("dp_group").cast(pl.Utf8))
+        .otherwise(pl.col("comm_type") + ":" + pl.col("pid").cast(pl.Utf8)),
+    ).select("fid", "job_id", "unit", "bin", "start_ns", "end_ns", "src_ip", "dst_ip", "path", "e_peer", "e_hist")
 
 
 def _candidates(r: pl.DataFrame) -> pl.DataFrame:
@@ -55,84 +73,114 @@ def _candidates(r: pl.DataFrame) -> pl.DataFrame:
     return pl.concat([sw, nic]).filter(pl.col("cand").is_not_null()).unique(["fid", "kind", "cand"])
 
 
+def element_tier(r: pl.DataFrame) -> pl.DataFrame:
+    """Per switch on the flows' paths, its place: 2 for a spine (inside some path: it joins switches),
+    1 for a leaf (only at a path's ends, next to NICs). NICs are 0. cand, tier."""
+    p = r.filter(pl.col("path").is_not_null()).select(pl.col("path")).with_columns(n=pl.col("path").list.len()) \
+        .with_row_index("fid").explode("path").with_columns(pos=pl.int_range(pl.len()).over("fid"))
+    inner = (pl.col("pos") > 0) & (pl.col("pos") < pl.col("n") - 1)
+    return p.group_by(cand="path").agg(tier=pl.when(inner.any()).then(2).otherwise(1))
+
+
 def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowConfig,
              cand: pl.DataFrame | None = None) -> tuple[pl.DataFrame, dict]:
-    """r: flow_residuals; cand: _candidates(r). -> (accepted causes: kind, cand, value (rate vs
-    peers), n_slow, n, s, e, bins, jobs, z), stats {n_tests, z_bar}."""
+    """r: flow_residuals (with `unit`, the collective a flow belongs to); cand: _candidates(r). ->
+    (accepted causes: kind, cand, value (rate vs peers), n_slow, n, s, e, bins, jobs, z), stats
+    {n_tests, z_bar}.
+
+    Additive tomography, greedy: each flow's standardized residual z (per kind of traffic: a ring's
+    chunks move in lockstep, storage reads vary with the server's load) is explained by the elements
+    on its path. A candidate c, in a time bin, fits two levels: beta for the flows crossing it (the
+    mean z of its flows) and gamma, between beta and 0, for the other flows of the collectives it
+    carries (a ring paced by its slowest hop slows its other hops too). Its gain is the variance it
+    explains, n_direct x beta^2 + n_pacing x gamma^2. Candidates qualify in a bin when the median of
+    their own flows' z is significantly below zero (Bonferroni over every candidate and bin, the
+    detector's false-alarm budget) and their flows lose more than min_bw_drop of their rate. The
+    largest gain is named; its fitted slowness is taken off its flows and the rest re-tested. Elements
+    in series on every slow path explain the same flows: a NIC is named before a switch (endpoint
+    faults are the commonest), a spine before a leaf (a leaf's own fault shows on its local flows)."""
     empty = pl.DataFrame(schema={"kind": pl.Utf8, "cand": pl.Utf8, "value": pl.Float64, "n_slow": pl.Int64,
                                  "n": pl.Int64, "s": pl.Int64, "e": pl.Int64, "bins": pl.Int64, "jobs": pl.Utf8,
                                  "z": pl.Float64})
     if r.height == 0:
         return empty, {"n_tests": 0, "z_bar": None}
-    # the spread of a healthy flow's residual, robust to the slow ones
-    sig = {}
-    for col in ("e_peer", "e_hist"):
-        v = r[col].drop_nulls().to_numpy()
-        sig[col] = max(MAD_TO_SIGMA * float(np.median(np.abs(v - np.median(v)))) if len(v) else 0.0, 0.02)
+    r = r.with_columns(e=pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0)))
+    kind_of = pl.col("unit").str.split(":").list.first()
+    r = r.with_columns(sig=pl.max_horizontal(pl.lit(0.02), MAD_TO_SIGMA * (pl.col("e") - pl.col("e").median()).abs().median()
+                                             ).over(kind_of))
+    r = r.with_columns(zf=pl.col("e") / pl.col("sig"))
     cand = _candidates(r) if cand is None else cand
-    x = cand.join(r.select("fid", "e_peer", "e_hist", "start_ns", "end_ns", "job_id"), on="fid")
+    x = cand.join(r.select("fid", "e", "zf", "start_ns", "end_ns", "job_id", "unit"), on="fid")
     floor = float(np.log(1 - cfg.min_bw_drop))
 
-    slow_e = pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0)) < floor
-    # how often a flow of the job is that slow anyway (the job's own rate, some jobs jitter more):
-    # the base rate of the share test, per flow
-    x = x.with_columns(p0=slow_e.mean().over("job_id").clip(1e-3, 0.5))
-
     def cells(xx: pl.DataFrame) -> pl.DataFrame:
-        c = xx.group_by("kind", "cand", "bin").agg(
-            n=pl.len(), m_peer=pl.col("e_peer").median(), m_hist=pl.col("e_hist").median(),
-            n_peer=pl.col("e_peer").count(), n_hist=pl.col("e_hist").count(), k_slow=slow_e.sum(),
-            k0=pl.col("p0").sum(), v0=(pl.col("p0") * (1 - pl.col("p0"))).sum())
-        c = c.filter(pl.col("n") >= cfg.min_flows_per_cell)
-        # z of a median of n residuals: sigma * 1.2533 / sqrt(n); and of the share of slow flows
-        # against the base rate (a link that flaps stalls some flows, not the typical one)
-        return c.with_columns(
-            z_peer=pl.col("m_peer") / (sig["e_peer"] * 1.2533 / pl.col("n_peer").clip(lower_bound=1).sqrt()),
-            z_hist=pl.col("m_hist") / (sig["e_hist"] * 1.2533 / pl.col("n_hist").clip(lower_bound=1).sqrt()),
-            z_share=-(pl.col("k_slow") - pl.col("k0")) / pl.col("v0").sqrt())
+        job = ~pl.col("unit").str.starts_with("bg:")
+        c = xx.group_by("kind", "cand", "bin").agg(n=pl.len(), m=pl.col("e").median(), mz=pl.col("zf").median(),
+                                                   mj=pl.col("e").filter(job).median(), k_slow=(pl.col("e") < floor).sum())
+        # z of a median of n standardized residuals: 1.2533 / sqrt(n); background transfers only
+        # exonerate or confirm: a suspect must slow the jobs' own flows
+        return c.filter((pl.col("n") >= cfg.min_flows_per_cell) & pl.col("mj").is_not_null()).with_columns(
+            z=pl.col("mz") / (1.2533 / pl.col("n").sqrt()))
 
     c0 = cells(x)
-    n_tests = max(3 * c0.height, 1)
+    n_tests = max(c0.height, 1)
     zb = bonferroni_z(window_alpha(cfg.fa_per_job_hour, n_jobs, window[1] - window[0]), n_tests)
 
     def flag(c: pl.DataFrame) -> pl.DataFrame:
-        peer = (pl.col("z_peer") < -zb) & (pl.col("m_peer") < floor)
-        hist = (pl.col("z_hist") < -zb) & (pl.col("m_hist") < floor)
-        share = (pl.col("z_share") < -zb) & (pl.col("k_slow") >= pl.max_horizontal(
-            cfg.min_slow_share * pl.col("n"), 3 * pl.col("k0")))
-        return c.filter(peer.fill_null(False) | hist.fill_null(False) | share.fill_null(False))
+        return c.filter((pl.col("z") < -zb) & (pl.col("m") < floor) & (pl.col("mj") < floor))
 
-    accepted = []
-    # only candidates flagged on all the flows can be causes: taking flows away leaves the others
-    # as they were or less slow, so the explain-away loop works on the flagged ones' rows alone
     f0 = flag(c0).select("kind", "cand").unique()
-    remaining = x.join(f0, on=["kind", "cand"], how="semi")
+    if f0.height == 0:
+        return empty, {"n_tests": n_tests, "z_bar": zb}
+    # the flows that matter: those of the collectives a suspect carries (the rest stay as they are)
+    touched = x.join(f0, on=["kind", "cand"], how="semi").select("unit", "bin").unique()
+    flows = r.join(touched, on=["unit", "bin"], how="semi").select("fid", "unit", "bin", "zf", "e", "start_ns", "end_ns",
+                                                                   "job_id")
+    memb = x.join(f0, on=["kind", "cand"], how="semi").select("kind", "cand", "fid", "unit", "bin")
+    tier = element_tier(r)
+    accepted = []
     for _ in range(cfg.max_causes):
-        fl = flag(cells(remaining))
+        xm = memb.join(flows.select("fid", "zf", "e"), on="fid")
+        fl = flag(cells(xm))
         if fl.height == 0:
             break
-        # the cause: the most specific candidate (the largest share of its flows slow, in steps of 5 %),
-        # then the one holding the most slow flows: a degraded NIC before the leaf it hangs on (a few
-        # slow flows among many), a congested leaf before each NIC under it (all slow, fewer flows)
-        best = fl.group_by("kind", "cand").agg(n=pl.col("n").sum(), k=pl.col("k_slow").sum()) \
-            .with_columns(sh=(pl.col("k") / pl.col("n") * 20).round()) \
-            .sort(["sh", "k", "n", "kind", "cand"], descending=[True, True, True, True, False]).row(0, named=True)
-        bins = fl.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]))["bin"]
-        mine = remaining.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])
-                                & pl.col("bin").is_in(bins.implode()))
-        e = pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0))
-        slow = mine.filter(e < floor)
-        zmin = fl.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])) \
-            .select(pl.min_horizontal("z_peer", "z_hist", "z_share").min()).item()
+        fm = xm.join(fl.select("kind", "cand", "bin"), on=["kind", "cand", "bin"])
+        # direct level per (candidate, bin) and its share of each unit
+        d = fm.group_by("kind", "cand", "bin").agg(nd=pl.len(), sd=pl.col("zf").sum())
+        du = fm.group_by("kind", "cand", "unit", "bin").agg(n_cu=pl.len(), s_cu=pl.col("zf").sum())
+        ut = flows.group_by("unit", "bin").agg(n_u=pl.len(), s_u=pl.col("zf").sum())
+        pace = du.join(ut, on=["unit", "bin"]).group_by("kind", "cand", "bin").agg(
+            npc=(pl.col("n_u") - pl.col("n_cu")).sum(), spc=(pl.col("s_u") - pl.col("s_cu")).sum())
+        g = d.join(pace, on=["kind", "cand", "bin"], how="left").with_columns(pl.col("npc", "spc").fill_null(0)).with_columns(
+            beta=pl.min_horizontal(pl.col("sd") / pl.col("nd"), pl.lit(0.0)))
+        g = g.with_columns(gamma=pl.when(pl.col("npc") > 0).then(
+            pl.max_horizontal(pl.col("beta"), pl.min_horizontal(pl.col("spc") / pl.col("npc").clip(lower_bound=1), 0.0)))
+            .otherwise(0.0))
+        g = g.with_columns(gain=pl.col("nd") * pl.col("beta") ** 2 + pl.col("npc") * pl.col("gamma") ** 2)
+        sev = g.group_by("kind", "cand").agg(gain=pl.col("gain").sum()).join(tier, on="cand", how="left") \
+            .with_columns(pl.col("tier").fill_null(0))
+        top = sev["gain"].max()
+        best = sev.filter(pl.col("gain") >= 0.99 * top).sort(["tier", "gain", "cand"], descending=[False, True, False]
+                                                             ).row(0, named=True)
+        gb = g.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]))
+        bins = gb["bin"]
+        mine_ids = fm.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])).select("fid", "unit", "bin")
+        mine = flows.join(mine_ids.select("fid"), on="fid")
+        slow = mine.filter(pl.col("e") < floor)
+        zmin = fl.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]))["z"].min()
         accepted.append({
-            "kind": best["kind"], "cand": best["cand"],
-            # a minority of stalled flows (a flapping link): how slow those are
-            "value": float(np.exp(mine.select(e.median()).item())) if 2 * slow.height >= mine.height
-            else float(np.exp(slow.select(e.median()).item())), "n_slow": slow.height, "n": mine.height,
-            "s": int(mine["start_ns"].min()), "e": int(mine["end_ns"].max()), "bins": bins.n_unique(),
-            "jobs": ",".join(sorted(mine["job_id"].unique().to_list())), "z": float(zmin)})
-        # its flows are explained: no other candidate may claim them
-        remaining = remaining.join(mine.select("fid").unique(), on="fid", how="anti")
+            "kind": best["kind"], "cand": best["cand"], "value": float(np.exp(mine["e"].median())),
+            "n_slow": slow.height, "n": mine.height, "s": int(mine["start_ns"].min()), "e": int(mine["end_ns"].max()),
+            "bins": bins.n_unique(), "jobs": ",".join(sorted(mine["job_id"].drop_nulls().unique().to_list())), "z": float(zmin)})
+        # take its fitted slowness off: beta from its flows, gamma from the rest of their collectives
+        direct = mine_ids.join(gb.select("bin", "beta"), on="bin").select("fid", fit="beta")
+        pacing = flows.join(mine_ids.select("unit", "bin").unique(), on=["unit", "bin"]).join(
+            mine_ids.select("fid"), on="fid", how="anti").join(gb.select("bin", "gamma"), on="bin").select("fid", fit="gamma")
+        fit = pl.concat([direct, pacing])
+        scale = (pl.col("e") / pl.col("zf")).fill_nan(1.0)
+        flows = flows.join(fit, on="fid", how="left").with_columns(pl.col("fit").fill_null(0.0)).with_columns(
+            e=pl.min_horizontal(pl.col("e") - pl.col("fit") * scale, pl.lit(0.0)),
+            zf=pl.min_horizontal(pl.col("zf") - pl.col("fit"), pl.lit(0.0))).drop("fit")
     out = pl.DataFrame(accepted, schema=empty.schema) if accepted else empty
     return out, {"n_tests": n_tests, "z_bar": zb}
 
@@ -170,7 +218,7 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
         agg = st.group_by("kind", "cand").agg(k=pl.len(), episodes=pl.col("ep").sum(),
                                                peers=pl.concat([pl.col("src_ip"), pl.col("dst_ip")]).n_unique(),
                                                s=pl.col("start_ns").min(), e=pl.col("end_ns").max(),
-                                               jobs=pl.col("job_id").unique().sort().str.join(","))
+                                               jobs=pl.col("job_id").drop_nulls().unique().sort().str.join(","))
         lam = remaining.group_by("kind", "cand").agg(lam=pl.col("p0").sum())
         agg = agg.join(lam, on=["kind", "cand"]).filter(pl.col("episodes") >= 2)
         if agg.height == 0:
@@ -186,41 +234,12 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     return pl.DataFrame(out, schema=empty.schema) if out else empty
 
 
-def host_groups(causes: pl.DataFrame, topology: pl.DataFrame) -> pl.DataFrame:
-    """NIC causes sharing a host and a job: the NICs of one tensor-parallel group, slowed together
-    because the group computes late (one slow GPU holds back its TP peers, and the collectives they
-    join wait for them). Adds `group` (the NICs, worst first) and keeps one row per group."""
-    nic = causes.filter(pl.col("kind") == "nic").join(topology.select(cand="ip", host="host"), on="cand", how="left")
-    nic = nic.filter(pl.col("host").is_not_null())
-    if nic.height == 0:
-        return causes.head(0).with_columns(group=pl.lit(None, dtype=pl.List(pl.Utf8)))
-    g = nic.sort("value", "cand").group_by("host", "jobs", maintain_order=True).agg(
-        pl.col("cand").alias("group"), pl.all().first()).filter(pl.col("group").list.len() >= 2)
-    return g.drop("host")
-
-
 def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tuple[int, int], wid: str,
                      cfg: FlowConfig, topology: pl.DataFrame | None = None) -> list[dict]:
     res = flow_residuals(flows, pairs, cfg)
     cand = _candidates(res) if res.height else None
     causes, st = localize(res, n_jobs, window, cfg, cand=cand)
     out = []
-    if topology is not None and causes.height:
-        groups = host_groups(causes, topology)
-        in_group = set(x for g in groups["group"].to_list() for x in g)
-        for r in groups.iter_rows(named=True):
-            jobs = r["jobs"].split(",") if r["jobs"] else []
-            peers = [x for x in r["group"] if x != r["cand"]]
-            out.append(dict(
-                detector="flows.slow_gpu", scope="gpu", subject=r["cand"], job_id=jobs[0] if len(jobs) == 1 else None,
-                start_ns=r["s"], end_ns=r["e"], metric="flow_rate_vs_peers", value=r["value"], baseline=1.0,
-                severity="warning", team="operations", window_id=wid,
-                evidence=json.dumps({"tensor_parallel_peers": peers, "jobs": jobs, "bins": r["bins"], "z": round(r["z"], 2)}),
-                explanation=f"the NICs of one tensor-parallel group on one host ({r['cand']} and {len(peers)} peers: "
-                            f"{', '.join(peers)}) all move their job's flows at ~{r['value']:.0%} of their peers' rate while "
-                            "the rest of the fabric does not: the group computes late, most likely one slow GPU "
-                            f"({r['cand']}, the slowest) holding back its peers"))
-        causes = causes.filter(~((pl.col("kind") == "nic") & pl.col("cand").is_in(list(in_group))))
     named = set(causes["cand"].to_list())
     stalls = stall_causes(res, n_jobs, window, cfg, exclude=named, cand=cand) if res.height else pl.DataFrame()
     for r in stalls.iter_rows(named=True):
