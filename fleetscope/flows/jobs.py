@@ -126,8 +126,8 @@ def job_edges(pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
     return cand
 
 
-def job_id_for(ips: list[str]) -> str:
-    return "job-" + hashlib.sha1(",".join(sorted(ips)).encode()).hexdigest()[:12]
+def job_id_for(keys: list[str]) -> str:
+    return "job-" + hashlib.sha1(",".join(sorted(keys)).encode()).hexdigest()[:12]
 
 
 def lockstep_pairs(cand: pl.DataFrame, events: pl.DataFrame, cfg: FlowConfig, max_sample: int = 2000) -> pl.DataFrame:
@@ -245,8 +245,13 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
     root = pl.DataFrame({"cluster_id": list(parent), "root": [find(c) for c in parent]},
                         schema={"cluster_id": pl.Int64, "root": pl.Int64})
     members = members.join(root, on="cluster_id")
-    jid = members.group_by("root").agg(pl.col("ip").sort().str.join(",").alias("k")).with_columns(
-        job_id=pl.col("k").map_elements(lambda k: job_id_for(k.split(",")), return_dtype=pl.Utf8))
+    # the id names the job the same in every window even when a NIC of it is quiet in one: its hosts
+    # (its addresses without a topology); two jobs on the same hosts (a tenant's jobs split by GPU) add
+    # each host's lowest address
+    anchor = members.with_columns(h=pl.coalesce("host", "ip")).group_by("root", "h").agg(a=pl.col("ip").min())
+    keys = anchor.group_by("root").agg(hk=pl.col("h").sort().str.join(","), ak=(pl.col("h") + "@" + pl.col("a")).sort().str.join(","))
+    keys = keys.with_columns(k=pl.when(pl.len().over("hk") > 1).then("ak").otherwise("hk"))
+    jid = keys.with_columns(job_id=pl.col("k").map_elements(lambda k: job_id_for(k.split(",")), return_dtype=pl.Utf8))
     members = members.join(jid.select("root", "job_id"), on="root").drop("root").sort("job_id", "ip")
 
     m = members.select("ip", "job_id")

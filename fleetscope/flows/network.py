@@ -53,7 +53,10 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig) ->
     # collective's flows may cross the faulty NIC, and then its peers are no baseline)
     f = f.with_columns(
         n_peer=pl.len().over(key + ["bin"]), base_peer=pl.col("x").median().over(key + ["bin"]),
-        n_hist=pl.len().over(["pid", "size"]), base_hist=pl.col("x").median().over(["pid", "size"]),
+        # the pair's healthy level: its upper quartile over the span (a fault only slows flows, and may
+        # last most of the span: the median would then be the faulty level), whatever the flows' sizes
+        # (an exporter cutting records by time makes a slowed transfer's records smaller)
+        n_hist=pl.len().over("pid"), base_hist=pl.col("x").quantile(0.75).over("pid"),
     )
     return f.with_columns(
         # background transfers have no peers moving the same thing at the same time (two storage
