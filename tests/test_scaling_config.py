@@ -63,7 +63,7 @@ def test_definitions_load_with_a_configured_multiprocess_executor(monkeypatch):
 
 
 def test_unknown_executor_name_is_a_clear_error(monkeypatch):
-    with pytest.raises(ValueError, match="FLEETSCOPE_EXECUTOR='spark' is not one of multiprocess, celery, k8s"):
+    with pytest.raises(ValueError, match="FLEETSCOPE_EXECUTOR='spark' is not one of in_process, multiprocess, dask, celery, k8s"):
         _load_definitions(monkeypatch, "spark")
 
 

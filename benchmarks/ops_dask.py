@@ -1,0 +1,114 @@
+"""In-process vs Dask (issue 26): the 2,048-GPU, 3-minute simulated fleet through `fleetscope run`,
+once with every run in one process and once with the runs' steps on a Dask LocalCluster of 2
+worker processes (2 runs at a time). Prints wall seconds, peak memory of the whole process tree and
+of each Dask worker, the per-window and per-capture cost (from the Dagster run records), and checks
+that both produced the same tables with the same rows.
+
+    .venv/bin/python -m benchmarks.ops_dask [--gpus 2048] [--minutes 3] [--seed 11] [--workers 2] [--data /tmp/fs_ops_dask]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+
+from benchmarks.memory import PeakPerProcess
+
+# columns that record when something happened on this machine, not what the data says
+WALL_CLOCK = {"landed_files": {"registered_ns", "mtime_ns"}, "rejected_records": {"detected_ns"}}
+
+
+def table_digest(wh) -> dict[str, pl.DataFrame]:
+    """Every table, columns and rows sorted, without wall-clock columns: equal digests = equal tables."""
+    from fleetscope.tables import TABLES
+    out = {}
+    for t in TABLES:
+        df = wh.read(t)
+        df = df.drop([c for c in WALL_CLOCK.get(t, ()) if c in df.columns])
+        df = df.select(sorted(df.columns))
+        out[t] = df.sort(df.columns, nulls_last=True) if df.height else df
+    return out
+
+
+def _run(data: Path, name: str, extra: list[str]) -> dict:
+    landing, warehouse, home = data / name / "landing", data / name / "w.duckdb", data / name / "home"
+    shutil.rmtree(data / name, ignore_errors=True)
+    shutil.copytree(data / "sim" / "landing", landing)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLEETSCOPE_", "DAGSTER_"))}
+    env["DAGSTER_HOME"] = str(home)
+    cmd = [sys.executable, "-m", "fleetscope.cli", "run", "--landing", str(landing), "--warehouse", str(warehouse),
+           "--settle-seconds", "0", *extra]
+    t0 = time.perf_counter()
+    with open(data / f"{name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        with PeakPerProcess(proc.pid) as mem:
+            rc = proc.wait()
+    wall = time.perf_counter() - t0
+    if rc != 0:
+        raise SystemExit(f"{name}: fleetscope run failed ({rc}); see {data / f'{name}.log'}")
+    workers = {p: mib for p, (mib, cmd) in mem.peaks.items() if "spawn_main" in cmd}
+    total_peak = _tree_peak(mem)
+    return dict(name=name, wall=wall, peak_total=total_peak, workers=workers, main=mem.peaks[proc.pid][0],
+                warehouse=warehouse, home=home)
+
+
+def _tree_peak(mem: PeakPerProcess) -> float:
+    """An upper bound of the tree's peak: each process at its own peak, added up."""
+    return sum(mib for mib, _ in mem.peaks.values())
+
+
+def _costs(home: Path) -> dict[str, list[float]]:
+    from dagster import DagsterInstance
+    with DagsterInstance.from_config(str(home)) as instance:
+        out: dict[str, list[float]] = {}
+        for rec in instance.get_run_records():
+            if rec.start_time and rec.end_time:
+                out.setdefault(rec.dagster_run.job_name, []).append(rec.end_time - rec.start_time)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", type=int, default=2048)
+    ap.add_argument("--minutes", type=float, default=3.0)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--data", default="/tmp/fs_ops_dask")
+    args = ap.parse_args()
+    data = Path(args.data)
+    from fleetscope.sim import simulate
+    from fleetscope.warehouse import Warehouse
+
+    if not (data / "sim" / "landing").exists():
+        simulate(data / "sim", gpus=args.gpus, minutes=args.minutes, faults="slow_gpu:1", seed=args.seed)
+    n_records = sum(pl.scan_parquet(p).select(pl.len()).collect().item() for p in (data / "sim" / "landing" / "flows").glob("*.parquet"))
+    print(f"fleet: {args.gpus} GPUs, {args.minutes:g} min, seed {args.seed}, {n_records:,} flow records (parquet files)")
+    print(f"machine: {os.cpu_count()} cores; load before: {os.getloadavg()}")
+    results = [_run(data, "in_process", []), _run(data, "dask", ["--executor", "dask", "--workers", str(args.workers)])]
+    for r in results:
+        costs = _costs(r["home"])
+        print(f"\n{r['name']}: {r['wall']:.1f} s wall, runner process peak {r['main'] / 1024:.2f} GiB, "
+              f"sum of per-process peaks {r['peak_total'] / 1024:.2f} GiB")
+        for pid, mib in sorted(r["workers"].items()):
+            print(f"  dask worker pid {pid}: peak {mib / 1024:.2f} GiB")
+        for job in ("flow_window_analysis", "capture_analysis", "ingest_flows", "fleet_analysis"):
+            if job in costs:
+                xs = costs[job]
+                print(f"  {job:<22} {len(xs):3d} runs, mean {statistics.mean(xs):6.1f} s, max {max(xs):6.1f} s, total {sum(xs):7.1f} s")
+    a, b = table_digest(Warehouse(results[0]["warehouse"])), table_digest(Warehouse(results[1]["warehouse"]))
+    differ = [t for t in a if not a[t].equals(b[t])]
+    rows = {t: a[t].height for t in a if a[t].height}
+    print(f"\ntables with rows: {len(rows)}, rows in all: {sum(rows.values()):,}; "
+          + ("identical in both runs" if not differ else f"DIFFER: {[(t, a[t].height, b[t].height) for t in differ]}"))
+    print(f"load after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
