@@ -26,7 +26,7 @@ WALL_CLOCK = {"landed_files": {"registered_ns", "mtime_ns"}, "rejected_records":
 
 
 def table_digest(wh) -> dict[str, pl.DataFrame]:
-    """Every table, columns and rows sorted, without wall-clock columns: equal digests = equal tables."""
+    """Every table, columns and rows sorted, without wall-clock columns."""
     from fleetscope.tables import TABLES
     out = {}
     for t in TABLES:
@@ -34,6 +34,40 @@ def table_digest(wh) -> dict[str, pl.DataFrame]:
         df = df.drop([c for c in WALL_CLOCK.get(t, ()) if c in df.columns])
         df = df.select(sorted(df.columns))
         out[t] = df.sort(df.columns, nulls_last=True) if df.height else df
+    return out
+
+
+_NUMBER = r"-?\d+\.\d+(?:[eE][-+]?\d+)?"
+
+
+def _close(a: pl.Series, b: pl.Series, rel: float = 1e-9) -> bool:
+    """Equal but for float rounding (sums whose order differs between runs); in text (fitted
+    parameters as JSON) the numbers are compared the same way."""
+    if a.dtype.is_float():
+        d = pl.DataFrame({"a": a, "b": b}).select(
+            ok=((pl.col("a") - pl.col("b")).abs() <= rel * pl.max_horizontal(pl.col("a").abs(), pl.col("b").abs()))
+            .fill_null(pl.col("a").is_null() & pl.col("b").is_null()))
+        return bool(d["ok"].all())
+    if a.dtype == pl.Utf8:
+        ta, tb = a.str.replace_all(_NUMBER, "#"), b.str.replace_all(_NUMBER, "#")
+        if not ta.equals(tb):
+            return False
+        na = a.str.extract_all(_NUMBER).explode().cast(pl.Float64)
+        nb = b.str.extract_all(_NUMBER).explode().cast(pl.Float64)
+        return len(na) == len(nb) and _close(na, nb, rel)
+    return False
+
+
+def differing_tables(a: dict[str, pl.DataFrame], b: dict[str, pl.DataFrame]) -> list[str]:
+    """Tables of two digests that differ in rows, columns or values (floats to 1e-9 relative)."""
+    out = []
+    for t in a:
+        x, y = a[t], b[t]
+        if x.equals(y):
+            continue
+        if x.shape != y.shape or x.columns != y.columns or \
+                not all(x[c].equals(y[c]) or _close(x[c], y[c]) for c in x.columns):
+            out.append(t)
     return out
 
 
@@ -103,7 +137,7 @@ def main() -> None:
                 xs = costs[job]
                 print(f"  {job:<22} {len(xs):3d} runs, mean {statistics.mean(xs):6.1f} s, max {max(xs):6.1f} s, total {sum(xs):7.1f} s")
     a, b = table_digest(Warehouse(results[0]["warehouse"])), table_digest(Warehouse(results[1]["warehouse"]))
-    differ = [t for t in a if not a[t].equals(b[t])]
+    differ = differing_tables(a, b)
     rows = {t: a[t].height for t in a if a[t].height}
     print(f"\ntables with rows: {len(rows)}, rows in all: {sum(rows.values()):,}; "
           + ("identical in both runs" if not differ else f"DIFFER: {[(t, a[t].height, b[t].height) for t in differ]}"))

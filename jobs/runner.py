@@ -5,11 +5,11 @@ its warehouse. Runs execute in this process (the default) or their steps on a Da
 FLEETSCOPE_DASK_ADDRESS), several runs at once so every worker has a partition to work on."""
 from __future__ import annotations
 
-import importlib
+import multiprocessing
 import os
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,21 +128,30 @@ def _mtime_ns(path: Path) -> int:
         return 0
 
 
-def _record(report: RunReport, log, job_name: str, key: str | None, ok: bool, dt: float, events) -> None:
+def _record(report: RunReport, log, job_name: str, key: str | None, ok: bool, dt: float, notes: list[tuple[str, str]],
+            errors: list[str]) -> None:
     report.runs.append((job_name, key or "-", ok, dt))
+    for note, asset in notes:
+        report.notes.setdefault((key or "-", note), []).append(asset)
+    status = "ok" if ok else "FAILED"
+    log(f"  [{len(report.runs):3d}] {job_name:<22} {key or '':<44} {status:>6} {dt:6.1f}s")
+    for err in errors:
+        log("        " + err)
+
+
+def _summarize(events) -> tuple[list[tuple[str, str]], list[str]]:
+    """(warning, asset) of each materialization that said one, and the last line of each error."""
+    notes, errors = [], []
     for ev in events:
         if ev.is_step_materialization:
             m = ev.event_specific_data.materialization
             if "warnings" in m.metadata:
-                report.notes.setdefault((key or "-", m.metadata["warnings"].value), []).append(m.asset_key.to_user_string())
-    status = "ok" if ok else "FAILED"
-    log(f"  [{len(report.runs):3d}] {job_name:<22} {key or '':<44} {status:>6} {dt:6.1f}s")
-    if not ok:
-        for ev in events:
-            if ev.is_failure and ev.event_specific_data is not None:
-                err = getattr(ev.event_specific_data, "error", None)
-                if err is not None:
-                    log("        " + err.message.strip().splitlines()[-1][:300])
+                notes.append((m.metadata["warnings"].value, m.asset_key.to_user_string()))
+        elif ev.is_failure and ev.event_specific_data is not None:
+            err = getattr(ev.event_specific_data, "error", None)
+            if err is not None:
+                errors.append(err.message.strip().splitlines()[-1][:300])
+    return notes, errors
 
 
 def _in_process(instance, report: RunReport, log):
@@ -153,17 +162,29 @@ def _in_process(instance, report: RunReport, log):
             t0 = time.perf_counter()
             res = defs.resolve_job_def(r.job).execute_in_process(instance=instance, partition_key=r.key, raise_on_error=False,
                                                                 tags=tags, run_config=QUIET)
-            _record(report, log, r.job, r.key, res.success, time.perf_counter() - t0, res.all_events)
+            _record(report, log, r.job, r.key, res.success, time.perf_counter() - t0, *_summarize(res.all_events))
     return execute
+
+
+def _execute_on_dask(job: str, key: str | None, tags: dict) -> tuple[bool, float, list, list]:
+    """One run through the Dask executor, in a process of the runner's pool (Dagster's logging setup
+    is not thread-safe: runs started from threads of one process deadlock)."""
+    from dagster import DagsterInstance, execute_job
+    from dagster._core.definitions.reconstruct import ReconstructableRepository
+
+    t0 = time.perf_counter()
+    recon = ReconstructableRepository.for_module("fleetscope.definitions", "defs", working_directory=os.getcwd())
+    tags = {**tags, **({"dagster/partition": key} if key else {})}
+    with DagsterInstance.get() as instance, \
+            execute_job(recon.get_reconstructable_job(job), instance=instance, tags=tags, run_config=QUIET,
+                        raise_on_error=False) as res:
+        return res.success, time.perf_counter() - t0, *_summarize(res.all_events)
 
 
 def _on_dask(instance, report: RunReport, log, workers: int, stack: ExitStack):
     """Each run through the Dask executor (fleetscope.resources.dask_executor) against one cluster
-    for the whole invocation; `workers` runs at a time, so independent partitions (windows,
-    captures) run side by side on the workers."""
-    from dagster import execute_job
-    from dagster._core.definitions.reconstruct import ReconstructableRepository
-
+    for the whole invocation; `workers` runs at a time (each driven from a process of a pool, its
+    steps on the cluster), so independent partitions (windows, captures) run side by side."""
     address = os.environ.get("FLEETSCOPE_DASK_ADDRESS")
     if not address:
         from dask.distributed import LocalCluster
@@ -174,20 +195,10 @@ def _on_dask(instance, report: RunReport, log, workers: int, stack: ExitStack):
         log(f"dask: LocalCluster of {workers} worker processes at {address}")
     os.environ["FLEETSCOPE_EXECUTOR"] = "dask"
     os.environ["FLEETSCOPE_DASK_ADDRESS"] = address
-    import fleetscope.definitions
-    if fleetscope.definitions.defs.resolve_job_def("fleet_analysis").executor_def.name != "dask":
-        importlib.reload(fleetscope.definitions)  # loaded earlier without FLEETSCOPE_EXECUTOR=dask
-    recon = ReconstructableRepository.for_module("fleetscope.definitions", "defs", working_directory=os.getcwd())
-    pool = stack.enter_context(ThreadPoolExecutor(max_workers=max(1, workers)))
-
-    def one(r, tags):
-        t0 = time.perf_counter()
-        tags = {**tags, **({"dagster/partition": r.key} if r.key else {})}
-        with execute_job(recon.get_reconstructable_job(r.job), instance=instance, tags=tags, run_config=QUIET,
-                         raise_on_error=False) as res:
-            return r, res.success, time.perf_counter() - t0, list(res.all_events)
+    pool = stack.enter_context(ProcessPoolExecutor(max_workers=max(1, workers), mp_context=multiprocessing.get_context("spawn")))
 
     def execute(batch):
-        for r, ok, dt, events in pool.map(lambda b: one(*b), batch):
-            _record(report, log, r.job, r.key, ok, dt, events)
+        futures = [(r, pool.submit(_execute_on_dask, r.job, r.key, tags)) for r, tags in batch]
+        for r, f in futures:
+            _record(report, log, r.job, r.key, *f.result())
     return execute

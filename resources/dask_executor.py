@@ -1,25 +1,58 @@
-"""Dagster's Dask executor (dagster-dask), one change: every task of a run is named after the run.
+"""Dagster's Dask executor (dagster-dask), with its submit loop redone for two reasons found here:
 
-dagster-dask names a step's task `<job>.<step>`; Dask treats tasks of one name as one task, so two
-runs of the same job at once on one cluster (two flow windows, two captures) would share a single
-task and one of them would get the other's result. Here the job name the executor sees carries the
-run id, so each run's tasks are its own; nothing else differs from dagster-dask."""
+1. dagster-dask names a step's task `<job>.<step>`; Dask treats tasks of one name as one task, so two
+   runs of the same job at once on one cluster (two flow windows, two captures) would share a single
+   task and one of them would get the other's result. Here a task's name carries its run id.
+2. Dask 2025+ walks every tuple among a task's arguments to find nested tasks; a partitioned run's
+   DagsterRun holds Dagster records that refuse iteration ("Iteration is not allowed on `@record`
+   KeyRangesPartitionsSubset"), so dagster-dask 0.29.27 fails every partitioned run on it. Here the
+   Dagster objects travel inside the task's function (a functools.partial) and only the futures of
+   the steps it depends on are arguments.
+
+Everything else (the step function run on a worker, `existing` and `local` clusters, resource
+requirements from step tags) is dagster-dask's own."""
 from __future__ import annotations
 
-import copy
+import functools
 import os
 
-from dagster import executor, multiple_process_executor_requirements
+import dask.distributed
+from dagster import _check as check, executor, multiple_process_executor_requirements
+from dagster._core.errors import raise_execution_interrupts
+from dagster._core.events import DagsterEvent
+from dagster._utils import iterate_with_context
 from dagster_dask.executor import DaskExecutor, dask_executor as _dagster_dask_executor
+from dagster_dask.executor import get_dask_resource_requirements, query_on_dask_worker
 
 
 class RunScopedDaskExecutor(DaskExecutor):
     def execute(self, plan_context, execution_plan):
-        scoped = copy.copy(plan_context)
-        base = type(plan_context)
-        run_job = f"{plan_context.job_name}[{plan_context.run_id[:8]}]"
-        scoped.__class__ = type("RunScopedContext", (base,), {"job_name": property(lambda self: run_job)})
-        yield from super().execute(scoped, execution_plan)
+        if self.cluster_type not in ("existing", "local"):
+            raise ValueError(f"fleetscope's dask executor runs on an existing scheduler or a LocalCluster, not {self.cluster_type!r}")
+        instance = plan_context.instance
+        if not instance.is_persistent:
+            raise ValueError("Dask execution requires a persistent DagsterInstance (DAGSTER_HOME)")
+        name = f"{plan_context.job_name}[{plan_context.run_id[:8]}]"
+        if self.cluster_type == "existing":
+            cluster = self.cluster_configuration["address"]
+        else:
+            cluster = dask.distributed.LocalCluster(**self.build_dict(name))
+        step = functools.partial(query_on_dask_worker, recon_job=plan_context.reconstructable_job,
+                                 dagster_run=plan_context.dagster_run, run_config=plan_context.run_config,
+                                 instance_ref=instance.get_ref(), known_state=execution_plan.known_state)
+        with dask.distributed.Client(cluster) as client:
+            futures, by_step = [], {}
+            for level in execution_plan.get_steps_to_execute_by_level():
+                for s in level:
+                    deps = [by_step[k] for i in s.step_inputs for k in i.dependency_keys]
+                    f = client.submit(functools.partial(step, step_keys=[s.key]), deps, key=f"{name}.{s.key}",
+                                      resources=get_dask_resource_requirements(s.tags))
+                    futures.append(f)
+                    by_step[s.key] = f
+            for _, result in iterate_with_context(raise_execution_interrupts,
+                                                  dask.distributed.as_completed(futures, with_results=True)):
+                for event in result:
+                    yield check.inst(event, DagsterEvent)
 
 
 @executor(name="dask", config_schema=_dagster_dask_executor.config_schema, requirements=multiple_process_executor_requirements())

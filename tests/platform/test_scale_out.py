@@ -16,8 +16,7 @@ import pytest
 import yaml
 from dagster import DagsterInstance, DagsterRunStatus
 
-from benchmarks.ops_dask import table_digest
-from fleetscope.tables import TABLES
+from benchmarks.ops_dask import differing_tables, table_digest
 from fleetscope.warehouse import Warehouse
 from tests.paths import REPO
 
@@ -65,7 +64,9 @@ def test_dask_executor_and_postgres_storage_give_the_in_process_tables(tmp_path,
     assert ref.runs and not ref.failed
 
     with get_server(tmp_path / "pgdata", cleanup_mode="stop") as pg:
-        _instance_yaml(tmp_path / "home_pg", {"postgres": {"postgres_url": pg.get_uri()}})
+        # SQLAlchemy 2.1 reads postgresql:// as psycopg 3; dagster-postgres ships psycopg2 (deploy/dagster.yaml says so too)
+        url = pg.get_uri().replace("postgresql://", "postgresql+psycopg2://", 1)
+        _instance_yaml(tmp_path / "home_pg", {"postgres": {"postgres_url": url}})
         monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home_pg"))
         # the cluster the runs use (started here so the test can kill one of its workers); its
         # worker processes inherit this environment, as `fleetscope run --executor dask` gives them
@@ -97,6 +98,6 @@ def test_dask_executor_and_postgres_storage_give_the_in_process_tables(tmp_path,
     # the same runs, the same tables
     assert sorted((j, k) for j, k, *_ in got.runs) == sorted((j, k) for j, k, *_ in ref.runs)
     a, b = table_digest(Warehouse(tmp_path / "w1" / "w.duckdb")), table_digest(Warehouse(tmp_path / "w2" / "w.duckdb"))
-    differ = [t for t in TABLES if not a[t].equals(b[t])]
+    differ = differing_tables(a, b)  # floats to 1e-9 relative: sums in another order
     assert not differ, {t: (a[t].height, b[t].height) for t in differ}
     assert sum(df.height for df in a.values()) > 1000
