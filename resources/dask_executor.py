@@ -15,14 +15,28 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 
 import dask.distributed
+from dask.sizeof import sizeof
 from dagster import _check as check, executor, multiple_process_executor_requirements
 from dagster._core.errors import raise_execution_interrupts
 from dagster._core.events import DagsterEvent
 from dagster._utils import iterate_with_context
 from dagster_dask.executor import DaskExecutor, dask_executor as _dagster_dask_executor
 from dagster_dask.executor import get_dask_resource_requirements, query_on_dask_worker
+
+
+@sizeof.register(DagsterEvent)
+def _sizeof_event(event) -> int:
+    # Dask sizes a task's result by walking it; Dagster's records refuse iteration (noisy warnings)
+    return sys.getsizeof(event)
+
+
+def step_on_worker(dependencies, **kwargs):
+    """dagster-dask's step function, reached through this module so a worker that unpickles it
+    imports the sizeof above."""
+    return query_on_dask_worker(dependencies, **kwargs)
 
 
 class RunScopedDaskExecutor(DaskExecutor):
@@ -37,7 +51,7 @@ class RunScopedDaskExecutor(DaskExecutor):
             cluster = self.cluster_configuration["address"]
         else:
             cluster = dask.distributed.LocalCluster(**self.build_dict(name))
-        step = functools.partial(query_on_dask_worker, recon_job=plan_context.reconstructable_job,
+        step = functools.partial(step_on_worker, recon_job=plan_context.reconstructable_job,
                                  dagster_run=plan_context.dagster_run, run_config=plan_context.run_config,
                                  instance_ref=instance.get_ref(), known_state=execution_plan.known_state)
         with dask.distributed.Client(cluster) as client:
