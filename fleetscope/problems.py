@@ -136,8 +136,10 @@ def link_captures_to_jobs(capture_ranks: pl.DataFrame, job_clusters: pl.DataFram
     jobs = job_clusters.filter(pl.col("host").is_not_null()).select("job_id", "host").unique()
     j = caps.join(jobs, on="host").group_by("capture_id", "job_id").agg(pl.len().alias("shared"))
     need = caps.group_by("capture_id").agg(pl.len().alias("hosts"))
+    # ties (flow jobs are recognized per window: several ids may hold all the hosts) go to the first
+    # id, so the same tables give the same answer whatever order they were read in
     best = j.join(need, on="capture_id").filter(pl.col("shared") == pl.col("hosts")) \
-        .sort("shared", descending=True).unique("capture_id", keep="first")
+        .sort(["shared", "job_id"], descending=[True, False]).unique("capture_id", keep="first", maintain_order=True)
     return dict(best.select("capture_id", "job_id").iter_rows())
 
 
