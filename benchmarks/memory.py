@@ -71,16 +71,18 @@ class PeakPerProcess:
     def __init__(self, pid: int, interval_s: float = 0.05):
         self.pid, self.interval_s = pid, interval_s
         self.peaks: dict[int, tuple[float, str]] = {}
+        self.total_peak_mib = 0.0   # the largest sum over the tree at one sample
         self._stop = threading.Event()
 
     def _sample(self) -> None:
-        todo, seen = [self.pid], set()
+        todo, seen, total = [self.pid], set(), 0.0
         while todo:
             p = todo.pop()
             if p in seen:
                 continue
             seen.add(p)
             mib = _rss_kib(p) / 1024
+            total += mib
             if mib:
                 old = self.peaks.get(p)
                 if old is None:
@@ -92,6 +94,7 @@ class PeakPerProcess:
                 elif mib > old[0]:
                     self.peaks[p] = (mib, old[1])
             todo += _children(p)
+        self.total_peak_mib = max(self.total_peak_mib, total)
 
     def _run(self) -> None:
         while not self._stop.is_set():

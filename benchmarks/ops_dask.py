@@ -5,16 +5,19 @@ of each Dask worker, the per-window and per-capture cost (from the Dagster run r
 that both produced the same tables with the same rows.
 
     .venv/bin/python -m benchmarks.ops_dask [--gpus 2048] [--minutes 3] [--seed 11] [--workers 2] [--data /tmp/fs_ops_dask]
+                                            [--reuse in_process]   # keep a previous run's figures and warehouse
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import polars as pl
@@ -71,7 +74,9 @@ def differing_tables(a: dict[str, pl.DataFrame], b: dict[str, pl.DataFrame]) -> 
     return out
 
 
-def _run(data: Path, name: str, extra: list[str]) -> dict:
+def _run(data: Path, name: str, extra: list[str], workers: int = 0) -> dict:
+    """`fleetscope run` in a subprocess; with `workers`, on a LocalCluster started here (so each
+    worker's memory is known). Figures also go to <data>/<name>.json (--reuse reads them back)."""
     landing, warehouse, home = data / name / "landing", data / name / "w.duckdb", data / name / "home"
     shutil.rmtree(data / name, ignore_errors=True)
     shutil.copytree(data / "sim" / "landing", landing)
@@ -79,23 +84,30 @@ def _run(data: Path, name: str, extra: list[str]) -> dict:
     env["DAGSTER_HOME"] = str(home)
     cmd = [sys.executable, "-m", "fleetscope.cli", "run", "--landing", str(landing), "--warehouse", str(warehouse),
            "--settle-seconds", "0", *extra]
-    t0 = time.perf_counter()
-    with open(data / f"{name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        with PeakPerProcess(proc.pid) as mem:
+    with ExitStack() as stack:
+        worker_pids: dict[int, str] = {}
+        if workers:
+            from dask.distributed import Client, LocalCluster
+            # the workers import the code location with the run's environment
+            os.environ.update({"FLEETSCOPE_LANDING": str(landing.resolve()), "FLEETSCOPE_WAREHOUSE": str(warehouse.resolve()),
+                               "DAGSTER_HOME": str(home.resolve())})
+            cluster = stack.enter_context(LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                                       dashboard_address=None))
+            client = stack.enter_context(Client(cluster))
+            worker_pids = {pid: addr for addr, pid in client.run(os.getpid).items()}
+            env["FLEETSCOPE_DASK_ADDRESS"] = cluster.scheduler_address
+        t0 = time.perf_counter()
+        with open(data / f"{name}.log", "w") as log, PeakPerProcess(os.getpid()) as mem:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
             rc = proc.wait()
-    wall = time.perf_counter() - t0
+        wall = time.perf_counter() - t0
     if rc != 0:
         raise SystemExit(f"{name}: fleetscope run failed ({rc}); see {data / f'{name}.log'}")
-    workers = {p: mib for p, (mib, cmd) in mem.peaks.items() if "spawn_main" in cmd}
-    total_peak = _tree_peak(mem)
-    return dict(name=name, wall=wall, peak_total=total_peak, workers=workers, main=mem.peaks[proc.pid][0],
-                warehouse=warehouse, home=home)
-
-
-def _tree_peak(mem: PeakPerProcess) -> float:
-    """An upper bound of the tree's peak: each process at its own peak, added up."""
-    return sum(mib for mib, _ in mem.peaks.values())
+    out = dict(name=name, wall=wall, tree_peak=mem.total_peak_mib, runner=mem.peaks[proc.pid][0],
+               workers={str(p): mem.peaks.get(p, (0.0, ""))[0] for p in worker_pids}, warehouse=str(warehouse), home=str(home),
+               load=os.getloadavg())
+    (data / f"{name}.json").write_text(json.dumps(out))
+    return out
 
 
 def _costs(home: Path) -> dict[str, list[float]]:
@@ -115,6 +127,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--data", default="/tmp/fs_ops_dask")
+    ap.add_argument("--reuse", nargs="*", default=[], choices=["in_process", "dask"],
+                    help="print these runs' saved figures and compare their warehouses instead of running them again")
     args = ap.parse_args()
     data = Path(args.data)
     from fleetscope.sim import simulate
@@ -125,11 +139,15 @@ def main() -> None:
     n_records = sum(pl.scan_parquet(p).select(pl.len()).collect().item() for p in (data / "sim" / "landing" / "flows").glob("*.parquet"))
     print(f"fleet: {args.gpus} GPUs, {args.minutes:g} min, seed {args.seed}, {n_records:,} flow records (parquet files)")
     print(f"machine: {os.cpu_count()} cores; load before: {os.getloadavg()}")
-    results = [_run(data, "in_process", []), _run(data, "dask", ["--executor", "dask", "--workers", str(args.workers)])]
+    results = []
+    for name, extra, workers in (("in_process", [], 0), ("dask", ["--executor", "dask", "--workers", str(args.workers)], args.workers)):
+        saved = data / f"{name}.json"
+        results.append(json.loads(saved.read_text()) if name in args.reuse and saved.exists() else _run(data, name, extra, workers))
     for r in results:
-        costs = _costs(r["home"])
-        print(f"\n{r['name']}: {r['wall']:.1f} s wall, runner process peak {r['main'] / 1024:.2f} GiB, "
-              f"sum of per-process peaks {r['peak_total'] / 1024:.2f} GiB")
+        costs = _costs(Path(r["home"]))
+        tree = f"{r['tree_peak'] / 1024:.2f} GiB" if r.get("tree_peak") else "not recorded"
+        print(f"\n{r['name']}: {r['wall']:.1f} s wall (load after {r['load'][0]:.1f}), peak of the whole process tree "
+              f"{tree}, `fleetscope run` process {r['runner'] / 1024:.2f} GiB")
         for pid, mib in sorted(r["workers"].items()):
             print(f"  dask worker pid {pid}: peak {mib / 1024:.2f} GiB")
         for job in ("flow_window_analysis", "capture_analysis", "ingest_flows", "fleet_analysis"):
