@@ -59,14 +59,23 @@ def write_table(wh: Warehouse, table: str, key: str, df: pl.DataFrame, schema: p
 
 def write_verdicts(wh: Warehouse, detector: str, key: str, verdicts: pl.DataFrame | None, capture_id: str | None = None) -> dict:
     """One detector's verdicts for one partition: replace them (or clear them when there are none
-    now, so a fixed problem disappears) and describe them."""
+    now, so a fixed problem disappears) and describe them. The partition file changes only when its
+    verdicts do (cleared = an empty file, not a missing one): its modification time is what tells the
+    planner (fleetscope.jobs.planner) that the answers built on the verdicts are out of date."""
     part = f"{detector}__{key}"
+    before = wh.read("anomaly_verdicts", partitions=[part])
     if verdicts is None or verdicts.height == 0:
-        wh.delete_partition("anomaly_verdicts", part)
+        if before.height:
+            write_table(wh, "anomaly_verdicts", part, verdicts if verdicts is not None else before.clear(), VERDICTS)
         return {"dagster/row_count": MetadataValue.int(0), "by_severity": MetadataValue.json({})}
     if capture_id is not None:
         verdicts = verdicts.with_columns(capture_id=pl.lit(capture_id))
-    df, md = write_table(wh, "anomaly_verdicts", part, verdicts, VERDICTS)
+    new = VERDICTS.validate(conform(verdicts, VERDICTS))
+    if before.height == new.height and set(before.columns) == set(new.columns) and \
+            before.select(new.columns).sort("verdict_id").equals(new.sort("verdict_id")):
+        df, md = new, {"dagster/row_count": MetadataValue.int(new.height), "unchanged": MetadataValue.bool(True)}
+    else:
+        df, md = write_table(wh, "anomaly_verdicts", part, new, VERDICTS)
     md["by_severity"] = MetadataValue.json(dict(df.group_by("severity").len().sort("severity").iter_rows()))
     md["by_team"] = MetadataValue.json(dict(df.group_by("team").len().sort("team").iter_rows()))
     return md

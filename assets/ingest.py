@@ -7,7 +7,7 @@ import json
 from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, asset, multi_asset
 
 from fleetscope.assets._tables import preview, table_schema_metadata, write_table
-from fleetscope.assets.partitions import captures, flow_files, flow_windows, hw_files, incidents, topology_files
+from fleetscope.assets.partitions import captures, flow_files, hw_files, incidents, topology_files
 from fleetscope.ingest import partitions as ing
 from fleetscope.ingest.captures import capture_ranks
 from fleetscope.schemas.landing import CAPTURES, COLLECTIVE_PROGRESS, FLOWS, HW, INCIDENTS, RING, STACKS, TIMINGS, TOPOLOGY
@@ -52,7 +52,8 @@ def topology(context: AssetExecutionContext, warehouse: WarehouseResource, landi
 
 
 @asset(partitions_def=flow_files, group_name="ingest", kinds={"duckdb", "parquet"},
-       description="Switch-mirrored flow records (docs/CONTRACT.md 1.2), normalized; registers the time windows it touches.")
+       description="Switch-mirrored flow records (docs/CONTRACT.md 1.2), normalized; shows the time windows it touches (the "
+                   "planner analyses them).")
 def flows(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource,
           settings: AnalysisSettings) -> MaterializeResult:
     s = ing.ingest_file(warehouse.get(), landing.root, "flows", context.partition_key)
@@ -60,9 +61,6 @@ def flows(context: AssetExecutionContext, warehouse: WarehouseResource, landing:
     windows = []
     if s.frame is not None and s.frame.height:
         windows = windows_touched(s.frame["start_ns"].to_numpy(), s.frame["end_ns"].to_numpy(), settings.window_seconds)
-        new = [w for w in windows if not context.instance.has_dynamic_partition(flow_windows.name, w)]
-        if new:
-            context.instance.add_dynamic_partitions(flow_windows.name, new)
     md = _metadata(s, FLOWS)
     md["windows"] = MetadataValue.json(windows)
     return MaterializeResult(metadata=md)

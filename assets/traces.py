@@ -24,7 +24,7 @@ TABLES = {
 
 @multi_asset(specs=analysis_specs(TABLES, "traces_verdicts", "Verdicts from the replay and what-ifs (GPU idle, exposed "
                                   "communication, costly synchronization).", partitions_def=captures, group="traces",
-                                  deps=["trace_events"]),
+                                  deps=["trace_events", "captures"]),  # captures: the layout its what-ifs need
              can_subset=False)
 def traces_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     wh = warehouse.get()

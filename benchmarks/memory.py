@@ -62,3 +62,50 @@ class PeakTreeRSS:
         self._stop.set()
         self._t.join()
         self.peak_mib = max(self.peak_mib, tree_rss_mib(self.pid))
+
+
+class PeakPerProcess:
+    """with PeakPerProcess(pid) as m: ...; m.peaks: {pid: (peak MiB, command line)} for the process
+    and every descendant seen (sampled every `interval_s`): what each worker of a pool holds."""
+
+    def __init__(self, pid: int, interval_s: float = 0.05):
+        self.pid, self.interval_s = pid, interval_s
+        self.peaks: dict[int, tuple[float, str]] = {}
+        self.total_peak_mib = 0.0   # the largest sum over the tree at one sample
+        self._stop = threading.Event()
+
+    def _sample(self) -> None:
+        todo, seen, total = [self.pid], set(), 0.0
+        while todo:
+            p = todo.pop()
+            if p in seen:
+                continue
+            seen.add(p)
+            mib = _rss_kib(p) / 1024
+            total += mib
+            if mib:
+                old = self.peaks.get(p)
+                if old is None:
+                    try:
+                        cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                    except OSError:
+                        cmd = "?"
+                    self.peaks[p] = (mib, cmd)
+                elif mib > old[0]:
+                    self.peaks[p] = (mib, old[1])
+            todo += _children(p)
+        self.total_peak_mib = max(self.total_peak_mib, total)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> "PeakPerProcess":
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._t.join()

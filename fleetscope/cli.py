@@ -109,7 +109,8 @@ def cmd_run(args) -> int:
     from fleetscope.jobs.runner import run_all
 
     t0 = time.perf_counter()
-    report = run_all(landing, warehouse, settle_s=args.settle_seconds)
+    report = run_all(landing, warehouse, settle_s=args.settle_seconds, executor=getattr(args, "executor", None),
+                     workers=getattr(args, "workers", 2), full=getattr(args, "full", False))
     return _summary(landing, warehouse, report, time.perf_counter() - t0)
 
 
@@ -281,6 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--warehouse", metavar="FILE", help=f"the DuckDB warehouse file; {env_w}")
     r.add_argument("--settle-seconds", type=float, default=2.0, metavar="S",
                    help="files modified less than S seconds ago are still being written: deferred to the next run")
+    r.add_argument("--executor", choices=["in_process", "dask"], default="in_process",
+                   help="where runs execute: in this process, or their steps on Dask (a LocalCluster of --workers "
+                        "processes, or the scheduler at FLEETSCOPE_DASK_ADDRESS), --workers runs at a time")
+    r.add_argument("--workers", type=int, default=2, metavar="N", help="Dask worker processes (with --executor dask)")
+    r.add_argument("--full", action="store_true",
+                   help="re-run every partition and window this warehouse registered, not only what is due")
     r.set_defaults(fn=cmd_run)
     d = sub.add_parser("demo", formatter_class=_Help, help="simulate a small fleet with faults and run everything on it",
                        description="Simulate a small fleet with injected faults, run every analysis on it, and print what "

@@ -16,5 +16,5 @@ defs = Definitions(
     schedules=ALL_SCHEDULES,
     resources=default_resources(),
 )
-if (_executor := executor_from_env()) is not None:  # a deployment past one machine (docs/SCALING.md)
+if (_executor := executor_from_env()) is not None:  # in_process unless FLEETSCOPE_EXECUTOR says otherwise (docs/SCALING.md)
     defs = Definitions.merge(defs, Definitions(executor=_executor))

@@ -17,8 +17,9 @@ steps of every job crossing it. So:
    explains its jobs' slowdown; otherwise its finding is evidence under the cause that does.
 5. Symptoms attach to the cause in their job that explains them; a symptom nothing explains is a
    problem of its own ("job X is slow; the cause is not localized").
-The team follows the cause (routing below, with the reason). Ids hash the member verdict ids, so the
-same verdicts give the same problems."""
+The team follows the cause (routing below, with the reason). A problem's id hashes its cause (the
+subject key) and when that cause was first seen, not its members: it stays the same while new
+evidence and symptoms join it, so a link to it survives the live rebuilds (fleetscope.jobs.planner)."""
 from __future__ import annotations
 
 import datetime as dt
@@ -135,8 +136,10 @@ def link_captures_to_jobs(capture_ranks: pl.DataFrame, job_clusters: pl.DataFram
     jobs = job_clusters.filter(pl.col("host").is_not_null()).select("job_id", "host").unique()
     j = caps.join(jobs, on="host").group_by("capture_id", "job_id").agg(pl.len().alias("shared"))
     need = caps.group_by("capture_id").agg(pl.len().alias("hosts"))
+    # ties (flow jobs are recognized per window: several ids may hold all the hosts) go to the first
+    # id, so the same tables give the same answer whatever order they were read in
     best = j.join(need, on="capture_id").filter(pl.col("shared") == pl.col("hosts")) \
-        .sort("shared", descending=True).unique("capture_id", keep="first")
+        .sort(["shared", "job_id"], descending=[True, False]).unique("capture_id", keep="first", maintain_order=True)
     return dict(best.select("capture_id", "job_id").iter_rows())
 
 
@@ -371,6 +374,11 @@ def _group_orphans(orphans: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+def problem_id(cause_key: str, first_seen_ns: int | None) -> str:
+    """The id of the problem with this cause (a subject key such as `gpu:10.0.0.5`) first seen then."""
+    return "prb-" + hashlib.sha1(f"{cause_key}|{first_seen_ns}".encode()).hexdigest()[:12]
+
+
 def _problem(c: dict, members: list[dict], extra: list[dict], symptoms: list[dict], demoted_switches: list[dict]) -> dict:
     lead = c["lead"]
     fam = c["family"]
@@ -398,7 +406,7 @@ def _problem(c: dict, members: list[dict], extra: list[dict], symptoms: list[dic
          [f"symptom: {_evidence_line(d)}" for d in symptoms]
     jobs = sorted({j for j in c.get("jobs", set()) | {d.get("flow_job") for d in all_members} if j})
     return dict(
-        problem_id="prb-" + hashlib.sha1("\n".join(ids).encode()).hexdigest()[:12], title=title, severity=severity, team=team,
+        problem_id=problem_id(c["key"], c.get("start_ns")), title=title, severity=severity, team=team,
         team_reason=reason, cause=fam, subject=label, host=lead.get("host"), gpu=lead.get("gpu"), ip=lead.get("ip"),
         switch=lead.get("switch"), action=ACTIONS[fam], job_ids=",".join(jobs) or None,
         detectors=",".join(sorted({d["detector"] for d in all_members})),

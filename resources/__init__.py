@@ -3,20 +3,29 @@ executor, chosen by configuration. Paths come from the environment (FLEETSCOPE_W
 FLEETSCOPE_LANDING) so the CLI, the UI, the daemon and tests all point at the same files."""
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
-from dagster import ConfigurableResource, ExecutorDefinition, multiprocess_executor
+from dagster import ConfigurableResource, ExecutorDefinition, in_process_executor, multiprocess_executor
 
 from fleetscope.warehouse import Warehouse
 
 DEFAULT_WAREHOUSE = "data/warehouse.duckdb"
 DEFAULT_LANDING = "data/landing"
-EXECUTORS = ("multiprocess", "celery", "k8s")
+EXECUTORS = ("in_process", "multiprocess", "dask", "celery", "k8s")
+WAREHOUSE_TAG = "fleetscope/warehouse"
 
 
 def warehouse_path() -> str:
     return os.environ.get("FLEETSCOPE_WAREHOUSE", DEFAULT_WAREHOUSE)
+
+
+def warehouse_id(path: str | Path | None = None) -> str:
+    """The warehouse a run belongs to (its `fleetscope/warehouse` tag): the file's name and a hash of
+    its absolute path. Warehouses sharing one Dagster instance tell their runs apart by it."""
+    p = Path(path or warehouse_path()).resolve()
+    return f"{p.stem[:40]}-{hashlib.sha1(str(p).encode()).hexdigest()[:10]}"
 
 
 def landing_path() -> str:
@@ -58,16 +67,25 @@ def default_resources() -> dict:
 
 def executor_from_env(name: str | None = None) -> ExecutorDefinition | None:
     """The executor named by FLEETSCOPE_EXECUTOR (or `name`), configured from the environment
-    (docs/SCALING.md); None (Dagster's default: steps in subprocesses of the run) when unset.
+    (docs/SCALING.md); `in_process` when unset.
 
+      in_process    every step in the run's process (the default)
       multiprocess  one process per step on the run's machine (max FLEETSCOPE_MAX_CONCURRENT)
+      dask          each step a task on a Dask cluster (dagster-dask): the scheduler at
+                    FLEETSCOPE_DASK_ADDRESS, else a LocalCluster of FLEETSCOPE_WORKERS processes per run
       celery        each step a Celery task on a worker fleet (needs dagster-celery==0.29.27)
       k8s           each step its own Kubernetes Job (needs dagster-k8s==0.29.27)"""
-    name = (name or os.environ.get("FLEETSCOPE_EXECUTOR") or "").strip().lower()
-    if not name:
-        return None
+    name = (name or os.environ.get("FLEETSCOPE_EXECUTOR") or "in_process").strip().lower()
+    if name == "in_process":
+        # the default: a run's steps in the run's own process. Most runs are one partition of one to
+        # a few steps; a process per step costs an import of the code location each (seconds), and
+        # partitions already run side by side as separate runs
+        return in_process_executor
     if name == "multiprocess":
         return multiprocess_executor.configured({"max_concurrent": int(os.environ.get("FLEETSCOPE_MAX_CONCURRENT", "4"))})
+    if name == "dask":
+        from fleetscope.resources.dask_executor import dask_executor_from_env
+        return dask_executor_from_env()
     if name == "celery":
         try:
             from dagster_celery import celery_executor

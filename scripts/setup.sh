@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything fleetscope needs on a fresh machine with Python 3.11+ and pip:
-# a virtualenv in .venv with the pinned dependencies (constraints.txt) and fleetscope itself.
+# a virtualenv in .venv with the pinned dependencies (constraints.txt) and fleetscope itself (with its
+# test tools and the `scale` extra: dagster-dask, dagster-postgres).
 #   --with-collectors  also torch==2.13.0 (collectors and their tests run real PyTorch jobs)
 #   --with-system      also Debian packages the test suite uses (chromium for the UI test,
 #                      tcpdump/iproute2/ethtool/iptables for the real-traffic tests and the recorder); needs root
@@ -19,7 +20,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -c constraints.txt -e ".[test]"
+.venv/bin/python -m pip install -q -c constraints.txt -e ".[test,scale]"
 if [ "$collectors" = 1 ]; then
   # exact pin: on these machines a local CPU wheel; a looser spec would pull GBs of CUDA
   .venv/bin/python -m pip install -q "torch==2.13.0"

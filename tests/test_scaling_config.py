@@ -17,7 +17,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 import yaml
-from dagster import DagsterInstance, DagsterRunStatus, Definitions, execute_job, multiprocess_executor
+from dagster import DagsterInstance, DagsterRunStatus, execute_job
 from dagster._core.definitions.reconstruct import ReconstructableRepository
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,14 +56,16 @@ def test_definitions_load_with_a_configured_multiprocess_executor(monkeypatch):
         assert job.executor_def.name == "multiprocess", (job.name, job.executor_def.name)
     job = scaled.resolve_job_def("ingest_topology")
     assert job.executor_def.name == "multiprocess"
-    # and the plain in-code variant works the same way
-    alt = Definitions.merge(base, Definitions(executor=multiprocess_executor.configured({"max_concurrent": 4})))
-    alt.validate_loadable(alt)
-    assert all(j.executor_def.name == "multiprocess" for j in alt.get_repository_def().get_all_jobs())
+    # without FLEETSCOPE_EXECUTOR every job runs its steps in the run's process
+    assert all(j.executor_def.name == "in_process" for j in base_repo.get_all_jobs())
+    # and the Dask executor (dagster-dask, docs/SCALING.md) resolves every job the same way
+    dask = _load_definitions(monkeypatch, "dask").defs
+    dask.validate_loadable(dask)
+    assert all(j.executor_def.name == "dask" for j in dask.get_repository_def().get_all_jobs())
 
 
 def test_unknown_executor_name_is_a_clear_error(monkeypatch):
-    with pytest.raises(ValueError, match="FLEETSCOPE_EXECUTOR='spark' is not one of multiprocess, celery, k8s"):
+    with pytest.raises(ValueError, match="FLEETSCOPE_EXECUTOR='spark' is not one of in_process, multiprocess, dask, celery, k8s"):
         _load_definitions(monkeypatch, "spark")
 
 

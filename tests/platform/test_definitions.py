@@ -35,7 +35,7 @@ def test_definitions_load_and_every_job_resolves():
     for name in jobs:
         assert defs.resolve_job_def(name).name == name
     assert {s.name for s in repo.sensor_defs} - {"default_automation_condition_sensor"} == {"landing_sensor", "flow_window_sensor", "incident_sensor",
-                                                  "critical_verdict_sensor", "degradation_sensor"}
+                                                  "problems_sensor", "critical_verdict_sensor", "degradation_sensor"}
     assert {s.name for s in repo.schedule_defs} == {"nightly_window_schedule", "nightly_fleet_schedule"}
 
 
@@ -64,9 +64,11 @@ def test_every_asset_materializes_on_empty_inputs(fleet_env):
     from fleetscope.jobs.runner import run_all
     from fleetscope.warehouse import Warehouse
 
+    report = run_all(landing, warehouse, settle_s=0, log=lambda *_: None)
     with DagsterInstance.get() as instance:  # a window no flow falls into: its analysis has nothing to do
         instance.add_dynamic_partitions("flow_windows", ["w60s-20261121T120000Z"])
-    report = run_all(landing, warehouse, settle_s=0, log=lambda *_: None)
+        assert defs.resolve_job_def("flow_window_analysis").execute_in_process(
+            instance=instance, partition_key="w60s-20261121T120000Z", raise_on_error=False).success
     assert report.runs and not report.failed, report.failed
     with DagsterInstance.get() as instance:
         unmaterialized = [k for k in _asset_keys() if instance.get_latest_materialization_event(AssetKey(k)) is None]

@@ -77,7 +77,7 @@ def test_run_names_the_congested_switch(simulated, ran):
 
 
 @pytest.mark.slow
-def test_run_names_the_slow_gpu_first_and_writes_reports(simulated, ran):
+def test_run_names_the_slow_gpu_first_and_writes_reports(simulated, ran, monkeypatch):
     warehouse, wh = ran["warehouse"], ran["wh"]
     assert "0 failed" in ran["stdout"] and "where to look" in ran["stdout"]
     truth = pl.read_csv(simulated / "ground_truth" / "faults.csv")
@@ -105,7 +105,8 @@ def test_run_names_the_slow_gpu_first_and_writes_reports(simulated, ran):
     # the runs are in the Dagster instance the UI reads
     with DagsterInstance.from_config(str(ran["home"])) as instance:
         assert len(instance.get_runs()) >= 5
-    # the nightly schedules ask for yesterday's windows and the fleet report
+    # the nightly schedules ask for yesterday's windows (of the warehouse the code location serves) and the fleet report
+    monkeypatch.setenv("FLEETSCOPE_WAREHOUSE", str(warehouse))
     from fleetscope.definitions import defs
     from fleetscope.jobs import ALL_SCHEDULES
     sched = {s.name: s for s in ALL_SCHEDULES}

@@ -115,3 +115,21 @@ def test_kernel_names_are_short_in_titles():
     assert short_name("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)") == \
         "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
     assert short_name("aten::mm") == "aten::mm"
+
+
+def test_a_problem_keeps_its_id_while_its_cause_stays():
+    """The live rebuilds add evidence and symptoms as analyses land: the problem's id follows its
+    cause (the GPU and when it was first seen), not its members; another episode is another id."""
+    topo, jc, _ = _fleet()
+    first = make_verdicts([_v(detector="flows.slow_gpu", scope="gpu", subject="10.0.1.2", start_ns=10 * S, end_ns=20 * S)])
+    more = make_verdicts([_v(detector="flows.slow_gpu", scope="gpu", subject="10.0.1.2", start_ns=70 * S, end_ns=80 * S),
+                          _v(detector="flows.steps", scope="step", subject="4", job_id="jobA", start_ns=70 * S, end_ns=80 * S,
+                             severity="critical")])
+    later = make_verdicts([_v(detector="flows.slow_gpu", scope="gpu", subject="10.0.1.2", start_ns=7200 * S, end_ns=7210 * S)])
+    p1, _ = group_problems(first, topo, jc)
+    p2, m2 = group_problems(pl.concat([first, more]), topo, jc)
+    assert p1.height == 1 and p2.height == 1 and p2["n_verdicts"][0] == 3 and p2["severity"][0] == "critical"
+    assert p2["problem_id"][0] == p1["problem_id"][0]
+    assert set(m2["problem_id"]) == {p1["problem_id"][0]}
+    p3, _ = group_problems(pl.concat([first, more, later]), topo, jc)
+    assert p3.height == 2 and p1["problem_id"][0] in p3["problem_id"].to_list()

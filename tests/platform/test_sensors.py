@@ -28,7 +28,9 @@ def _evaluate(instance, cursor):
     return landing_sensor(ctx)
 
 
-def test_landing_sensor_registers_requests_and_keeps_a_cursor(fleet_env):
+def test_landing_sensor_requests_what_is_due_once(fleet_env):
+    """Its requests come from the planner: registered files not ingested since; the same state asks
+    for the same run keys (the daemon launches each once); once ingested, nothing; a new file, one."""
     landing, warehouse, home = fleet_env
     (landing / "flows").mkdir()
     (landing / "topology").mkdir()
@@ -44,13 +46,14 @@ def test_landing_sensor_registers_requests_and_keeps_a_cursor(fleet_env):
         assert set(added) == {"flow_files", "topology_files"}
         for name, keys in added.items():
             instance.add_dynamic_partitions(name, keys)
-        # same landing, with the cursor: nothing to do
-        res2 = _evaluate(instance, res.cursor)
-        assert not res2.run_requests
+        assert sorted(r.run_key for r in _evaluate(instance, None).run_requests) == sorted(r.run_key for r in res.run_requests)
+        for r in res.run_requests:  # as the daemon would launch them
+            assert defs.resolve_job_def(r.job_name).execute_in_process(instance=instance, partition_key=r.partition_key,
+                                                                      tags=r.tags).success
+        assert not _evaluate(instance, None).run_requests
         # a new file: exactly one request
         _flow_file(landing / "flows" / "b.parquet", 1_700_000_100_000_000_000)
-        res3 = _evaluate(instance, res2.cursor)
-        assert [r.partition_key.split("-")[0] for r in res3.run_requests] == ["b"]
+        assert [r.partition_key.split("-")[0] for r in _evaluate(instance, None).run_requests] == ["b"]
 
 
 def _start_daemon(env):
@@ -167,6 +170,8 @@ def test_flow_window_sensor_leaves_windows_the_run_already_analysed(fleet_env):
         reg = register_landing(landing, Warehouse(warehouse), settle_s=0)
         key = reg.to_run["flow_files"][0]
         instance.add_dynamic_partitions("flow_files", [key])
-        assert defs.resolve_job_def("ingest_flows").execute_in_process(instance=instance, partition_key=key).success
+        from fleetscope.resources import WAREHOUSE_TAG, warehouse_id
+        assert defs.resolve_job_def("ingest_flows").execute_in_process(instance=instance, partition_key=key,
+                                                                      tags={WAREHOUSE_TAG: warehouse_id()}).success
         res2 = flow_window_sensor(build_sensor_context(instance=instance, cursor=res.cursor, definitions=defs))
         assert [r.partition_key for r in res2.run_requests] == ["w60s-20231114T221800Z"]
