@@ -32,7 +32,7 @@ from fleetscope.common import MAD_TO_SIGMA
 from fleetscope.flows.stats import bonferroni_z, window_alpha
 
 
-def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
+def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, slow_jobs: set | None = None) -> pl.DataFrame:
     """Per data flow (DP, PP and background): fid, job_id (null: background), unit (the collective it
     belongs to: its job's DP group, or its pair), bin, start/end, src_ip, dst_ip, path, e_peer, e_hist."""
     # background transfers (storage reads, checkpoint writes) are observations of their paths too: a
@@ -49,15 +49,19 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig) ->
         bin=(pl.col("start_ns") // cfg.diag_bin_ns),
     )
     key = ["job_id", "comm_type", "size"]
-    # history: the same pair moving the same size over the span (in a small ring most of a
-    # collective's flows may cross the faulty NIC, and then its peers are no baseline)
-    f = f.with_columns(
-        n_peer=pl.len().over(key + ["bin"]), base_peer=pl.col("x").median().over(key + ["bin"]),
-        # the pair's healthy level: its upper quartile over the span (a fault only slows flows, and may
-        # last most of the span: the median would then be the faulty level), whatever the flows' sizes
-        # (an exporter cutting records by time makes a slowed transfer's records smaller)
-        n_hist=pl.len().over("pid"), base_hist=pl.col("x").quantile(0.75).over("pid"),
-    )
+    # history: the same pair in the same direction over the span (in a small ring most of a collective's
+    # flows may cross the faulty NIC, and then its peers are no baseline; a link slowed one way leaves
+    # the other way at its usual rate), whatever the flows' sizes (an exporter cutting records by time
+    # makes a slowed transfer's records smaller): pair_levels
+    f = f.with_columns(hid=pl.col("pid") * 2 + (pl.col("src_ip") > pl.col("dst_ip")).cast(pl.Int64))
+    f = f.with_columns(n_peer=pl.len().over(key + ["bin"]), base_peer=pl.col("x").median().over(key + ["bin"]),
+                       n_hist=pl.len().over("hid"))
+    lv = pair_levels(f)
+    # a rate that steps within the span is a fault's onset only where the job's steps slowed too (a
+    # neighbour job stopping speeds a pair up; contention moves rates without hurting anyone)
+    stepped = pl.col("job_id").is_in(list(slow_jobs)) if slow_jobs is not None else pl.lit(True)
+    f = f.join(lv, on="hid", how="left").with_columns(
+        base_hist=pl.when(stepped.fill_null(False)).then("base_step").otherwise("base_med"))
     return f.with_columns(
         # background transfers have no peers moving the same thing at the same time (two storage
         # servers serve at their own rates): only their own history is a baseline
@@ -69,20 +73,49 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig) ->
     ).select("fid", "job_id", "unit", "bin", "start_ns", "end_ns", "src_ip", "dst_ip", "path", "e_peer", "e_hist")
 
 
-def _candidates(r: pl.DataFrame) -> pl.DataFrame:
+def pair_levels(f: pl.DataFrame, min_side: int = 8) -> pl.DataFrame:
+    """Per pair and direction (hid): base_med, its median log rate over the span, and base_step, its healthy level
+    when its rate steps at one point (a fault's onset or end): the split of its flows in time with the
+    largest t of the difference of the two sides' means, against the pair's robust spread, past a
+    Bonferroni bar over every pair and split, gives the faster side; else the median (a fault lasting
+    most of the span would otherwise make the slow level the baseline)."""
+    g = f.select("hid", "start_ns", "x").sort("hid", "start_ns").with_columns(
+        k=pl.int_range(1, pl.len() + 1).over("hid"), n=pl.len().over("hid"),
+        cs=pl.col("x").cum_sum().over("hid"), tot=pl.col("x").sum().over("hid"),
+        sig=pl.max_horizontal(pl.lit(0.01), MAD_TO_SIGMA * (pl.col("x") - pl.col("x").median()).abs().median()).over("hid"))
+    g = g.filter((pl.col("k") >= min_side) & (pl.col("n") - pl.col("k") >= min_side)).with_columns(
+        ml=pl.col("cs") / pl.col("k"), mr=(pl.col("tot") - pl.col("cs")) / (pl.col("n") - pl.col("k")))
+    g = g.with_columns(t=(pl.col("ml") - pl.col("mr")).abs()
+                       / (pl.col("sig") * (1 / pl.col("k") + 1 / (pl.col("n") - pl.col("k"))).sqrt()))
+    best = g.sort("t", descending=True).unique("hid", keep="first")
+    bar = bonferroni_z(0.01, max(g.height, 1))
+    base = f.group_by("hid").agg(base_med=pl.col("x").median()).join(best.select("hid", "t", "ml", "mr"), on="hid", how="left")
+    return base.select("hid", "base_med", base_step=pl.when(pl.col("t") > bar).then(pl.max_horizontal("ml", "mr"))
+                       .otherwise("base_med"))
+
+
+def _candidates(r: pl.DataFrame, topology: pl.DataFrame | None = None) -> pl.DataFrame:
+    """The elements each flow crosses: switches on its path, both NICs and, with a topology, both hosts
+    (a host whose GPUs compute late holds back every ring through its NICs: the host is what those
+    rings share)."""
     sw = r.filter(pl.col("path").is_not_null()).select("fid", "bin", cand=pl.col("path")).explode("cand") \
         .with_columns(kind=pl.lit("switch"))
     nic = pl.concat([r.select("fid", "bin", cand=pl.col(c)) for c in ("src_ip", "dst_ip")]).with_columns(kind=pl.lit("nic"))
-    return pl.concat([sw, nic]).filter(pl.col("cand").is_not_null()).unique(["fid", "kind", "cand"])
+    parts = [sw, nic]
+    if topology is not None and topology.height and topology["host"].null_count() < topology.height:
+        parts.append(nic.join(topology.select(cand="ip", h="host"), on="cand").filter(pl.col("h").is_not_null())
+                     .select("fid", "bin", cand="h", kind=pl.lit("host")))
+    return pl.concat(parts).filter(pl.col("cand").is_not_null()).unique(["fid", "kind", "cand"])
 
 
 def element_tier(r: pl.DataFrame) -> pl.DataFrame:
-    """Per switch on the flows' paths, its place: 2 for a spine (inside some path: it joins switches),
-    1 for a leaf (only at a path's ends, next to NICs). NICs are 0. cand, tier."""
+    """Per switch on the flows' paths, the order in which elements carrying the same flows are named
+    (localize): 2 for a spine (inside some path: it joins switches), 3 for a leaf (only at a path's
+    ends, next to NICs). NICs are 0, hosts 1 (set by localize). cand, tier."""
     p = r.filter(pl.col("path").is_not_null()).select(pl.col("path")).with_columns(n=pl.col("path").list.len()) \
         .with_row_index("fid").explode("path").with_columns(pos=pl.int_range(pl.len()).over("fid"))
     inner = (pl.col("pos") > 0) & (pl.col("pos") < pl.col("n") - 1)
-    return p.group_by(cand="path").agg(tier=pl.when(inner.any()).then(2).otherwise(1))
+    return p.group_by(cand="path").agg(tier=pl.when(inner.any()).then(2).otherwise(3))
 
 
 def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowConfig,
@@ -104,7 +137,7 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
     faults are the commonest), a spine before a leaf (a leaf's own fault shows on its local flows)."""
     empty = pl.DataFrame(schema={"kind": pl.Utf8, "cand": pl.Utf8, "value": pl.Float64, "n_slow": pl.Int64,
                                  "n": pl.Int64, "s": pl.Int64, "e": pl.Int64, "bins": pl.Int64, "jobs": pl.Utf8,
-                                 "z": pl.Float64})
+                                 "z": pl.Float64, "alts": pl.Utf8})
     if r.height == 0:
         return empty, {"n_tests": 0, "z_bar": None}
     r = r.with_columns(e=pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0)))
@@ -161,10 +194,19 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
             .otherwise(0.0))
         g = g.with_columns(gain=pl.col("nd") * pl.col("beta") ** 2 + pl.col("npc") * pl.col("gamma") ** 2)
         sev = g.group_by("kind", "cand").agg(gain=pl.col("gain").sum()).join(tier, on="cand", how="left") \
-            .with_columns(pl.col("tier").fill_null(0))
+            .with_columns(tier=pl.when(pl.col("kind") == "host").then(1).otherwise(pl.col("tier").fill_null(0)))
         top = sev["gain"].max()
-        best = sev.filter(pl.col("gain") >= 0.99 * top).sort(["tier", "gain", "cand"], descending=[False, True, False]
-                                                             ).row(0, named=True)
+        tied = sev.filter(pl.col("gain") >= 0.99 * top).sort(["tier", "gain", "cand"], descending=[False, True, False])
+        best = tied.row(0, named=True)
+        # candidates the flows cannot tell from it (they carry nearly the same flows: the two ends of one
+        # link, a leaf and the spine on every path of one ring): named with it, in its evidence
+        own = fm.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])).select("fid")
+        alts = []
+        for t in tied.slice(1).iter_rows(named=True):
+            other = fm.filter((pl.col("kind") == t["kind"]) & (pl.col("cand") == t["cand"])).select("fid")
+            inter = own.join(other, on="fid").height
+            if inter >= 0.9 * max(own.height, other.height):
+                alts.append(t["cand"])
         gb = g.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]))
         bins = gb["bin"]
         mine_ids = fm.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])).select("fid", "unit", "bin")
@@ -174,7 +216,8 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         accepted.append({
             "kind": best["kind"], "cand": best["cand"], "value": float(np.exp(mine["e"].median())),
             "n_slow": slow.height, "n": mine.height, "s": int(mine["start_ns"].min()), "e": int(mine["end_ns"].max()),
-            "bins": bins.n_unique(), "jobs": ",".join(sorted(mine["job_id"].drop_nulls().unique().to_list())), "z": float(zmin)})
+            "bins": bins.n_unique(), "jobs": ",".join(sorted(mine["job_id"].drop_nulls().unique().to_list())), "z": float(zmin),
+            "alts": ",".join(alts)})
         # take its fitted slowness off: beta from its flows, gamma from the rest of their collectives
         direct = mine_ids.join(gb.select("bin", "beta"), on="bin").select("fid", fit="beta")
         pacing = flows.join(mine_ids.select("unit", "bin").unique(), on=["unit", "bin"]).join(
@@ -205,7 +248,7 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     thr = float(np.log(cfg.stall_ratio))
     r = r.with_columns(stall=(pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0)) < thr))
     r = r.with_columns(p0=pl.col("stall").mean().over("job_id").clip(1e-5, 0.5))
-    cand = _candidates(r) if cand is None else cand
+    cand = _candidates(r) if cand is None else cand.filter(pl.col("kind") != "host")
     x = cand.join(r.select("fid", "stall", "p0", "start_ns", "end_ns", "job_id", "src_ip", "dst_ip"), on="fid")
     # only candidates with stalled flows can be causes (their other flows set the expectation)
     x = x.join(x.filter("stall").select("kind", "cand").unique(), on=["kind", "cand"], how="semi")
@@ -238,9 +281,11 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
 
 
 def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tuple[int, int], wid: str,
-                     cfg: FlowConfig, topology: pl.DataFrame | None = None) -> list[dict]:
-    res = flow_residuals(flows, pairs, cfg)
-    cand = _candidates(res) if res.height else None
+                     cfg: FlowConfig, topology: pl.DataFrame | None = None, slow_jobs: set | None = None) -> list[dict]:
+    """slow_jobs: the jobs whose steps slowed in the window (their pairs' history may hold a fault's
+    onset); None: every job's."""
+    res = flow_residuals(flows, pairs, cfg, slow_jobs=slow_jobs)
+    cand = _candidates(res, topology) if res.height else None
     causes, st = localize(res, n_jobs, window, cfg, cand=cand)
     out = []
     named = set(causes["cand"].to_list())
@@ -257,15 +302,29 @@ def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, wind
                         f"in {r['episodes']} episodes, where its jobs would stall {r['lam']:.1f}: a flapping link or port"))
     for r in causes.iter_rows(named=True):
         jobs = r["jobs"].split(",") if r["jobs"] else []
+        alts = [a for a in (r["alts"] or "").split(",") if a]
         ev = json.dumps({"jobs": jobs, "bins": r["bins"], "flows": r["n"], "slow_flows": r["n_slow"],
-                         "z": round(r["z"], 2), "z_bar": round(st["z_bar"], 2), "n_tests": st["n_tests"]})
+                         "z": round(r["z"], 2), "z_bar": round(st["z_bar"], 2), "n_tests": st["n_tests"],
+                         "or_equally": alts})
         sev = "critical" if r["value"] < 0.5 else "warning"
+        tie = (f" (the flows cannot tell it from {', '.join(alts)}: {'they carry' if len(alts) > 1 else 'it carries'} "
+               "the same slow flows; check both)") if alts else ""
+        if r["kind"] == "host":
+            out.append(dict(detector="flows.host_slow", scope="host", subject=r["cand"],
+                            job_id=jobs[0] if len(jobs) == 1 else None, start_ns=r["s"], end_ns=r["e"],
+                            metric="flow_rate_vs_peers", value=r["value"], baseline=1.0, severity=sev, team="operations",
+                            window_id=wid, evidence=ev,
+                            explanation=f"every collective through host {r['cand']}'s NICs moves at {r['value']:.0%} of its "
+                                        f"usual rate (jobs {', '.join(jobs)}){tie}, and no switch or single NIC explains it: "
+                                        "the host holds its rings back (its GPUs compute late, one slow GPU stalling its "
+                                        "tensor-parallel group, or the host's PCIe, CPU or NICs)"))
+            continue
         if r["kind"] == "switch":
             out.append(dict(detector="flows.switch_bandwidth", scope="switch", subject=r["cand"], job_id=None,
                             start_ns=r["s"], end_ns=r["e"], metric="flow_rate_vs_peers", value=r["value"], baseline=1.0,
                             severity=sev, team="operations", window_id=wid, evidence=ev,
                             explanation=f"flows through switch {r['cand']} move at {r['value']:.0%} of the rate of the same "
-                                        f"jobs' other flows of the same kind and size (jobs {', '.join(jobs)}): "
+                                        f"jobs' other flows of the same kind and size (jobs {', '.join(jobs)}){tie}: "
                                         "congestion or a degraded switch"))
         else:
             out.append(dict(detector="flows.nic_bandwidth", scope="link", subject=r["cand"],
@@ -273,6 +332,6 @@ def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, wind
                             metric="flow_rate_vs_peers", value=r["value"], baseline=1.0, severity=sev, team="operations",
                             window_id=wid, evidence=ev,
                             explanation=f"flows to and from NIC {r['cand']} move at {r['value']:.0%} of the rate of their "
-                                        "peers in the same collective, with every peer: a degraded NIC, cable or port, "
+                                        f"peers in the same collective, with every peer{tie}: a degraded NIC, cable or port, "
                                         "or too many channels on it"))
     return out

@@ -65,9 +65,6 @@ def test_every_capture_goes_through_every_capture_analysis(ran):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="known miss (issue 11 closing note): the flows of a ring collective all move at "
-                   "the pace of its slowest hop, so the rail leaves whose channels cross the congested spine carry only "
-                   "slow flows and are named before the spine")
 def test_run_names_the_congested_switch(simulated, ran):
     truth = pl.read_csv(simulated / "ground_truth" / "faults.csv")
     switch = truth.filter(pl.col("kind") == "congested_switch")["subject"][0]
