@@ -10,23 +10,30 @@ durations:
   (the artifact's `step_t_nodelay`, T_ori);
 - ideal: every op at its typical duration for its type, gaps removed (T_ideal). Communication:
   the median per op type of the transfer time (the artifact's choice). Compute: the work the op
-  needs, spread evenly over the stages: per stage the median over its workers of each worker's
-  mean (a slow worker does not move it, longer sequences do), then the mean over stages weighted
-  by their op count (a stage-partitioning imbalance is spread out, as the artifact's mean over
-  every worker does). Without outlying workers this is the artifact's mean;
+  needs, spread evenly over the stages: per stage the lower median over its workers of each
+  worker's mean (with two DP replicas the faster one: a slow worker does not move it, longer
+  sequences do), then the mean over stages weighted by their op count (a stage-partitioning
+  imbalance is spread out, as the artifact's mean over every worker does);
 - S = mean T_ori / T_ideal (paper Eq. 1); attribution S_g: every op ideal except group g
   (an op type, a stage, a DP replica, a worker) as measured (Eq. 2 and 4);
 - the characterization metrics as the artifact computes them: M_W = share of the slowdown that
   goes away when the top 3 % of workers (by min(S_dp, S_stage)) get ideal durations, M_S the same
-  for the last stage (rem = (T_ori - T_fixed) / (T_ori - T_ideal));
+  for the last stage (rem = (T_ori - T_fixed) / (T_ori - T_ideal)). Fixing a worker fixes its
+  side of every transfer too (with_groups): a worker on a throttled host also moves data slowly;
 - sequence-length imbalance (not in the artifact): microbatch effects shared by the stages of a
   pipeline (one sample is processed by every stage), measured as the intraclass correlation of
   the per-(step, replica, microbatch) compute ratios, and its share of the slowdown by replaying
   without those effects.
 
-`no_stragglers` (the step_forecasts scenario) is T_ideal with each slot's typical untraced gap put
-back (median over steps, then over the DP replicas of the same stage position): the step time the
-job would show without stragglers, comparable with measured steps."""
+`no_stragglers` (the step_forecasts scenario, `ideal_with_gaps_ns` here) is the step the job
+would show without its stragglers, comparable with measured steps and with a re-run without the
+cause (no_straggler_steps): every op at its typical duration (means over steps: a step costs its
+ops' tails too), with the step-to-step variation a healthy op shows, every launch delay at its
+typical value per slot. A launch delay is the op's start minus the latest end of what it depends
+on (the rank's earlier ops; for its first op, its own previous step), so waiting for peers is
+never a delay; typical = mean over steps, then the lower median over the DP replicas of the same
+stage position. What the causes found here do (a slow worker's ops and transfers, microbatch
+effects) is taken out."""
 from __future__ import annotations
 
 import io
@@ -401,6 +408,16 @@ def analyze_stragglers(graph_or_timings: JobGraph | pl.DataFrame, capture_id: st
         mseq = _rem_add(t_ori, t_ideal, t_noseq, t_seqonly)
 
     causes = straggler_causes(g, att, S, di, mbe, mseq, t_ori, t_ideal)
+    cand = causes.filter(pl.col("cause") == "worker")["rank"].to_list()
+    if cand:
+        # a slow worker computes slowly too: a worker whose excess is only in its transfers is the
+        # end of a slow link (both of its ends see it), not a slow worker
+        comp = ~slot_is_comm(g)
+        Tc = whatif(g, [comp & (g.ranks[g.slot_rank] == r) for r in cand], di, g.dur)
+        not_w = [r for r, tc in zip(cand, Tc) if tc.mean() / t_ideal < SLOW_GROUP]
+        if not_w:
+            causes = causes.filter(~((pl.col("cause") == "worker") & pl.col("rank").is_in(not_w)))
+            notes.append(f"rank(s) {not_w} slow only in their transfers, not in their compute: a slow link, not a slow worker")
     # op types that slow the ideal step: is any of their ops *persistently* slow (its median over
     # steps above the type's typical), leaving out the workers named as causes and their
     # transfers (a worker on a throttled host moves its data slowly too)? An op type that only

@@ -450,13 +450,14 @@ def replay_plan(g: JobGraph) -> list[dict]:
             a, b = lo + int(np.searchsorted(mode_p[lo:hi], m)), lo + int(np.searchsorted(mode_p[lo:hi], m, side="right"))
             if b > a:
                 parts.append((m, a, b, prev_p[a:b]))
-        sets = np.unique(set_of[lo:hi])
-        single = all(len(set_members[k]) == 1 for k in sets)
-        flat = np.concatenate([set_members[k] for k in sets])
-        offs = np.cumsum([0] + [len(set_members[k]) for k in sets[:-1]])
+        # slots that wait for others: their start is the latest arrival over their wait set
+        multi = np.array([len(set_members[set_of[i]]) > 1 for i in range(lo, hi)], dtype=bool)
+        sets = np.unique(set_of[lo:hi][multi])
+        flat = np.concatenate([set_members[k] for k in sets]) if len(sets) else np.zeros(0, dtype=np.int64)
+        offs = np.cumsum([0] + [len(set_members[k]) for k in sets[:-1]]) if len(sets) else np.zeros(0, dtype=np.int64)
         levels.append({"lo": lo, "hi": hi, "parts": parts, "prev": np.maximum(prev_p[lo:hi], 0),
-                       "first": prev_p[lo:hi] < 0, "seq": ~conc[perm[lo:hi]], "single": single,
-                       "flat": flat, "offs": offs, "pos": np.searchsorted(sets, set_of[lo:hi])})
+                       "first": prev_p[lo:hi] < 0, "seq": ~conc[perm[lo:hi]], "multi": lo + np.flatnonzero(multi),
+                       "flat": flat, "offs": offs, "pos": np.searchsorted(sets, set_of[lo:hi][multi])})
     last = g.next_slot < 0
     plan = {"perm": perm, "levels": levels, "last": inv[last], "last_rank": g.slot_rank[last],
             "any_conc": bool(conc.any())}
@@ -495,10 +496,9 @@ def replay_job_graph(g: JobGraph, gap: np.ndarray, dur: np.ndarray, per_rank: bo
                 arrive[a:b] = gap[a:b]
             else:
                 np.add((start, ready, ready_seq)[m - 1][p], gap[a:b], out=arrive[a:b])
-        if lv["single"]:
-            start[lo:hi] = arrive[lo:hi]
-        else:
-            start[lo:hi] = np.maximum.reduceat(arrive[lv["flat"]], lv["offs"], axis=0)[lv["pos"]]
+        start[lo:hi] = arrive[lo:hi]
+        if len(lv["multi"]):
+            start[lv["multi"]] = np.maximum.reduceat(arrive[lv["flat"]], lv["offs"], axis=0)[lv["pos"]]
         end = start[lo:hi] + dur[lo:hi]
         p = lv["prev"]
         rs = ready_seq[p] if any_conc else None   # read before `ready` is written (they may be one array)
