@@ -12,9 +12,10 @@ a truth the code never sees:
   the first half and scored on the second; the re-runs are healthy jobs (nothing may be raised);
 - speed: the what-if of a 128-rank (DP32 x PP4), 40-step trace.
 
-In / out of sample: seed 0's recordings were looked at while the method was designed (in
-sample); seeds 1 and 2 were recorded after it was frozen and never used to choose anything (out
-of sample). ST was looked at while designing (in sample).
+In / out of sample (IN_SAMPLE below): seed 0's recordings were looked at while the method was
+designed; the throttled-worker cases of seeds 1 and 2 changed it after they were first scored;
+the other cases of seeds 1 and 2 and everything from seed 3 on were recorded and scored after
+the method was frozen. ST was looked at while designing (in sample).
 
     .venv/bin/python -m benchmarks.prism_real_cases                       # committed recordings + ST + speed
     .venv/bin/python -m benchmarks.prism_real_cases --dir DIR [--only cases]   # recordings in DIR
@@ -34,7 +35,15 @@ import polars as pl
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "prism_real"
-IN_SAMPLE_SEEDS = {0}
+# recordings a choice was made on: all of seed 0 (designed on it); the throttled-worker cases of
+# seeds 1 and 2, whose misses (a collective of the worker's stage taken at its own median; the
+# worker hidden by the all-reduce it slows for its peers) changed the method after they were
+# first scored. Everything else was recorded and scored after the method was frozen.
+IN_SAMPLE = {(None, 0), ("slow_worker", 1), ("slow_worker", 2)}
+
+
+def in_sample(kind: str, seed: int) -> bool:
+    return (None, seed) in IN_SAMPLE or (kind, seed) in IN_SAMPLE
 TARGET_KS, TARGET_MEAN_PCT, TARGET_IDEAL_PCT = 0.10, 1.0, 5.0
 
 
@@ -86,7 +95,7 @@ def case_row(d: Path) -> dict:
     ho = heldout_check(a.graph)
     ns = s["ideal_with_gaps_ns"]
     return {"case": d.name, "kind": truth["kind"] if not d.name.endswith("-rerun") else "healthy (re-run)",
-            "sample": "in" if truth["seed"] in IN_SAMPLE_SEEDS else "out", "layout": f"PP{truth['pp']}xDP{truth['dp']}",
+            "sample": "in" if in_sample(truth["kind"], truth["seed"]) else "out", "layout": f"PP{truth['pp']}xDP{truth['dp']}",
             "steps": len(a.graph.steps), "load_1min": _load(truth.get("uptime_before")), "load_after": _load(truth.get("uptime_after")),
             "measured_ms": truth["measured_step_ns"] / 1e6, "truth_ideal_ms": truth_ideal / 1e6,
             "no_stragglers_ms": ns / 1e6, "ideal_err_pct": 100 * (ns / truth_ideal - 1), "ideal_ns_ms": a.ideal_ns / 1e6,

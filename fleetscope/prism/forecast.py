@@ -600,7 +600,8 @@ def straggler_verdicts(sa: StragglerAnalysis, job_id: str | None = None, kernel_
             rows.append({**base, "scope": "rank", "subject": str(c["rank"]), "metric": "slowdown_if_only_this_worker_as_measured",
                          "baseline": ev["peer_median_slowdown"],
                          "explanation": f"rank {c['rank']} (stage {c['stage']}, dp {c['dp_rank']}) alone slows the ideal step {c['slowdown']:.2f}x "
-                                        f"while the same stage in the other DP replicas reaches {ev['peer_median_slowdown']:.2f}x; fixing it alone "
+                                        f"(its compute alone {ev.get('compute_alone_slowdown', c['slowdown']):.2f}x, while the same stage's compute "
+                                        f"in the other DP replicas reaches {ev['peer_median_slowdown']:.2f}x); fixing it "
                                         f"removes {_share(share)} of the slowdown ({S:.2f}x): a slow GPU or host"
                                         + (f"; its compute kernels take {kr / 1e6:.0f} ms per step" if kr else ""),
                          "evidence": json.dumps(ev)})

@@ -187,18 +187,27 @@ def no_straggler_steps(g: JobGraph, typical: np.ndarray, gaps: np.ndarray, cause
             nu[twins["slot"].to_numpy()] = nu[twins["twin"].to_numpy()]
     typical = typical.copy()
     if cause_ranks:
-        # ops that synchronize with a cause worker and have no untouched twin (a collective over
-        # every rank): this capture shows them only with the straggler in them. Their typical is
-        # taken at the median over steps (the straggler's occasional stalls are in the tail) and
-        # without variation.
+        # ops that synchronize with a cause worker and have no untouched twin (a collective of
+        # the worker's whole stage, or of every rank): the same op of the untouched groups of
+        # that op type (another stage's all-reduce) gives their typical and variation; where
+        # every group is touched (a collective over every rank) this capture shows the op only
+        # with the straggler in it: its median over steps, without variation.
         alone = m.copy()
         if twins.height:
             alone[twins["slot"].to_numpy()] = False
-        if alone.any():
-            med = pl.DataFrame({"g": g.group_of[alone], "m": np.median(g.dur[alone], axis=1)}).group_by("g").agg(_lower_median("m"))
-            gm = dict(med.iter_rows())
-            typical[alone] = np.array([gm[x] for x in g.group_of[alone]])
-            nu[alone] = 1.0
+        names = g.slot_names()
+        for nm in np.unique(names[alone]):
+            sel = alone & (names == nm)
+            clean = np.flatnonzero((names == nm) & ~m)
+            if len(clean):
+                ref = clean[np.argsort(mean[clean, 0])[(len(clean) - 1) // 2]]   # the lower median of their means
+                typical[sel] = mean[ref, 0]
+                nu[sel] = nu[ref]
+            else:
+                med = pl.DataFrame({"g": g.group_of[sel], "m": np.median(g.dur[sel], axis=1)}).group_by("g").agg(_lower_median("m"))
+                gm = dict(med.iter_rows())
+                typical[sel] = np.array([gm[x] for x in g.group_of[sel]])
+                nu[sel] = 1.0
     dur = typical[:, None] * nu
     gp = np.repeat(gaps[:, None], dur.shape[1], axis=1)
     if _local_first(g) is None:
@@ -407,17 +416,18 @@ def analyze_stragglers(graph_or_timings: JobGraph | pl.DataFrame, capture_id: st
         t_seqonly = float(replay_job_graph(g, zero, dur_seqonly).mean())
         mseq = _rem_add(t_ori, t_ideal, t_noseq, t_seqonly)
 
-    causes = straggler_causes(g, att, S, di, mbe, mseq, t_ori, t_ideal)
-    cand = causes.filter(pl.col("cause") == "worker")["rank"].to_list()
-    if cand:
-        # a slow worker computes slowly too: a worker whose excess is only in its transfers is the
-        # end of a slow link (both of its ends see it), not a slow worker
+    # compute alone as measured, for the workers slower than their peers (and those peers):
+    # the evidence of a slow worker (straggler_causes)
+    w_att = att.filter(pl.col("dimension") == "worker")
+    above = (w_att.join(_peer_median(w_att, "slowdown"), on="rank", how="left").with_columns(pl.col("peer").fill_null(1.0))
+             .filter((pl.col("slowdown") >= SLOW_GROUP) & (pl.col("slowdown") > pl.col("peer"))))
+    probe = above.select("stage", "tp_rank").unique().join(w_att.select("rank", "stage", "tp_rank"), on=["stage", "tp_rank"])["rank"].to_list()
+    compute_alone: dict[int, float] = {}
+    if probe and S >= SLOW_GROUP:
         comp = ~slot_is_comm(g)
-        Tc = whatif(g, [comp & (g.ranks[g.slot_rank] == r) for r in cand], di, g.dur)
-        not_w = [r for r, tc in zip(cand, Tc) if tc.mean() / t_ideal < SLOW_GROUP]
-        if not_w:
-            causes = causes.filter(~((pl.col("cause") == "worker") & pl.col("rank").is_in(not_w)))
-            notes.append(f"rank(s) {not_w} slow only in their transfers, not in their compute: a slow link, not a slow worker")
+        Tc = whatif(g, [comp & (g.ranks[g.slot_rank] == r) for r in probe], di, g.dur)
+        compute_alone = {int(r): float(tc.mean() / t_ideal) for r, tc in zip(probe, Tc)}
+    causes = straggler_causes(g, att, S, di, mbe, mseq, t_ori, t_ideal, compute_alone)
     # op types that slow the ideal step: is any of their ops *persistently* slow (its median over
     # steps above the type's typical), leaving out the workers named as causes and their
     # transfers (a worker on a throttled host moves its data slowly too)? An op type that only
@@ -465,28 +475,41 @@ def stage_compute_ratio(g: JobGraph) -> dict[int, float]:
     return {int(s): (float(v) if v is not None else 1.0) for s, v in zip(st["stage"], st["ratio"])}
 
 
+def _peer_median(w: pl.DataFrame, col: str) -> pl.DataFrame:
+    """Per worker (rank): the median of `col` over its peers, the same stage and TP index in the
+    other DP replicas."""
+    return (w.select("rank", "stage", "tp_rank", "dp_rank")
+            .join(w.select("stage", "tp_rank", pl.col("dp_rank").alias("_d"), pl.col(col).alias("_s")), on=["stage", "tp_rank"])
+            .filter(pl.col("dp_rank") != pl.col("_d")).group_by("rank").agg(pl.col("_s").median().alias("peer")))
+
+
 def straggler_causes(g: JobGraph, att: pl.DataFrame, S: float, di: np.ndarray, mbe: dict | None,
-                     mseq: tuple[float, float], t_ori: float, t_ideal: float) -> pl.DataFrame:
-    """Verdict inputs (straggler_causes): individually slow workers (alone as measured they slow
-    the ideal step by SLOW_GROUP and by more than twice their same-stage peers in other DP
-    replicas), stages slow in every DP replica whose compute exceeds the balanced stage by
+                     mseq: tuple[float, float], t_ori: float, t_ideal: float,
+                     compute_alone: dict[int, float] | None = None) -> pl.DataFrame:
+    """Verdict inputs (straggler_causes): individually slow workers (their compute alone as
+    measured, `compute_alone`, slows the ideal step by SLOW_GROUP and by more than twice their
+    same-stage peers' in other DP replicas), stages slow in every DP replica whose compute exceeds the balanced stage by
     IMBALANCE (partitioning imbalance), and
     sequence-length imbalance (microbatch effects shared along the pipeline). Each row carries its
     slowdown alone (S_g) and its share of the slowdown: the fraction removed when it is fixed."""
     cap = g.capture_id
     w = att.filter(pl.col("dimension") == "worker")
+    compute_alone = compute_alone or {}
     rows: list[dict] = []
     slow_w = []
     empty = pl.DataFrame(rows, schema={c: col.dtype.type for c, col in STRAGGLER_CAUSES.columns.items()})
     if S < SLOW_GROUP:  # no straggling to explain (shares of a ~0 slowdown are noise)
         return STRAGGLER_CAUSES.validate(empty)
-    # each worker's peers: the same stage and TP index in the other DP replicas (median slowdown)
-    peers = (w.select("rank", "stage", "tp_rank", "dp_rank")
-             .join(w.select("stage", "tp_rank", pl.col("dp_rank").alias("_d"), pl.col("slowdown").alias("_s")), on=["stage", "tp_rank"])
-             .filter(pl.col("dp_rank") != pl.col("_d")).group_by("rank").agg(pl.col("_s").median().alias("peer")))
-    cand = (w.join(peers, on="rank", how="left").with_columns(pl.col("peer").fill_null(1.0))
-            .filter((pl.col("slowdown") >= SLOW_GROUP)
-                    & (pl.col("slowdown") - 1 >= 2 * (pl.col("peer") - 1).clip(lower_bound=0) + PEER_MARGIN)).sort("rank"))
+    # a slow worker computes slowly: its compute alone as measured (every other op ideal) slows
+    # the ideal step, by more than twice what its peers' compute does (the same stage and TP
+    # index in the other DP replicas). Compute only: a collective it shares with its peers is as
+    # slow for them (a throttled host stalls the whole all-reduce), and the two ends of a slow
+    # link are slow only in their transfers.
+    wc = w.join(pl.DataFrame({"rank": list(compute_alone), "sc": list(compute_alone.values())},
+                             schema={"rank": pl.Int64, "sc": pl.Float64}), on="rank", how="inner")
+    cand = (wc.join(_peer_median(wc, "sc"), on="rank", how="left").with_columns(pl.col("peer").fill_null(1.0))
+            .filter((pl.col("sc") >= SLOW_GROUP)
+                    & (pl.col("sc") - 1 >= 2 * (pl.col("peer") - 1).clip(lower_bound=0) + PEER_MARGIN)).sort("rank"))
     for r in cand.iter_rows(named=True):
         slow_w.append((r, float(r["peer"])))
     ratio = stage_compute_ratio(g)
@@ -494,7 +517,8 @@ def straggler_causes(g: JobGraph, att: pl.DataFrame, S: float, di: np.ndarray, m
         rows.append({"capture_id": cap, "cause": "worker", "subject": f"rank {r['rank']}", "rank": r["rank"], "stage": r["stage"],
                      "dp_rank": r["dp_rank"], "slowdown": r["slowdown"], "share_of_slowdown": r["share_removed"],
                      "share_added": r["share_added"], "team": "operations",
-                     "evidence": json.dumps({"peer_median_slowdown": peer, "tp_rank": r["tp_rank"], "job_slowdown": S})})
+                     "evidence": json.dumps({"peer_median_slowdown": peer, "compute_alone_slowdown": r["sc"],
+                                             "tp_rank": r["tp_rank"], "job_slowdown": S})})
     for r in att.filter(pl.col("dimension") == "stage").iter_rows(named=True):
         s = r["stage"]
         ws = w.filter(pl.col("stage") == s)
