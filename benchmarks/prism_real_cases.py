@@ -120,7 +120,7 @@ def cases_section(folder: Path) -> pl.DataFrame:
         x = df.filter(pl.col("sample") == sample)
         if x.height == 0:
             continue
-        print(f"RESULT {sample}-of-sample ({x.height} runs): no_stragglers within {TARGET_IDEAL_PCT:.0f} % of the re-run: "
+        print(f"RESULT {'in-sample' if sample == 'in' else 'out-of-sample'} ({x.height} runs): no_stragglers within {TARGET_IDEAL_PCT:.0f} % of the re-run: "
               f"{(x['ideal_err_pct'].abs() <= TARGET_IDEAL_PCT).sum()}/{x.height} (max |err| {x['ideal_err_pct'].abs().max():.1f} %); "
               f"verdicts: {x['hits'].sum()} hits, {x['misses'].sum()} misses, {x['false'].sum()} false; "
               f"held-out KS <= {TARGET_KS}: {(x['ho_ks'] <= TARGET_KS).sum()}/{x.height} (median {x['ho_ks'].median():.3f}; the "

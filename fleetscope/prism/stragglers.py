@@ -420,7 +420,7 @@ def analyze_stragglers(graph_or_timings: JobGraph | pl.DataFrame, capture_id: st
     # the evidence of a slow worker (straggler_causes)
     w_att = att.filter(pl.col("dimension") == "worker")
     above = (w_att.join(_peer_median(w_att, "slowdown"), on="rank", how="left").with_columns(pl.col("peer").fill_null(1.0))
-             .filter((pl.col("slowdown") >= SLOW_GROUP) & (pl.col("slowdown") > pl.col("peer"))))
+             .filter((pl.col("slowdown") >= SLOW_GROUP) & (pl.col("slowdown") - pl.col("peer") >= PEER_MARGIN)))
     probe = above.select("stage", "tp_rank").unique().join(w_att.select("rank", "stage", "tp_rank"), on=["stage", "tp_rank"])["rank"].to_list()
     compute_alone: dict[int, float] = {}
     if probe and S >= SLOW_GROUP:
