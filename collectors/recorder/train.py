@@ -6,6 +6,14 @@ compute emulated by sleeps (which cost no CPU on a shared box) around real small
   synchronous all-reduce per gradient tensor in the stage's DP group (buckets of several sizes).
 - `--pp 1`: DistributedDataParallel with small buckets, all-reduced asynchronously from a comm
   hook while backward still runs (sleeps inside backward, between layers).
+- `--tokens N` (with `--pp` > 1): token-sized microbatches. Each stage holds `--stage-layers` real
+  Linear(width, width) layers over activations [tokens, width]; a layer's forward / backward costs
+  its real matmuls plus emulated accelerator time (`--layer-fwd-ms` / `--layer-bwd-ms` per N
+  tokens), both proportional to the microbatch's tokens. `--seq-sigma` draws every microbatch's
+  sequence length (log-normal, mean N; the same on every stage of its pipeline: all ranks of a DP
+  replica draw it from `--data-seed`, step, replica and microbatch, as a shared sampler does), and
+  the rank log records it (`microbatch` rows). `--clip-grad` adds Megatron's
+  optimizer-clip-main-grad (a world all-reduce of the gradient norm before the optimizer).
 
 The recorder steers all ranks of a job through `<run-dir>/control.json` (read at every step start,
 decisions always name a future step so all ranks agree): `stop_step`, the timing/profile windows
@@ -24,7 +32,9 @@ import gzip
 import importlib
 import io
 import json
+import math
 import os
+import resource
 import shutil
 import socket
 import time
@@ -124,6 +134,36 @@ def _mlp(dims: list[int], bwd_ms: float) -> torch.nn.Module:
     return M()
 
 
+class TokenStage(torch.nn.Module):
+    """A pipeline stage of `n_layers` real Linear(width, width) layers over [tokens, width]; the
+    stage's forward also sleeps fwd_ms and its backward bwd_ms per layer (emulated accelerator
+    time), times the microbatch's tokens over the reference `tokens` (set `scale` before the
+    forward). One sleep per pass, not per layer: fewer wake-ups for a loaded machine to delay."""
+
+    def __init__(self, n_layers: int, width: int, fwd_ms: float, bwd_ms: float):
+        super().__init__()
+        self.fwd_ms, self.bwd_ms, self.scale = fwd_ms, bwd_ms, 1.0
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(n_layers))
+
+    def forward(self, x):
+        for lin in self.layers:
+            x = torch.relu(lin(x))
+        n = len(self.layers)
+        time.sleep(n * self.fwd_ms * self.scale / 1e3)
+        # on the output: it needs a gradient on every stage (the first stage's input does not)
+        return SleepGrad.apply(x, n * self.bwd_ms * self.scale)
+
+
+def seq_tokens(seed: int, step: int, dp_rank: int, mb: int, tokens: int, sigma: float) -> int:
+    """Tokens of one microbatch: log-normal around `tokens` (mean preserved), the same on every
+    rank of a DP replica (they all draw it from the same key)."""
+    if sigma <= 0:
+        return tokens
+    import numpy as np
+    z = np.random.default_rng([seed, step, dp_rank, mb]).standard_normal()
+    return max(8, int(round(tokens * math.exp(sigma * z - sigma * sigma / 2))))
+
+
 class Rank:
     def __init__(self, a):
         self.a = a
@@ -199,8 +239,14 @@ class Rank:
         torch.manual_seed(1000 + self.dp_rank)
         if a.pp > 1:
             self.groups = [dist.new_group([s * self.dp + i for i in range(self.dp)]) for s in range(a.pp)]
-            dims = [a.width, 1024, a.width, 384, a.width] if self.stage % 2 == 0 else [a.width, 768, 96, a.width]
-            self.model = _mlp(dims, a.bwd_ms)
+            if a.tokens > 0:
+                layers = [int(x) for x in a.stage_layers.split(",")] if a.stage_layers else [3] * a.pp
+                if len(layers) != a.pp:
+                    raise SystemExit(f"--stage-layers needs {a.pp} numbers, got {a.stage_layers!r}")
+                self.model = TokenStage(layers[self.stage], a.width, a.layer_fwd_ms, a.layer_bwd_ms)
+            else:
+                dims = [a.width, 1024, a.width, 384, a.width] if self.stage % 2 == 0 else [a.width, 768, 96, a.width]
+                self.model = _mlp(dims, a.bwd_ms)
         else:
             from torch.nn.parallel import DistributedDataParallel as DDP
             self.model = DDP(_mlp([a.width, 512, 384, 256, 10], a.bwd_ms), bucket_cap_mb=0.5)
@@ -220,8 +266,20 @@ class Rank:
             return f.value()[0].div_(self.a.world)
         return fut.then(done)
 
+    def _shape(self, step: int, mb: int) -> tuple[int, int]:
+        """Activation shape of a microbatch: [mb, width], or [its tokens, width] with --tokens."""
+        a = self.a
+        if a.tokens <= 0:
+            return (a.mb, a.width)
+        return (seq_tokens(a.data_seed, step, self.dp_rank, mb, a.tokens, a.seq_sigma), a.width)
+
     def _fwd(self, x, mb):
         a = self.a
+        if a.tokens > 0:  # token model: work per token, in the layers (real matmuls + emulated time)
+            self.model.scale = x.shape[0] / a.tokens
+            with self.ops.timed("forward-compute", mb=mb):
+                y = self.model(x)
+            return y
         with self.ops.timed("forward-compute", mb=mb):
             time.sleep((a.fwd_ms + self.extra_ms) / 1e3)
             y = self.model(x)
@@ -252,13 +310,15 @@ class Rank:
         P, s, M = a.pp, self.stage, a.micro
         prv = a.rank - self.dp if s > 0 else None
         nxt = a.rank + self.dp if s < P - 1 else None
-        shape = (a.mb, a.width)
         ins, outs = [], []
+        if a.tokens > 0 and s == 0:  # the data: every microbatch's sequence length (the truth)
+            for m in range(M):
+                self.log.write("microbatch", step=step, dp_rank=self.dp_rank, microbatch=m, tokens=self._shape(step, m)[0])
 
         def recv_forward(mb):
             if prv is None:
-                return torch.randn(*shape)
-            x = torch.empty(*shape)
+                return torch.randn(*self._shape(step, mb))
+            x = torch.empty(*self._shape(step, mb))
             with self.ops.timed("forward-recv", mb=mb):
                 dist.recv(x, prv)
             return x.requires_grad_(True)
@@ -290,7 +350,7 @@ class Rank:
         for i in range(M - warm):
             y = self._fwd(x, fmb)
             ins.append(x), outs.append(y)
-            g = p2p(y.detach(), nxt, shape, nxt, ("forward-send", "backward-recv"), fmb) if nxt is not None else None
+            g = p2p(y.detach(), nxt, self._shape(step, bmb), nxt, ("forward-send", "backward-recv"), fmb) if nxt is not None else None
             fmb += 1
             dx = backward(bmb, g)
             if i == M - warm - 1:
@@ -298,13 +358,13 @@ class Rank:
                     with self.ops.timed("backward-send", mb=bmb):
                         dist.send(dx, prv)
             elif prv is not None:
-                x = p2p(dx, prv, shape, prv, ("backward-send", "forward-recv"), fmb)
+                x = p2p(dx, prv, self._shape(step, fmb), prv, ("backward-send", "forward-recv"), fmb)
                 x.requires_grad_(True)
             else:
                 x = recv_forward(fmb)
             bmb += 1
         for _ in range(warm):
-            g = torch.empty(*shape)
+            g = torch.empty(*self._shape(step, bmb))
             with self.ops.timed("backward-recv", mb=bmb):
                 dist.recv(g, nxt)
             dx = backward(bmb, g)
@@ -318,6 +378,11 @@ class Rank:
                 t0 = now()
                 dist.all_reduce(p.grad, group=self.groups[s])
                 self.log.write("bucket", step=step, bucket=i, bytes=p.grad.numel() * 4, start_ns=t0, end_ns=now())
+        if a.clip_grad:  # Megatron's grad-norm clipping: one all-reduce over every rank
+            with self.ops.timed("optimizer-clip-main-grad"):
+                norm = torch.stack([p.grad.pow(2).sum() for p in self.model.parameters()]).sum().reshape(1)
+                dist.all_reduce(norm)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=1e9)
         with self.ops.timed("optimizer"):
             self.opt.step()
 
@@ -359,7 +424,9 @@ class Rank:
         import fleetscope.collectors.tracer as ft
 
         ft.stop()
-        self.log.write("event", event="finish", step=step, start_ns=now(), end_ns=now(), why=stopped_by)
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        self.log.write("event", event="finish", step=step, start_ns=now(), end_ns=now(), why=stopped_by,
+                       cpu_s=round(ru.ru_utime + ru.ru_stime, 3))
         return stopped_by
 
 
@@ -384,6 +451,13 @@ def main(argv=None) -> int:
     ap.add_argument("--ckpt-save-s", type=float, default=1.0)
     ap.add_argument("--ckpt-load-bytes", type=int, default=4 << 20)
     ap.add_argument("--storage", default="", help="IP:PORT of the checkpoint store (services.py)")
+    ap.add_argument("--tokens", type=int, default=0, help="token model (--pp > 1): mean tokens per microbatch; 0: the default model")
+    ap.add_argument("--stage-layers", default="", help="token model: layers per stage, e.g. 2,2,2,6 (default 3 each)")
+    ap.add_argument("--layer-fwd-ms", type=float, default=6.0, help="token model: emulated forward time per layer at --tokens")
+    ap.add_argument("--layer-bwd-ms", type=float, default=12.0, help="token model: emulated backward time per layer at --tokens")
+    ap.add_argument("--seq-sigma", type=float, default=0.0, help="token model: log-normal spread of the microbatches' lengths")
+    ap.add_argument("--data-seed", type=int, default=0, help="token model: seed of the sequence lengths")
+    ap.add_argument("--clip-grad", action="store_true", help="a world all-reduce of the gradient norm before the optimizer")
     ap.add_argument("--stacks", action="store_true", help="Python stacks in the Kineto traces (~3x larger files)")
     ap.add_argument("--hard-deadline-ns", type=int, required=True)
     a = ap.parse_args(argv)

@@ -1,6 +1,6 @@
-"""Step-time forecasts (docs/CONTRACT.mdstep_forecasts) and the PRISM what-if scenarios, per capture.
+"""Step-time forecasts (docs/CONTRACT.md step_forecasts) and the PRISM what-if scenarios, per capture.
 
-The Monte Carlo model of a capture (`StepModel`) samples every op slot of the step structure
+The variability model of a capture (`StepModel`) decomposes every op slot of the step structure
 (fleetscope.prism.structure) as
 
     duration = typical(slot) x step_factor(op, step) x worker(rank, step) x microbatch(replica, mb) x residual
@@ -13,19 +13,24 @@ The Monte Carlo model of a capture (`StepModel`) samples every op slot of the st
   from some step on is slow on all its ops in those steps);
 - microbatch: per pipeline replica and microbatch, the median over the stages of the forward /
   backward compute's remaining log ratio (one sample is processed by every stage: sequence length
-  moves all of them);
-- residual: per slot, from the family fitted for that op (variability.py), with the worker's
-  residuals scaled so that its per-step total varies as measured (adjacent timers hand off);
-  a synchronizing group draws one residual for all its members (a collective has one transfer time).
-A sample draws one measured step for the step factors, the worker effects and the untraced gaps
-(per-iteration events: a dataloader stall, a warm-up step), and per replica the microbatch effects
-of one measured (replica, step). The worker and microbatch effects are shrunk to the variance
-they have beyond the noise of estimating them.
+  moves all of them), shrunk to the variance it has beyond the noise of estimating it;
+- residual: per slot, from the family fitted for that op (variability.py).
+
+The `baseline` forecast (sample_baseline) draws whole measured steps, every op's deviation and
+launch delay together, and recombines per pipeline replica the microbatch effects of a measured
+(replica, step) drawn on its own. On real machines the ops of one step move together, from a
+step slow everywhere to a burst of load that slows every rank at the same moment; drawing ops
+(or workers, or stages) apart inflates the max over ranks (measured on real gloo jobs: +1.4 to
++8 % on the mean, benchmarks/prism_real_cases.py, docs/figures/prism.md). The per-op families and
+effects drive the scenarios (`slow_node_worst`, kernel sensitivity, the hierarchical model).
+`heldout_check` fits the baseline on the first half of the measured steps and scores it on the
+second half, next to how far the two halves are apart.
 
 Scenarios: `baseline` (as measured, with KS distance and mean error against the measured
-steps), `no_stragglers` (the what-if ideal of fleetscope.prism.stragglers: every op at its
-typical duration for its type, untraced gaps at their typical value), `slow_node_worst`, and
-`scale_<N>ranks`; the sweeps behind them go to step_forecast_details."""
+steps), `no_stragglers` (fleetscope.prism.stragglers: every op at its typical duration with a
+healthy op's step-to-step variation, launch delays at their typical values, one value per
+measured step), `slow_node_worst`, and `scale_<N>ranks`; the sweeps behind them go to
+step_forecast_details."""
 from __future__ import annotations
 
 import io
@@ -39,7 +44,7 @@ from scipy import stats
 from fleetscope.prism.compose import PipelineModel, replica_step_samples, step_distribution
 from fleetscope.prism.schemas import SCENARIO_DETAILS, STEP_FORECASTS
 from fleetscope.prism.stragglers import SEQ_OPS, SLOW_GROUP, StragglerAnalysis, analyze_stragglers, op_types, slot_is_comm
-from fleetscope.prism.structure import JobGraph, build_job_graph, replay_job_graph
+from fleetscope.prism.structure import JobGraph, build_job_graph, replay_job_graph, subset_steps
 from fleetscope.prism.variability import Dist, fit_families, hw_correlation, scaled_slots, select, temporal_ratios, variability_models
 from fleetscope.verdicts import make_verdicts
 
@@ -269,10 +274,49 @@ def sample_durations(sm: StepModel, n: int, rng: np.random.Generator, only: np.n
     return gap, dur
 
 
+def sample_baseline(sm: StepModel, n: int, rng: np.random.Generator):
+    """[n_slots, n] (gap, dur) of the baseline forecast: each sample is one measured step (its
+    step-wide factors, every worker's state, every op's deviation and launch delay, together:
+    on real machines the ops of one step move together, from a whole step slow everywhere to a
+    burst of load that slows every rank at the same moment, and drawing them apart inflates the
+    max over ranks), with the microbatch effects of each pipeline replica swapped for those of a
+    measured (replica, step) drawn on its own: a batch's sequence lengths are independent of the
+    machine's state, and each microbatch's effect moves its ops on every stage together."""
+    g = sm.graph
+    J = rng.integers(0, g.dur.shape[1], n)
+    dur = g.dur[:, J]
+    if len(sm.mb_slots):
+        n_rep, _, S_mb = sm.mb_eff.shape
+        kr = rng.integers(0, n_rep, (n_rep, n))
+        kj = rng.integers(0, S_mb, (n_rep, n))
+        own = sm.mb_eff[sm.mb_rep, sm.mb_idx][:, J]
+        new = sm.mb_eff[kr[sm.mb_rep], sm.mb_idx[:, None], kj[sm.mb_rep]]
+        dur[sm.mb_slots] *= np.exp(new - own)
+    return g.gap[:, J], dur
+
+
 def sample_step_times(sm: StepModel, n: int, rng: np.random.Generator, chunk: int = 2000) -> np.ndarray:
-    """n step times of the baseline forecast, sampled and replayed in chunks (bounded memory)."""
-    return np.concatenate([replay_job_graph(sm.graph, *sample_durations(sm, min(chunk, n - a), rng))
+    """n step times of the baseline forecast (sample_baseline), replayed in chunks (bounded memory)."""
+    return np.concatenate([replay_job_graph(sm.graph, *sample_baseline(sm, min(chunk, n - a), rng))
                            for a in range(0, n, chunk)])
+
+
+def heldout_check(g: JobGraph, n: int = 10_000, seed: int = 0) -> dict:
+    """The baseline forecast fitted on the first half of the measured steps and scored on the
+    second half (KS distance, mean error), next to what a perfect model would show against that
+    many steps (noise floor) and how far the two halves' own distributions are apart (the
+    machine's drift: no model fitted on the first half can be closer than that on average)."""
+    S = len(g.steps)
+    h = S // 2
+    if h < 2:
+        return {}
+    g1, g2 = subset_steps(g, np.arange(h)), subset_steps(g, np.arange(h, S))
+    rng = np.random.default_rng(seed)
+    T = sample_step_times(fit_step_model(g1), n, rng)
+    m1, m2 = g1.measured_step_ns, g2.measured_step_ns
+    return {"heldout_ks": ks_distance(T, m2), "heldout_mean_error_pct": float(100 * (T.mean() / m2.mean() - 1)),
+            "heldout_ks_noise_floor": ks_noise_floor(T, len(m2), rng), "halves_ks": ks_distance(m1, m2),
+            "halves_mean_diff_pct": float(100 * (m1.mean() / m2.mean() - 1)), "n_fit": h, "n_scored": S - h}
 
 
 def ks_distance(pred: np.ndarray, measured: np.ndarray) -> float:
@@ -518,7 +562,10 @@ def straggler_verdicts(sa: StragglerAnalysis, job_id: str | None = None, kernel_
     cap = g.capture_id
     sm_row = sa.summary.row(0, named=True)
     S = sm_row["slowdown"]
-    slow = S >= SLOW_JOB
+    # slow: S above SLOW_JOB for a reason that persists (a cause, or an op persistently slower than
+    # its typical); a job whose steps only vary (a busy machine's transfers and wake-ups) is not
+    slow = S >= SLOW_JOB and (sa.causes.height > 0 or sa.persistent_slowdown >= SLOW_JOB
+                              or any(v >= SLOW_GROUP for v in sa.persistent_types.values()))
 
     def sev(share: float, alone: float) -> str:
         if not slow:
@@ -553,7 +600,8 @@ def straggler_verdicts(sa: StragglerAnalysis, job_id: str | None = None, kernel_
             rows.append({**base, "scope": "rank", "subject": str(c["rank"]), "metric": "slowdown_if_only_this_worker_as_measured",
                          "baseline": ev["peer_median_slowdown"],
                          "explanation": f"rank {c['rank']} (stage {c['stage']}, dp {c['dp_rank']}) alone slows the ideal step {c['slowdown']:.2f}x "
-                                        f"while the same stage in the other DP replicas reaches {ev['peer_median_slowdown']:.2f}x; fixing it alone "
+                                        f"(its compute alone {ev.get('compute_alone_slowdown', c['slowdown']):.2f}x, while the same stage's compute "
+                                        f"in the other DP replicas reaches {ev['peer_median_slowdown']:.2f}x); fixing it "
                                         f"removes {_share(share)} of the slowdown ({S:.2f}x): a slow GPU or host"
                                         + (f"; its compute kernels take {kr / 1e6:.0f} ms per step" if kr else ""),
                          "evidence": json.dumps(ev)})
@@ -579,7 +627,15 @@ def straggler_verdicts(sa: StragglerAnalysis, job_id: str | None = None, kernel_
     for r in sa.attribution.filter((pl.col("dimension") == "op_type") & (pl.col("slowdown") >= SLOW_GROUP)).iter_rows(named=True):
         t = r["subject"]
         is_comm = t in comm_types
-        if not is_comm and explained:
+        pers = sa.persistent_types.get(t)
+        if pers is not None and pers < SLOW_GROUP:
+            # no op of this type is persistently slow (beyond the workers named above): it varies
+            # from step to step, which the ideal's typical durations leave out
+            sv, team = "info", "operations" if is_comm else "infrastructure"
+            why = (f" (with each op at its own median it slows the ideal step only {pers:.2f}x"
+                   + (f", the transfers of rank(s) {', '.join(str(x) for x in workers['rank'].to_list())} left out" if workers.height else "")
+                   + ": step-to-step variation, not a slow op)")
+        elif not is_comm and explained:
             sv, team = "info", causes.sort("share_of_slowdown", descending=True)["team"][0]
             why = " (explained by the " + ", ".join(sorted(set(causes["cause"].to_list()))).replace("_", " ") + " verdicts)"
         else:
@@ -593,13 +649,14 @@ def straggler_verdicts(sa: StragglerAnalysis, job_id: str | None = None, kernel_
     att = sa.attribution.filter(pl.col("dimension").is_in(["op_type", "stage"])).sort("slowdown", descending=True).head(3)
     job = {"detector": "prism.no_stragglers", "scope": "job", "subject": cap, "job_id": job_id, "capture_id": cap,
            "metric": "slowdown_over_ideal", "value": S, "baseline": 1.0,
-           "severity": "critical" if S >= 1.25 else "warning" if slow else "info", "team": team,
+           "severity": ("critical" if S >= 1.25 else "warning") if slow else "info", "team": team,
            "explanation": f"steps average {sa.nodelay_ns.mean() / 1e9:.3f} s (untraced gaps removed; {sm_row['measured_mean_ns'] / 1e9:.3f} s "
                           f"measured) vs {sa.ideal_ns / 1e9:.3f} s with every op at its typical duration: S = {S:.2f}; "
                           + ("causes: " + ", ".join(f"{c['subject']} ({c['cause'].replace('_', ' ')}, {_share(c['share_of_slowdown'])})"
                                                     for c in top.iter_rows(named=True)) if top.height else
                              "largest contributors: " + ", ".join(f"{r['dimension']} {r['subject']} {r['slowdown']:.2f}x" for r in att.iter_rows(named=True))),
-           "evidence": json.dumps({k: sm_row[k] for k in ("mw", "ms", "mseq", "measured_slowdown", "launch_slowdown", "ideal_ns", "ideal_with_gaps_ns")})}
+           "evidence": json.dumps({**{k: sm_row[k] for k in ("mw", "ms", "mseq", "measured_slowdown", "launch_slowdown", "ideal_ns",
+                                                           "ideal_with_gaps_ns")}, "persistent_slowdown": sa.persistent_slowdown})}
     return make_verdicts([job] + rows)
 
 
@@ -665,11 +722,13 @@ def forecast_capture(timings: pl.DataFrame, hw: pl.DataFrame | None = None, capt
     sa = analyze_stragglers(g)
     ideal = sa.ideal_with_gaps_ns
     floor = ks_noise_floor(base, len(meas), rng)
-    rows = [_row(cap, "baseline", g.n_ranks, base, meas, {"ks_noise_floor": floor}),
-            _row(cap, "no_stragglers", g.n_ranks, np.array([ideal]), meas,
-                 {"typical": "what-if ideal: communication at its median per op type, compute at its stage-balanced typical "
-                             "work per op type, untraced gaps at their typical value", "ideal_without_gaps_ns": sa.ideal_ns,
-                  "slowdown": sa.S})]
+    rows = [_row(cap, "baseline", g.n_ranks, base, meas, {"ks_noise_floor": floor, **heldout_check(g, min(n_samples, 10_000), seed)}),
+            _row(cap, "no_stragglers", g.n_ranks, sa.no_stragglers_steps, meas,
+                 {"typical": "what-if: every op at its typical duration (compute at its stage-balanced typical work, "
+                             "communication at its typical transfer) with the step-to-step variation a healthy op shows, "
+                             "launch delays at their typical values, the causes' own effects removed; one value per measured "
+                             "step, their mean = straggler_summary.ideal_with_gaps_ns",
+                  "ideal_without_gaps_ns": sa.ideal_ns, "slowdown": sa.S})]
     details = []
     details += slow_node_placement(sm)
     details += kernel_sensitivity(sm, seed=seed)

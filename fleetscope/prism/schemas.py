@@ -81,7 +81,8 @@ STRAGGLER_SUMMARY = pa.DataFrameSchema({
     "measured_mean_ns": pa.Column(pl.Float64, pa.Check.ge(0)),
     "nodelay_mean_ns": pa.Column(pl.Float64, pa.Check.ge(0)),     # replay of the measured durations, untraced gaps removed (T_ori)
     "ideal_ns": pa.Column(pl.Float64, pa.Check.gt(0)),            # every op typical, gaps removed (T_ideal)
-    "ideal_with_gaps_ns": pa.Column(pl.Float64, pa.Check.gt(0)),  # with typical gaps: step_forecasts.no_stragglers
+    "ideal_with_gaps_ns": pa.Column(pl.Float64, pa.Check.gt(0)),  # no_stragglers: typical ops with a healthy op's variation and
+                                                                  # typical launch delays (step_forecasts.no_stragglers' mean)
     "slowdown": pa.Column(pl.Float64),                            # S = nodelay_mean / ideal (paper Eq. 1)
     "measured_slowdown": pa.Column(pl.Float64),                   # measured_mean / ideal_with_gaps
     "launch_slowdown": pa.Column(pl.Float64),                     # measured_mean / nodelay_mean

@@ -10,23 +10,30 @@ durations:
   (the artifact's `step_t_nodelay`, T_ori);
 - ideal: every op at its typical duration for its type, gaps removed (T_ideal). Communication:
   the median per op type of the transfer time (the artifact's choice). Compute: the work the op
-  needs, spread evenly over the stages: per stage the median over its workers of each worker's
-  mean (a slow worker does not move it, longer sequences do), then the mean over stages weighted
-  by their op count (a stage-partitioning imbalance is spread out, as the artifact's mean over
-  every worker does). Without outlying workers this is the artifact's mean;
+  needs, spread evenly over the stages: per stage the lower median over its workers of each
+  worker's mean (with two DP replicas the faster one: a slow worker does not move it, longer
+  sequences do), then the mean over stages weighted by their op count (a stage-partitioning
+  imbalance is spread out, as the artifact's mean over every worker does);
 - S = mean T_ori / T_ideal (paper Eq. 1); attribution S_g: every op ideal except group g
   (an op type, a stage, a DP replica, a worker) as measured (Eq. 2 and 4);
 - the characterization metrics as the artifact computes them: M_W = share of the slowdown that
   goes away when the top 3 % of workers (by min(S_dp, S_stage)) get ideal durations, M_S the same
-  for the last stage (rem = (T_ori - T_fixed) / (T_ori - T_ideal));
+  for the last stage (rem = (T_ori - T_fixed) / (T_ori - T_ideal)). Fixing a worker fixes its
+  side of every transfer too (with_groups): a worker on a throttled host also moves data slowly;
 - sequence-length imbalance (not in the artifact): microbatch effects shared by the stages of a
   pipeline (one sample is processed by every stage), measured as the intraclass correlation of
   the per-(step, replica, microbatch) compute ratios, and its share of the slowdown by replaying
   without those effects.
 
-`no_stragglers` (the step_forecasts scenario) is T_ideal with each slot's typical untraced gap put
-back (median over steps, then over the DP replicas of the same stage position): the step time the
-job would show without stragglers, comparable with measured steps."""
+`no_stragglers` (the step_forecasts scenario, `ideal_with_gaps_ns` here) is the step the job
+would show without its stragglers, comparable with measured steps and with a re-run without the
+cause (no_straggler_steps): every op at its typical duration (means over steps: a step costs its
+ops' tails too), with the step-to-step variation a healthy op shows, every launch delay at its
+typical value per slot. A launch delay is the op's start minus the latest end of what it depends
+on (the rank's earlier ops; for its first op, its own previous step), so waiting for peers is
+never a delay; typical = mean over steps, then the lower median over the DP replicas of the same
+stage position. What the causes found here do (a slow worker's ops and transfers, microbatch
+effects) is taken out."""
 from __future__ import annotations
 
 import io
@@ -38,7 +45,7 @@ import numpy as np
 import polars as pl
 
 from fleetscope.common import stage_imbalance
-from fleetscope.prism.schemas import STRAGGLER_ATTRIBUTION, STRAGGLER_CAUSES, STRAGGLER_SLOWDOWN, STRAGGLER_SUMMARY
+from fleetscope.prism.schemas import STRAGGLER_ATTRIBUTION, STRAGGLER_CAUSES, STRAGGLER_SUMMARY
 from fleetscope.prism.structure import JobGraph, build_job_graph, is_comm_name, replay_job_graph
 
 # verdict inputs (the thresholds the artifact uses where it has one)
@@ -48,7 +55,7 @@ IMBALANCE = 1.10         # a stage's compute over the other stages' (median): pa
 SEQ_ICC = 0.5            # share of the microbatch compute variance shared by a pipeline's stages
 SEQ_SIGMA = 0.05         # and its size (std of the shared log factor)
 TOP_WORKERS_PCT = 3      # the artifact's M_W fixes the top 3 % of workers
-MAX_COLS = 1024          # replay columns per chunk (memory: n_slots x MAX_COLS x 8 B per array)
+MAX_COLS = 2048          # replay columns per chunk (memory: n_slots x MAX_COLS x 4 B per array)
 MAX_WORKERS = 256        # per-worker what-ifs on a larger job: the workers with the highest artifact score
 SEQ_OPS = ("forward-compute", "backward-compute")
 
@@ -67,6 +74,10 @@ class StragglerAnalysis:
     slowdown: pl.DataFrame           # straggler_slowdown
     causes: pl.DataFrame             # straggler_causes
     notes: list[str] = field(default_factory=list)
+    expected_dur: np.ndarray | None = None  # [n_slots] ns, typical durations of no_stragglers (means: tails included)
+    persistent_types: dict[str, float] = field(default_factory=dict)  # op type -> S_t with its ops at their medians, cause workers left out
+    persistent_slowdown: float = 1.0  # every op at its own median over steps, over the ideal
+    no_stragglers_steps: np.ndarray | None = None  # [n_steps] ns, the step without stragglers under each measured step's variation
 
     @property
     def S(self) -> float:
@@ -85,20 +96,36 @@ def slot_is_comm(g: JobGraph) -> np.ndarray:
     return np.array([is_comm_name(n) for n in g.slot_names()]) | g.group_is_comm[g.group_of]
 
 
-def ideal_durations(g: JobGraph) -> np.ndarray:
-    """[n_slots] typical durations (module doc): communication at the median per op type,
-    compute at the stage-balanced typical work per op type."""
+def _lower_median(col: str) -> pl.Expr:
+    """The lower of the two middle values (the median of an odd count): with two DP replicas the
+    faster one, so that one slow worker never sets what is typical for its stage."""
+    return pl.col(col).sort().get((pl.len() - 1) // 2)
+
+
+def ideal_durations(g: JobGraph, expected: bool = False) -> np.ndarray:
+    """[n_slots] typical durations (module doc). Compute: per stage the lower median over its
+    workers of each worker's mean over steps, spread over the stages (their mean weighted by op
+    count). Communication: the median per op type over every slot and step (the artifact's
+    choice, `ideal_ns`), or with `expected` each slot's mean over steps and then the lower median
+    over the op type's slots (no_stragglers: the mean of a transfer, tails included, is what a
+    step costs on average; a slot that only the slow worker makes slow is not typical)."""
     names = g.slot_names()
     comm = slot_is_comm(g)
     out = np.zeros(g.n_slots)
-    for nm in np.unique(names[comm]):
-        sel = names == nm
-        out[sel] = np.median(g.dur[sel])
+    if comm.any():
+        if expected:
+            per = pl.DataFrame({"name": names[comm], "mean": g.dur[comm].mean(axis=1)}).group_by("name").agg(_lower_median("mean"))
+            m = dict(per.iter_rows())
+            out[comm] = np.array([m[n] for n in names[comm]])
+        else:
+            for nm in np.unique(names[comm]):
+                sel = names == nm
+                out[sel] = np.median(g.dur[sel])
     if (~comm).any():
         st = pl.DataFrame({"name": names, "rank": g.slot_rank, "stage": g.stage[g.slot_rank],
                            "mean": g.dur.mean(axis=1)}).filter(pl.Series(~comm))
         per_worker = st.group_by("name", "stage", "rank").agg(pl.col("mean").mean(), pl.len().alias("n"))
-        per_stage = per_worker.group_by("name", "stage").agg(pl.col("mean").median(), pl.col("n").sum())
+        per_stage = per_worker.group_by("name", "stage").agg(_lower_median("mean"), pl.col("n").sum())
         typ = per_stage.group_by("name").agg(((pl.col("mean") * pl.col("n")).sum() / pl.col("n").sum()).alias("typ"))
         m = dict(typ.iter_rows())
         sel = ~comm
@@ -106,11 +133,91 @@ def ideal_durations(g: JobGraph) -> np.ndarray:
     return out
 
 
+def _local_first(g: JobGraph) -> np.ndarray | None:
+    """[n_ranks] each rank's typical launch delay of its first op, measured from its own previous
+    step's end (structure: first_local_gap), or None where the capture holds no two consecutive
+    steps of every rank."""
+    fl = g.first_local_gap
+    if fl is None or np.isnan(fl).all(axis=1).any():
+        return None
+    return np.nanmean(fl, axis=1)
+
+
 def typical_gaps(g: JobGraph) -> np.ndarray:
-    """[n_slots] each slot's median gap over steps, then the median over the DP replicas holding
-    the same stage position (one worker's slow data loading is not typical)."""
-    sl = g.slots.select("stage", "tp_rank", "pos").with_columns(med=pl.Series(np.median(g.gap, axis=1)))
-    return sl.with_columns(pl.col("med").median().over("stage", "tp_rank", "pos"))["med"].to_numpy()
+    """[n_slots] each slot's typical launch delay: its mean over steps (what it adds to a step on
+    average), then the lower median over the DP replicas holding the same stage position (one
+    worker's slow data loading or throttled host is not typical). A delay is measured from the
+    latest end of what the op depends on (structure.py), so time spent waiting for peers is not
+    in it; a rank's first op from its own previous step's end where that step was captured (the
+    step's own start skew then comes from the replay, no_straggler_steps)."""
+    mean = g.gap.mean(axis=1)
+    lf = _local_first(g)
+    if lf is not None:
+        mean[g.first_slot] = lf
+    sl = g.slots.select("stage", "tp_rank", "pos").with_columns(mean=pl.Series(mean))
+    return sl.with_columns(_lower_median("mean").over("stage", "tp_rank", "pos"))["mean"].to_numpy()
+
+
+def no_straggler_steps(g: JobGraph, typical: np.ndarray, gaps: np.ndarray, cause_ranks: list[int],
+                       mbe: dict | None, rounds: int = 4) -> np.ndarray:
+    """[n_steps] the step without stragglers, once per measured step: every op at its typical
+    duration (`typical`: means, tails included) times the variation it shows in that step
+    relative to its own mean (a busy machine's wake-ups, a slow transfer: what a healthy re-run
+    shows too, and what makes a step's max over ranks longer than the max of typical ops), launch
+    delays at their typical values. What is a straggler's goes: a worker named as a cause, and
+    every op it synchronizes with, takes the variation of its twin in another DP replica (same
+    stage, TP index and position) that no cause touches; microbatch effects shared along a
+    pipeline (sequence lengths) are divided out. Where the capture holds consecutive steps, each
+    rank starts the step where the same what-if step ended on it (plus its own first delay): the
+    order in which ranks leave a step is replayed, not taken from the measured steps, whose
+    stragglers set it. The mean is `no_stragglers`."""
+    mean = g.dur.mean(axis=1, keepdims=True)
+    nu = np.where(mean > 0, g.dur / np.where(mean > 0, mean, 1.0), 1.0)
+    if mbe is not None:
+        e = mbe["effect"]
+        nu[mbe["idx"]] /= np.exp(e - np.log(np.mean(np.exp(e))))
+    if cause_ranks:
+        m = with_groups(g, np.isin(g.ranks[g.slot_rank], cause_ranks))
+        sl = g.slots.select("slot", "stage", "tp_rank", "pos", "dp_rank").with_columns(hit=pl.Series(m))
+        twins = (sl.filter(pl.col("hit")).join(sl.filter(~pl.col("hit")).select("stage", "tp_rank", "pos", pl.col("dp_rank").alias("d2"),
+                                                                             pl.col("slot").alias("twin")),
+                                             on=["stage", "tp_rank", "pos"])
+                 .sort("d2").group_by("slot").agg(pl.col("twin").first()))
+        if twins.height:
+            nu[twins["slot"].to_numpy()] = nu[twins["twin"].to_numpy()]
+    typical = typical.copy()
+    if cause_ranks:
+        # ops that synchronize with a cause worker and have no untouched twin (a collective of
+        # the worker's whole stage, or of every rank): the same op of the untouched groups of
+        # that op type (another stage's all-reduce) gives their typical and variation; where
+        # every group is touched (a collective over every rank) this capture shows the op only
+        # with the straggler in it: its median over steps, without variation.
+        alone = m.copy()
+        if twins.height:
+            alone[twins["slot"].to_numpy()] = False
+        names = g.slot_names()
+        for nm in np.unique(names[alone]):
+            sel = alone & (names == nm)
+            clean = np.flatnonzero((names == nm) & ~m)
+            if len(clean):
+                ref = clean[np.argsort(mean[clean, 0])[(len(clean) - 1) // 2]]   # the lower median of their means
+                typical[sel] = mean[ref, 0]
+                nu[sel] = nu[ref]
+            else:
+                med = pl.DataFrame({"g": g.group_of[sel], "m": np.median(g.dur[sel], axis=1)}).group_by("g").agg(_lower_median("m"))
+                gm = dict(med.iter_rows())
+                typical[sel] = np.array([gm[x] for x in g.group_of[sel]])
+                nu[sel] = 1.0
+    dur = typical[:, None] * nu
+    gp = np.repeat(gaps[:, None], dur.shape[1], axis=1)
+    if _local_first(g) is None:
+        return replay_job_graph(g, gp, dur)
+    local = gaps[g.first_slot][:, None]
+    for _ in range(rounds):
+        end = replay_job_graph(g, gp, dur, per_rank=True)      # [n_ranks, n_steps] from the step's start
+        nxt = end + local                                        # where each rank starts the next step
+        gp[g.first_slot] = nxt - nxt.min(axis=0)
+    return replay_job_graph(g, gp, dur)
 
 
 # ---------------------------------------------------------------- what-if replays
@@ -119,16 +226,30 @@ def whatif(g: JobGraph, masks: list[np.ndarray], base: np.ndarray, alt: np.ndarr
     `alt` (both [n_slots, n_steps] or [n_slots, 1]), untraced gaps removed. Replayed in chunks of
     columns so that memory stays bounded on large captures."""
     S = g.dur.shape[1]
-    base = np.broadcast_to(base, (g.n_slots, S))
-    alt = np.broadcast_to(alt, (g.n_slots, S))
+    # float32: the replay is bound by memory traffic; 24 bits of mantissa keep a 100 s step to ~10 us
+    base = np.broadcast_to(base.astype(np.float32), (g.n_slots, S))
+    alt = np.broadcast_to(alt.astype(np.float32), (g.n_slots, S))
     out = np.empty((len(masks), S))
     per = max(1, MAX_COLS // S)
-    zero = np.zeros((g.n_slots, 1))
+    zero = np.zeros((g.n_slots, 1), dtype=np.float32)
     for a in range(0, len(masks), per):
         chunk = masks[a:a + per]
-        cols = np.concatenate([np.where(m[:, None], alt, base) for m in chunk], axis=1)
+        cols = np.empty((g.n_slots, len(chunk) * S), dtype=np.float32)
+        for k, m in enumerate(chunk):
+            np.copyto(cols[:, k * S:(k + 1) * S], base)
+            cols[m, k * S:(k + 1) * S] = alt[m]
         out[a:a + len(chunk)] = replay_job_graph(g, zero, cols).reshape(len(chunk), S)
     return out
+
+
+def with_groups(g: JobGraph, mask: np.ndarray) -> np.ndarray:
+    """The slots of `mask` and every slot that synchronizes with one of them: fixing a worker
+    fixes its side of each transfer and collective too (a worker on a throttled host also moves
+    its data slowly, and its peers' records of those transfers last as long)."""
+    comm = g.group_is_comm[g.group_of] & mask
+    if not comm.any():
+        return mask
+    return mask | np.isin(g.group_of, np.unique(g.group_of[comm]))
 
 
 def _rem_add(t_ori: float, t_ideal: float, t_fix: float, t_add: float) -> tuple[float, float]:
@@ -203,13 +324,13 @@ def analyze_stragglers(graph_or_timings: JobGraph | pl.DataFrame, capture_id: st
     cap = g.capture_id
     S_steps = g.dur.shape[1]
     di = ideal_durations(g)[:, None]
+    de = ideal_durations(g, expected=True)[:, None]
     gi = typical_gaps(g)[:, None]
     zero = np.zeros((g.n_slots, 1))
     measured = g.measured_step_ns
     replay_err = float(np.abs(replay_job_graph(g, g.gap, g.dur) / measured - 1).max())
     nodelay = replay_job_graph(g, zero, g.dur)
     t_ideal = float(replay_job_graph(g, zero, di)[0])
-    t_ideal_gaps = float(replay_job_graph(g, gi, di)[0])
     t_ori = float(nodelay.mean())
     S = t_ori / t_ideal
     notes = list(g.notes)
@@ -247,7 +368,7 @@ def analyze_stragglers(graph_or_timings: JobGraph | pl.DataFrame, capture_id: st
     wmasks = [m for _, _, m, _ in wgroups]
     groups += wgroups
     T_add = np.concatenate([T_add, whatif(g, wmasks, di, g.dur)])
-    T_fix = np.concatenate([T_fix, whatif(g, wmasks, g.dur, di)])
+    T_fix = np.concatenate([T_fix, whatif(g, [with_groups(g, m) for m in wmasks], g.dur, di)])
     att_rows = []
     for (dim, subj, m, ctx), ta, tf in zip(groups, T_add, T_fix):
         rem, add = _rem_add(t_ori, t_ideal, float(tf.mean()), float(ta.mean()))
@@ -270,7 +391,7 @@ def analyze_stragglers(graph_or_timings: JobGraph | pl.DataFrame, capture_id: st
     # M_W (the artifact): fix the top 3 % of workers by min(S_dp, S_stage); M_S: fix the last stage
     n_top = max(1, math.ceil(g.n_ranks * TOP_WORKERS_PCT / 100))
     top = by_score[:n_top]
-    m_top = np.isin(g.slot_rank, top)
+    m_top = with_groups(g, np.isin(g.slot_rank, top))
     last = int(g.stage.max())
     slowest = max(s_stage, key=s_stage.get)
     m_last, m_slowest = slot_stage == last, slot_stage == slowest
@@ -295,7 +416,35 @@ def analyze_stragglers(graph_or_timings: JobGraph | pl.DataFrame, capture_id: st
         t_seqonly = float(replay_job_graph(g, zero, dur_seqonly).mean())
         mseq = _rem_add(t_ori, t_ideal, t_noseq, t_seqonly)
 
-    causes = straggler_causes(g, att, S, di, mbe, mseq, t_ori, t_ideal)
+    # compute alone as measured, for the workers slower than their peers (and those peers):
+    # the evidence of a slow worker (straggler_causes)
+    w_att = att.filter(pl.col("dimension") == "worker")
+    above = (w_att.join(_peer_median(w_att, "slowdown"), on="rank", how="left").with_columns(pl.col("peer").fill_null(1.0))
+             .filter((pl.col("slowdown") >= SLOW_GROUP) & (pl.col("slowdown") - pl.col("peer") >= PEER_MARGIN)))
+    probe = above.select("stage", "tp_rank").unique().join(w_att.select("rank", "stage", "tp_rank"), on=["stage", "tp_rank"])["rank"].to_list()
+    compute_alone: dict[int, float] = {}
+    if probe and S >= SLOW_GROUP:
+        comp = ~slot_is_comm(g)
+        Tc = whatif(g, [comp & (g.ranks[g.slot_rank] == r) for r in probe], di, g.dur)
+        compute_alone = {int(r): float(tc.mean() / t_ideal) for r, tc in zip(probe, Tc)}
+    causes = straggler_causes(g, att, S, di, mbe, mseq, t_ori, t_ideal, compute_alone)
+    # op types that slow the ideal step: is any of their ops *persistently* slow (its median over
+    # steps above the type's typical), leaving out the workers named as causes and their
+    # transfers (a worker on a throttled host moves its data slowly too)? An op type that only
+    # varies from step to step, as transfers on a busy machine do, is not a fault of its own.
+    persistent: dict[str, float] = {}
+    wk = causes.filter(pl.col("cause") == "worker")["rank"].to_list()
+    m_w = with_groups(g, np.isin(g.ranks[g.slot_rank], wk)) if wk else np.zeros(g.n_slots, dtype=bool)
+    slow_types = [(r["subject"], m) for (dim, _, m, _), r in zip(groups, att.iter_rows(named=True))
+                  if dim == "op_type" and r["slowdown"] >= SLOW_GROUP]
+    med = np.median(g.dur, axis=1)[:, None]
+    if slow_types:
+        Tp = whatif(g, [m & ~m_w for _, m in slow_types], di, med)
+        persistent = {t: float(tp.mean() / t_ideal) for (t, _), tp in zip(slow_types, Tp)}
+    # the whole step with every op at its own median: what persists once step-to-step variation is gone
+    s_pers = float(replay_job_graph(g, zero, med)[0]) / t_ideal
+    ns_steps = no_straggler_steps(g, de[:, 0], gi[:, 0], wk, mbe)
+    t_ideal_gaps = float(ns_steps.mean())
     summary = pl.DataFrame([{
         "capture_id": cap, "n_ranks": g.n_ranks, "n_steps": S_steps, "n_stages": int(g.stage.max()) + 1,
         "n_dp": int(g.dp_rank.max()) + 1, "measured_mean_ns": float(measured.mean()), "nodelay_mean_ns": t_ori,
@@ -307,8 +456,7 @@ def analyze_stragglers(graph_or_timings: JobGraph | pl.DataFrame, capture_id: st
         "seq_sigma": None if mbe is None else mbe["sigma"],
     }], schema={c: col.dtype.type for c, col in STRAGGLER_SUMMARY.columns.items()})
     return StragglerAnalysis(g, di[:, 0], gi[:, 0], measured, nodelay, t_ideal, t_ideal_gaps,
-                             STRAGGLER_SUMMARY.validate(summary), STRAGGLER_ATTRIBUTION.validate(att),
-                             STRAGGLER_SLOWDOWN.validate(sl_rows), causes, notes)
+                             summary, att, sl_rows, causes, notes, de[:, 0], persistent, s_pers, ns_steps)  # built with the schemas' dtypes; the assets validate on write
 
 
 def stage_compute_ratio(g: JobGraph) -> dict[int, float]:
@@ -327,32 +475,50 @@ def stage_compute_ratio(g: JobGraph) -> dict[int, float]:
     return {int(s): (float(v) if v is not None else 1.0) for s, v in zip(st["stage"], st["ratio"])}
 
 
+def _peer_median(w: pl.DataFrame, col: str) -> pl.DataFrame:
+    """Per worker (rank): the median of `col` over its peers, the same stage and TP index in the
+    other DP replicas."""
+    return (w.select("rank", "stage", "tp_rank", "dp_rank")
+            .join(w.select("stage", "tp_rank", pl.col("dp_rank").alias("_d"), pl.col(col).alias("_s")), on=["stage", "tp_rank"])
+            .filter(pl.col("dp_rank") != pl.col("_d")).group_by("rank").agg(pl.col("_s").median().alias("peer")))
+
+
 def straggler_causes(g: JobGraph, att: pl.DataFrame, S: float, di: np.ndarray, mbe: dict | None,
-                     mseq: tuple[float, float], t_ori: float, t_ideal: float) -> pl.DataFrame:
-    """Verdict inputs (straggler_causes): individually slow workers (alone as measured they slow
-    the ideal step by SLOW_GROUP and by more than twice their same-stage peers in other DP
-    replicas), stages slow in every DP replica whose compute exceeds the balanced stage by
+                     mseq: tuple[float, float], t_ori: float, t_ideal: float,
+                     compute_alone: dict[int, float] | None = None) -> pl.DataFrame:
+    """Verdict inputs (straggler_causes): individually slow workers (their compute alone as
+    measured, `compute_alone`, slows the ideal step by SLOW_GROUP and by more than twice their
+    same-stage peers' in other DP replicas), stages slow in every DP replica whose compute exceeds the balanced stage by
     IMBALANCE (partitioning imbalance), and
     sequence-length imbalance (microbatch effects shared along the pipeline). Each row carries its
     slowdown alone (S_g) and its share of the slowdown: the fraction removed when it is fixed."""
     cap = g.capture_id
     w = att.filter(pl.col("dimension") == "worker")
+    compute_alone = compute_alone or {}
     rows: list[dict] = []
     slow_w = []
     empty = pl.DataFrame(rows, schema={c: col.dtype.type for c, col in STRAGGLER_CAUSES.columns.items()})
     if S < SLOW_GROUP:  # no straggling to explain (shares of a ~0 slowdown are noise)
         return STRAGGLER_CAUSES.validate(empty)
-    for r in w.iter_rows(named=True):
-        peers = w.filter((pl.col("stage") == r["stage"]) & (pl.col("tp_rank") == r["tp_rank"]) & (pl.col("dp_rank") != r["dp_rank"]))
-        peer = float(peers["slowdown"].median()) if peers.height else 1.0
-        if r["slowdown"] >= SLOW_GROUP and (r["slowdown"] - 1) >= 2 * max(peer - 1, 0) + PEER_MARGIN:
-            slow_w.append((r, peer))
+    # a slow worker computes slowly: its compute alone as measured (every other op ideal) slows
+    # the ideal step, by more than twice what its peers' compute does (the same stage and TP
+    # index in the other DP replicas). Compute only: a collective it shares with its peers is as
+    # slow for them (a throttled host stalls the whole all-reduce), and the two ends of a slow
+    # link are slow only in their transfers.
+    wc = w.join(pl.DataFrame({"rank": list(compute_alone), "sc": list(compute_alone.values())},
+                             schema={"rank": pl.Int64, "sc": pl.Float64}), on="rank", how="inner")
+    cand = (wc.join(_peer_median(wc, "sc"), on="rank", how="left").with_columns(pl.col("peer").fill_null(1.0))
+            .filter((pl.col("sc") >= SLOW_GROUP)
+                    & (pl.col("sc") - 1 >= 2 * (pl.col("peer") - 1).clip(lower_bound=0) + PEER_MARGIN)).sort("rank"))
+    for r in cand.iter_rows(named=True):
+        slow_w.append((r, float(r["peer"])))
     ratio = stage_compute_ratio(g)
     for r, peer in slow_w:
         rows.append({"capture_id": cap, "cause": "worker", "subject": f"rank {r['rank']}", "rank": r["rank"], "stage": r["stage"],
                      "dp_rank": r["dp_rank"], "slowdown": r["slowdown"], "share_of_slowdown": r["share_removed"],
                      "share_added": r["share_added"], "team": "operations",
-                     "evidence": json.dumps({"peer_median_slowdown": peer, "tp_rank": r["tp_rank"], "job_slowdown": S})})
+                     "evidence": json.dumps({"peer_median_slowdown": peer, "compute_alone_slowdown": r["sc"],
+                                             "tp_rank": r["tp_rank"], "job_slowdown": S})})
     for r in att.filter(pl.col("dimension") == "stage").iter_rows(named=True):
         s = r["stage"]
         ws = w.filter(pl.col("stage") == s)
@@ -425,7 +591,8 @@ def ideal_timeline(a: StragglerAnalysis, with_gaps: bool = False) -> dict:
     when it waits for its peers; slices on one track never overlap."""
     g = a.graph
     gap = a.ideal_gap[:, None] if with_gaps else np.zeros((g.n_slots, 1))
-    arrive, start, end = replay_job_graph(g, gap, a.ideal_dur[:, None], timeline=True)
+    dur = a.expected_dur if with_gaps and a.expected_dur is not None else a.ideal_dur
+    arrive, start, end = replay_job_graph(g, gap, dur[:, None], timeline=True)
     arr_us = np.floor(arrive[:, 0] / 1000).astype(np.int64)
     st_us = np.floor(start[:, 0] / 1000).astype(np.int64)
     en_us = np.floor(end[:, 0] / 1000).astype(np.int64)

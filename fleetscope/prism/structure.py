@@ -18,7 +18,7 @@ which is what makes forecasts and what-ifs built on it trustworthy."""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import polars as pl
@@ -80,6 +80,9 @@ class JobGraph:
     first_slot: np.ndarray         # per rank: its first slot
     layout: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # steps left out, unmatched peers, clipped waits
+    _plan: dict | None = field(default=None, repr=False, compare=False)  # replay_plan, computed once
+    first_local_gap: np.ndarray | None = None  # [n_ranks, n_steps] ns: first op's start - the rank's previous step's end (NaN: not captured)
+    step_start_ns: np.ndarray | None = None    # [n_steps] absolute start of each kept step (its first op)
 
     @property
     def concurrent(self) -> np.ndarray:
@@ -341,6 +344,18 @@ def build_job_graph(timings: pl.DataFrame, capture_id: str | None = None, layout
     dur[si, sj] = np.maximum(kept["dur"].to_numpy(), 0.0)
     meas = (kept.group_by("step").agg((pl.col("end_ns").max() - pl.col("t0").first()).alias("T")).sort("step"))
     measured = meas["T"].to_numpy().astype(np.float64)
+    # a rank's first op depends on its own previous step (its last op): the launch delay measured
+    # from there, where the previous step was captured (NaN elsewhere). What lies between the step's
+    # start (the first rank's first op) and that is the previous step's tail on this rank (e.g.
+    # the order in which ranks leave the last collective), not a delay of this step.
+    rank_end = slots_all.group_by("rank", "step").agg(pl.col("end_ns").max().alias("prev_end")).with_columns(pl.col("step") + 1)
+    firsts = (kept.filter(pl.col("pos") == 0).select("rank", "step", "j", "start_ns")
+              .join(rank_end, on=["rank", "step"], how="left")
+              .with_columns(local=(pl.col("start_ns") - pl.col("prev_end")).cast(pl.Float64)))
+    first_local = np.full((len(ranks), len(good)), np.nan)
+    ok = firsts.filter(pl.col("local").is_not_null())
+    first_local[[rank_index[int(r)] for r in ok["rank"].to_list()], ok["j"].to_numpy()] = np.maximum(ok["local"].to_numpy(), 0.0)
+    t0s = step_start.sort("step").filter(pl.col("step").is_in(good.tolist()))["t0"].to_numpy()
 
     lay = {k: v for k, v in (layout or {}).items() if v is not None}  # a capture's known layout; gaps filled from the data
     lay.setdefault("pp", int(stage.max()) + 1)
@@ -353,7 +368,8 @@ def build_job_graph(timings: pl.DataFrame, capture_id: str | None = None, layout
         lay.setdefault("microbatches", int(max(per_rank_fwd) // max(vpp, 1)))
         lay.setdefault("schedule", _detect_schedule([names[i] for i in seq[int(np.argmax(stage))]], vpp))
     return JobGraph(capture_id, kind, ranks, stage, dp, tp, slots, slot_rank, group_of, group_members,
-                    group_is_comm, order, good, gap, dur, measured, waits, next_slot, first_slot, lay, notes)
+                    group_is_comm, order, good, gap, dur, measured, waits, next_slot, first_slot, lay, notes,
+                    first_local_gap=first_local, step_start_ns=t0s)
 
 
 def _detect_schedule(names_last_stage: list[str], vpp: int) -> str:
@@ -367,6 +383,88 @@ def _detect_schedule(names_last_stage: list[str], vpp: int) -> str:
     return "interleaved_1f1b" if vpp > 1 else "1f1b"
 
 
+def replay_plan(g: JobGraph) -> list[dict]:
+    """The replay's schedule, computed once per graph: slots in *levels*. A slot's arrival needs its
+    rank's previous slot done; its start needs the arrivals of the slots it waits for, which are
+    in its synchronization group. A group's level is one more than the highest level among its
+    members' previous slots, so every slot of a level can be computed at once (numpy over all
+    of them): a 128-rank pipeline has ~50 levels for ~3,000 slots. Each level holds the slots,
+    their previous slots by how the arrival is anchored (after the rank's latest end, after its
+    sequential ops only, or at the previous slot's start for a concurrent one), and the wait sets
+    (the slot and those it waits for) to take the latest arrival over."""
+    if getattr(g, "_plan", None) is not None:
+        return g._plan
+    n = g.n_slots
+    prev = np.full(n, -1, dtype=np.int64)
+    has = g.next_slot >= 0
+    prev[g.next_slot[has]] = np.flatnonzero(has)
+    # level(i) >= level(previous slot) + 1 (its arrival needs the previous slot's end) and
+    # >= level(w) for every slot w it waits for (their arrivals are computed first within a
+    # level); relaxed over the topological order until nothing moves (symmetric waits: equal levels)
+    level = np.zeros(n, dtype=np.int64)
+    waits = [w.tolist() for w in g.waits]
+    prev_l = prev.tolist()
+    lv_list = level.tolist()
+    for _ in range(n + 1):
+        moved = False
+        for i in g.order:
+            v = lv_list[prev_l[i]] + 1 if prev_l[i] >= 0 else 0
+            for w in waits[i]:
+                if lv_list[w] > v:
+                    v = lv_list[w]
+            if v != lv_list[i]:
+                lv_list[i] = v
+                moved = True
+        if not moved:
+            break
+    else:
+        raise StructureError(f"capture {g.capture_id}: the synchronizing ops wait on each other in a cycle")
+    level = np.array(lv_list, dtype=np.int64)
+    conc = g.concurrent
+    after_all = g.slots["after_all"].to_numpy()
+    # how a slot's arrival is anchored: 0 first slot of its rank (the step start), 1 at the previous
+    # slot's start (a concurrent slot), 2 after the rank's latest end, 3 after its sequential ops
+    mode = np.where(prev < 0, 0, np.where(conc, 1, np.where(after_all, 2, 3)))
+    # slots laid out level by level (and by mode within a level): every level is a contiguous
+    # block of rows, so the replay reads and writes slices instead of scattered rows
+    perm = np.lexsort((np.arange(n), mode, level))
+    inv = np.empty(n, dtype=np.int64)
+    inv[perm] = np.arange(n)
+    wait_sets: dict[tuple, int] = {}
+    set_of = np.empty(n, dtype=np.int64)
+    set_members: list[np.ndarray] = []
+    for i in range(n):
+        key = tuple(sorted({int(inv[i]), *inv[g.waits[i]].tolist()}))
+        k = wait_sets.get(key)
+        if k is None:
+            k = wait_sets[key] = len(set_members)
+            set_members.append(np.array(key, dtype=np.int64))
+        set_of[inv[i]] = k
+    lev_p, mode_p, prev_p = level[perm], mode[perm], np.where(prev[perm] >= 0, inv[np.maximum(prev[perm], 0)], -1)
+    bounds = np.searchsorted(lev_p, np.arange(int(level.max()) + 2))
+    levels = []
+    for lv in range(int(level.max()) + 1):
+        lo, hi = int(bounds[lv]), int(bounds[lv + 1])
+        parts = []
+        for m in range(4):
+            a, b = lo + int(np.searchsorted(mode_p[lo:hi], m)), lo + int(np.searchsorted(mode_p[lo:hi], m, side="right"))
+            if b > a:
+                parts.append((m, a, b, prev_p[a:b]))
+        # slots that wait for others: their start is the latest arrival over their wait set
+        multi = np.array([len(set_members[set_of[i]]) > 1 for i in range(lo, hi)], dtype=bool)
+        sets = np.unique(set_of[lo:hi][multi])
+        flat = np.concatenate([set_members[k] for k in sets]) if len(sets) else np.zeros(0, dtype=np.int64)
+        offs = np.cumsum([0] + [len(set_members[k]) for k in sets[:-1]]) if len(sets) else np.zeros(0, dtype=np.int64)
+        levels.append({"lo": lo, "hi": hi, "parts": parts, "prev": np.maximum(prev_p[lo:hi], 0),
+                       "first": prev_p[lo:hi] < 0, "seq": ~conc[perm[lo:hi]], "multi": lo + np.flatnonzero(multi),
+                       "flat": flat, "offs": offs, "pos": np.searchsorted(sets, set_of[lo:hi][multi])})
+    last = g.next_slot < 0
+    plan = {"perm": perm, "levels": levels, "last": inv[last], "last_rank": g.slot_rank[last],
+            "any_conc": bool(conc.any())}
+    g._plan = plan
+    return plan
+
+
 def replay_job_graph(g: JobGraph, gap: np.ndarray, dur: np.ndarray, per_rank: bool = False,
                      timeline: bool = False):
     """Max-plus recurrence of the step over S columns at once: gap, dur are [n_slots, S]
@@ -376,33 +474,60 @@ def replay_job_graph(g: JobGraph, gap: np.ndarray, dur: np.ndarray, per_rank: bo
     slot it waits for have arrived, and ends dur later. Returns the step time per column (latest
     end over ranks), [n_ranks, S] end times with per_rank=True, or with timeline=True the
     [n_slots, S] (arrive, start, end) arrays: arrive is when the rank reaches the op (what a
-    tracer records as its start), start when its peers have arrived too."""
+    tracer records as its start), start when its peers have arrived too. Computed level by level
+    (replay_plan): all slots of a level in one numpy operation."""
     S = max(gap.shape[1], dur.shape[1])
-    gap = np.broadcast_to(gap, (g.n_slots, S))
-    dur = np.broadcast_to(dur, (g.n_slots, S))
-    ready = np.zeros((g.n_ranks, S))      # latest end of any op
-    ready_seq = np.zeros((g.n_ranks, S))  # latest end of the sequential (non-concurrent) ops
-    arrive = np.zeros((g.n_slots, S))
+    n = g.n_slots
+    plan = replay_plan(g)
+    perm = plan["perm"]
+    dtype = np.result_type(gap.dtype, dur.dtype, np.float32)
+    gap = np.broadcast_to(gap[perm], (n, S))    # rows in the plan's level order
+    dur = np.broadcast_to(dur[perm], (n, S))
+    arrive = np.empty((n, S), dtype)
+    start = np.empty((n, S), dtype)
+    ready = np.empty((n, S), dtype)      # latest end of the rank's slots up to this one
+    any_conc = plan["any_conc"]
+    # the same over its sequential (non-concurrent) slots; without concurrent slots it is `ready`
+    ready_seq = np.empty((n, S), dtype) if any_conc else ready
+    for lv in plan["levels"]:
+        lo, hi = lv["lo"], lv["hi"]
+        for m, a, b, p in lv["parts"]:
+            if m == 0:
+                arrive[a:b] = gap[a:b]
+            else:
+                np.add((start, ready, ready_seq)[m - 1][p], gap[a:b], out=arrive[a:b])
+        start[lo:hi] = arrive[lo:hi]
+        if len(lv["multi"]):
+            start[lv["multi"]] = np.maximum.reduceat(arrive[lv["flat"]], lv["offs"], axis=0)[lv["pos"]]
+        end = start[lo:hi] + dur[lo:hi]
+        p = lv["prev"]
+        rs = ready_seq[p] if any_conc else None   # read before `ready` is written (they may be one array)
+        if lv["first"].any():
+            ready[lo:hi] = np.where(lv["first"][:, None], end, np.maximum(ready[p], end))
+            if any_conc:
+                rs = np.where(lv["first"][:, None], -np.inf, rs)
+        else:
+            ready[lo:hi] = np.maximum(ready[p], end)
+        if any_conc:
+            ready_seq[lo:hi] = np.where(lv["seq"][:, None], np.maximum(rs, end), rs)
     if timeline:
-        starts = np.zeros((g.n_slots, S))
-        ends = np.zeros((g.n_slots, S))
-    conc = g.concurrent
-    after_all = g.slots["after_all"].to_numpy()
-    arrive[g.first_slot] = gap[g.first_slot]
-    for i in g.order:
-        w = g.waits[i]
-        start = np.maximum(arrive[i], arrive[w].max(axis=0)) if len(w) else arrive[i]
-        r = g.slot_rank[i]
-        end = start + dur[i]
-        if timeline:
-            starts[i] = start
-            ends[i] = end
-        np.maximum(ready[r], end, out=ready[r])
-        if not conc[i]:
-            np.maximum(ready_seq[r], end, out=ready_seq[r])
-        n = g.next_slot[i]
-        if n >= 0:
-            arrive[n] = (start if conc[n] else ready[r] if after_all[n] else ready_seq[r]) + gap[n]
-    if timeline:
-        return arrive, starts, ends
-    return ready if per_rank else ready.max(axis=0)
+        inv = np.argsort(perm)
+        return arrive[inv], start[inv], (start + dur)[inv]
+    if not per_rank:
+        return ready[plan["last"]].max(axis=0)
+    per = np.full((g.n_ranks, S), -np.inf, dtype)
+    per[plan["last_rank"]] = ready[plan["last"]]      # one last slot per rank
+    return per
+
+def subset_steps(g: JobGraph, keep: np.ndarray) -> JobGraph:
+    """The same structure over a subset of its measured steps (`keep`: bool per step or step
+    indices), e.g. to fit a model on the first half of a capture and score it on the second."""
+    keep = np.asarray(keep)
+    if keep.dtype == bool:
+        keep = np.flatnonzero(keep)
+    if len(keep) == 0:
+        raise StructureError(f"capture {g.capture_id}: no steps left in the subset")
+    return replace(g, steps=g.steps[keep], gap=g.gap[:, keep], dur=g.dur[:, keep],
+                   measured_step_ns=g.measured_step_ns[keep], notes=list(g.notes),
+                   first_local_gap=None if g.first_local_gap is None else g.first_local_gap[:, keep],
+                   step_start_ns=None if g.step_start_ns is None else g.step_start_ns[keep])

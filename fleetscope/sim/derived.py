@@ -25,7 +25,9 @@ machine: we cannot run a 64-rank Megatron job, so we transform the real one we h
    - ``seq_imbalance``: every (replica, step, microbatch) draws a sequence length L ~ lognormal
      (sigma `seq_sigma`); the compute of that microbatch on *every stage of that pipeline* is
      scaled by L**seq_alpha (attention makes cost super-linear), normalized to mean 1;
-   - ``heavy_stage``: one random stage computes `stage_factor` x more on every replica.
+   - ``heavy_stage``: one random stage computes `stage_factor` x more on every replica;
+   - ``slow_link``: every transfer over one pipeline link (a random stage pair of a random
+     replica) takes `link_ms` longer.
 5. Replay the dependency model with the new durations (waits for peers appear where they would)
    and write the records: an op's start is when its rank reached it, its end when it finished.
 
@@ -50,7 +52,7 @@ import yaml
 from fleetscope.prism.structure import build_job_graph, is_comm_name, replay_job_graph
 from fleetscope.prism.variability import scaled_slots, temporal_ratios
 
-KINDS = ("healthy", "slow_worker", "seq_imbalance", "heavy_stage")
+KINDS = ("healthy", "slow_worker", "seq_imbalance", "heavy_stage", "slow_link")
 COMPUTE_SLOWED = ("forward-compute", "backward-compute", "optimizer")
 SEQ_OPS = ("forward-compute", "backward-compute")
 T0_NS = 1_700_000_000_000_000_000
@@ -78,6 +80,7 @@ def typical_ideal_durations(names: np.ndarray, dur: np.ndarray) -> np.ndarray:
 
 def derive_case(source: pl.DataFrame, kind: str, seed: int, dp: int = 4, n_steps: int = 40, balance: bool = True,
                 slow_factor: float = 2.0, seq_sigma: float = 0.2, seq_alpha: float = 1.3, stage_factor: float = 1.5,
+                link_ms: float = 30.0,
                 capture_id: str | None = None) -> DerivedCase:
     """A case of `kind` (see the module doc) built from the op timings of one real capture."""
     if kind not in KINDS:
@@ -169,6 +172,20 @@ def derive_case(source: pl.DataFrame, kind: str, seed: int, dp: int = 4, n_steps
         s_star = int(rng.integers(0, n_st))
         dur[compute & (stage2 == s_star)] *= stage_factor
         truth.update(heavy_stage=s_star, stage_factor=stage_factor)
+    elif kind == "slow_link":
+        # every transfer over one pipeline link (stage s <-> s+1 of one replica) takes link_ms
+        # longer in every step (both ends record it): a network fault, not a worker's
+        s_star, d_star = int(rng.integers(0, n_st - 1)), int(rng.integers(0, dp))
+        p2p = np.array([any(n in ("forward-send", "forward-recv", "backward-send", "backward-recv") for n in nm.split("+"))
+                        for nm in names2])
+        link = p2p & (dp2 == d_star) & np.isin(stage2, [s_star, s_star + 1])
+        sl = g2.slots.select("slot", "group")
+        grp = sl.filter(pl.Series(link))["group"].unique().to_list()
+        # the groups that join the two stages (their members sit on both)
+        both = [x for x in grp if set(stage2[g2.group_of == x]) == {s_star, s_star + 1}]
+        sel = np.isin(g2.group_of, both)
+        dur[sel] += link_ms * 1e6
+        truth.update(link_stages=(s_star, s_star + 1), link_dp=d_star, link_ms=link_ms)
     # the ideal: the slow worker's excess is not work the job needs; longer sequences and a
     # heavier stage are (their work is spread evenly in the ideal)
     ideal_src = base if kind == "slow_worker" else dur

@@ -46,9 +46,11 @@ def test_real_baseline_matches_the_measured_steps(real):
 def test_real_no_stragglers_is_the_what_if_ideal(real):
     ns = _row(real.step_forecasts, "no_stragglers")
     meas = _row(real.step_forecasts, "baseline")["measured_mean_ns"]
-    assert ns["p5_ns"] == ns["p95_ns"]  # deterministic: every op at its typical duration
+    # one value per measured step (the step-to-step variation of healthy ops), their mean the
+    # straggler_summary's: the two tables agree
+    assert ns["n_samples"] == 32 and ns["p5_ns"] < ns["p95_ns"]
     assert 0.6 * meas < ns["mean_ns"] < 0.95 * meas
-    assert ns["mean_ns"] == real.stragglers.ideal_with_gaps_ns
+    assert ns["mean_ns"] == pytest.approx(real.stragglers.summary["ideal_with_gaps_ns"][0], rel=1e-9)
     # the artifact's ideal (its simulation removes untraced gaps; ours puts their typical value back)
     sa = json.loads((REAL / "result-ST.json").read_text())
     sa_ideal = float(np.mean(list(sa["step_t_noblk"].values()))) * 1e9

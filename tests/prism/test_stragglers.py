@@ -190,3 +190,20 @@ def test_a_large_job_limits_per_worker_what_ifs_and_still_names_the_worker(deriv
     assert a.attribution.filter(pl.col("dimension") == "worker").height == 16
     assert any("16 of 128 workers" in n for n in a.notes)
     assert a.causes.filter(pl.col("cause") == "worker")["rank"].to_list() == [truth["slow_rank"]]
+
+
+def test_a_slow_link_is_not_a_slow_worker(real_timings):
+    """Every transfer over one pipeline link 120 ms longer (both of its ends record it): the
+    analysis must not blame either end as a slow worker (their compute is normal) and sends the
+    persistently slow transfers to operations."""
+    from fleetscope.sim.derived import derive_case
+
+    c = derive_case(real_timings, "slow_link", seed=13, dp=4, link_ms=120)
+    a = analyze_stragglers(c.timings)
+    assert a.causes.filter(pl.col("cause") == "worker").height == 0
+    v = straggler_verdicts(a)
+    loud = v.filter(pl.col("severity").is_in(["warning", "critical"]))
+    assert loud.filter(pl.col("scope").is_in(["rank", "stage"])).height == 0
+    comm = loud.filter(pl.col("subject").is_in(["forward-pp-comm", "backward-pp-comm"]))
+    assert comm.height >= 1 and set(comm["team"]) == {"operations"}
+    assert min(a.persistent_types[t] for t in comm["subject"]) >= 1.03
