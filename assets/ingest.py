@@ -4,6 +4,8 @@ rows and files go to the rejected_records table, a slice per partition.)"""
 
 import json
 
+import polars as pl
+
 from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, asset, multi_asset
 
 from fleetscope.assets._tables import preview, table_schema_metadata, write_table
@@ -11,7 +13,7 @@ from fleetscope.assets.partitions import captures, flow_files, flow_windows, hw_
 from fleetscope.ingest import partitions as ing
 from fleetscope.ingest.captures import capture_ranks
 from fleetscope.schemas.landing import CAPTURES, COLLECTIVE_PROGRESS, FLOWS, HW, INCIDENTS, RING, STACKS, TIMINGS, TOPOLOGY
-from fleetscope.schemas.landing import TRACE_EVENTS
+from fleetscope.schemas.landing import TRACE_EVENTS, TRACE_FILES
 from fleetscope.windows import windows_touched
 from fleetscope.resources import AnalysisSettings, LandingResource, WarehouseResource
 
@@ -85,9 +87,14 @@ def timings(context: AssetExecutionContext, warehouse: WarehouseResource, landin
     return MaterializeResult(metadata=_metadata(s, TIMINGS))
 
 
-@asset(partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
-       description="PyTorch profiler traces of a capture parsed into trace_events (one row per event, per rank).")
-def trace_events(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
+@multi_asset(specs=[AssetSpec("trace_events", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
+                              description="PyTorch profiler traces of a capture parsed into trace_events (one row per event, "
+                                          "per rank)."),
+                    AssetSpec("trace_files", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
+                              description="One row per trace file: its rank and what its distributedInfo says about the job "
+                                          "(world size, backend, the process groups the rank belongs to).")],
+             can_subset=False)
+def trace_events(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource):
     wh = warehouse.get()
     s = ing.ingest_traces_capture(wh, landing.root, context.partition_key)
     _log(context, s)
@@ -95,7 +102,12 @@ def trace_events(context: AssetExecutionContext, warehouse: WarehouseResource, l
     if s.frame is not None and s.frame.height:
         md["ranks"] = MetadataValue.json(sorted(int(r) for r in s.frame["rank"].unique().to_list()))
         md["events_by_category"] = MetadataValue.json(dict(s.frame.group_by("cat").len().sort("cat").iter_rows()))
-    return MaterializeResult(metadata=md)
+    yield MaterializeResult(asset_key="trace_events", metadata=md)
+    files = s.tables.get("trace_files")
+    yield MaterializeResult(asset_key="trace_files", metadata={
+        "dagster/row_count": MetadataValue.int(files.height if files is not None else 0),
+        "preview": preview(files.drop("pg_config") if files is not None else pl.DataFrame()),
+        "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(TRACE_FILES))})
 
 
 @multi_asset(specs=[AssetSpec("captures", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},

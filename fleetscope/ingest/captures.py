@@ -20,6 +20,7 @@ CAPTURE_RANKS = pa.DataFrameSchema({
     "stage": pa.Column(pl.Int32, nullable=True),
     "dp_rank": pa.Column(pl.Int32, nullable=True),
     "source": pa.Column(pl.Utf8),                    # where the host came from
+    "tp_rank": pa.Column(pl.Int32, nullable=True),   # addition (issue 23): place in its tensor-parallel group
 }, unique=["capture_id", "rank"])
 
 # Kineto's default trace file name: <hostname>_<pid>.<timestamp ms>.pt.trace.json[.gz]

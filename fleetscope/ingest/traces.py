@@ -194,11 +194,15 @@ _RARE_KEYS = {  # args key -> column
     "Process Group Ranks": "group_ranks",
     "Input Dims": "_in_dims",
     "Input type": "_in_type",
+    "Dst Rank": "_dst_rank",  # point-to-point peers (newer Kineto writes them on send / recv metadata)
+    "Src Rank": "_src_rank",
+    "Concrete Inputs": "_concrete",  # c10d::send / c10d::recv_ (with record_shapes): the peer is their 3rd argument
 }
 _RARE_SCHEMA = {
     "event_id": pl.Int64, "sync_kind": pl.Utf8, "wait_on_stream": pl.Int64, "wait_on_event_corr": pl.Int64,
     "_coll_name": pl.Utf8, "_in_nel": pl.Int64, "_out_nel": pl.Int64, "group_size": pl.Int32, "dtype": pl.Utf8,
-    "pg_name": pl.Utf8, "group_ranks": pl.Utf8, "_in_dims": pl.Utf8, "_in_type": pl.Utf8,
+    "pg_name": pl.Utf8, "group_ranks": pl.Utf8, "_in_dims": pl.Utf8, "_in_type": pl.Utf8, "_dst_rank": pl.Int64,
+    "_src_rank": pl.Int64, "_concrete": pl.Utf8,
 }
 _COMM_NAME = r"(?i)^(nccl|rccl|gloo|c10d::|record_param_comms|ncclDevKernel|ncclKernel)"
 
@@ -577,7 +581,13 @@ def _normalize(raw: pl.DataFrame, rare: pl.DataFrame | None, base_ns: int, first
         collective=pl.coalesce(
             collective_expr(pl.col("_coll_name")),
             collective_expr(pl.col("name").str.replace(r"\(.*$", "").str.replace(r"(?i)_(RING|TREE|COLLNET|NVLS|PAT).*$", ""))),
-    )
+        _dst=pl.col("_dst_rank"), _src=pl.col("_src_rank"),
+        # c10d::send(tensors, group, dstRank, tag) / c10d::recv_(tensors, group, srcRank, tag): the peer's rank in
+        # the group the op ran in (the global rank for the default group)
+        _arg=pl.when(pl.col("name").str.contains(r"^c10d::(send|recv_|isend|irecv)$"))
+        .then(pl.col("_concrete").str.extract(r'^\[\s*"[^"]*"\s*,\s*"[^"]*"\s*,\s*"(\d+)"', 1).cast(pl.Int64, strict=False)),
+    ).with_columns(peer=pl.when(pl.col("collective") == "send").then(pl.coalesce("_dst", "_arg")).when(pl.col("collective") == "recv")
+                   .then(pl.coalesce("_src", "_arg")).cast(pl.Int32)).drop("_dst", "_src", "_arg")
     df = df.join(comm, on="event_id", how="left", maintain_order="left")
     return df.drop([c for c in df.columns if c.startswith("_")])
 
