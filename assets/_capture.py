@@ -10,8 +10,12 @@ def capture_info(wh: Warehouse, key: str) -> dict:
     cap = wh.read("captures", partitions=[key])
     info = cap.to_dicts()[0] if cap.height else {"capture_id": key}
     layout = {k: info[k] for k in ("dp", "pp", "tp", "vpp", "world_size") if info.get(k) is not None}
+    if layout and key in wh.partitions("capture_ranks"):  # each rank's place (the traces' layout, fleetscope.traces.layout)
+        places = wh.read("capture_ranks", partitions=[key], columns=["rank", "stage", "dp_rank", "tp_rank"]).drop_nulls("stage")
+        if places.height:
+            layout["ranks"] = {int(r): (s, d, t) for r, s, d, t in places.iter_rows()}
     return {"job_id": info.get("job_id") or key, "layout": layout or None, "start_ns": info.get("start_ns"),
-            "n_trace_files": info.get("n_trace_files") or 0}
+            "n_trace_files": info.get("n_trace_files") or 0, "notes": info.get("notes")}
 
 
 def job_history(wh: Warehouse, key: str, job_id: str, start_ns: int | None, table: str, limit: int = 8) -> pl.DataFrame | None:

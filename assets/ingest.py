@@ -14,6 +14,7 @@ from fleetscope.ingest import partitions as ing
 from fleetscope.ingest.captures import capture_ranks
 from fleetscope.schemas.landing import CAPTURES, COLLECTIVE_PROGRESS, FLOWS, HW, INCIDENTS, RING, STACKS, TIMINGS, TOPOLOGY
 from fleetscope.schemas.landing import TRACE_EVENTS, TRACE_FILES
+from fleetscope.traces.layout import COMM_EVENT_COLUMNS, LAYOUT_EVENTS, capture_layout
 from fleetscope.windows import windows_touched
 from fleetscope.resources import AnalysisSettings, LandingResource, WarehouseResource
 
@@ -124,13 +125,23 @@ def captures_asset(context: AssetExecutionContext, warehouse: WarehouseResource,
     key = context.partition_key
     n_tr = len([p for p in (landing.root / "traces" / key).glob("*.json*") if p.name != "capture.json"]) if (landing.root / "traces" / key).is_dir() else 0
     n_ti = len(list((landing.root / "timings" / key).glob("*.*"))) if (landing.root / "timings" / key).is_dir() else 0
-    df = ing.capture_record(landing.root, key, n_tr, n_ti, span=ing.capture_span(wh, key))
+    # the parallel layout from the traces themselves; capture.json only overrides it
+    lay = None
+    if key in wh.partitions("trace_events"):
+        lay = capture_layout(wh.read("trace_files", partitions=[key]), wh.read("trace_events", partitions=[key], where=LAYOUT_EVENTS,
+                                                                             columns=COMM_EVENT_COLUMNS), ing.declared_layout(landing.root, key))
+    derived = None if lay is None else {"dp": lay.dp, "pp": lay.pp, "tp": lay.tp, "world_size": lay.world_size,
+                                        "layout_source": lay.source, "notes": "; ".join(lay.notes) or None}
+    df = ing.capture_record(landing.root, key, n_tr, n_ti, span=ing.capture_span(wh, key), derived=derived)
     wh.write_partition("captures", key, df)
-    yield MaterializeResult(asset_key="captures", metadata={
-        "capture": MetadataValue.json(df.to_dicts()[0]), "dagster/row_count": MetadataValue.int(1),
-        "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(CAPTURES))})
+    md = {"capture": MetadataValue.json(df.to_dicts()[0]), "dagster/row_count": MetadataValue.int(1),
+          "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(CAPTURES))}
+    if lay is not None and lay.notes:
+        md["warnings"] = MetadataValue.text("; ".join(lay.notes))  # said in the run summary
+    yield MaterializeResult(asset_key="captures", metadata=md)
     ranks = capture_ranks(key, wh.read("timings", partitions=[key]),
-                          wh.read("trace_events", partitions=[key], columns=["rank", "cat", "device", "source_file"]))
+                          wh.read("trace_events", partitions=[key], columns=["rank", "cat", "device", "source_file"]),
+                          places=lay.ranks if lay is not None else None)
     _, md = write_table(wh, "capture_ranks", key, ranks)
     yield MaterializeResult(asset_key="capture_ranks", metadata=md)
 

@@ -149,7 +149,8 @@ def capture_span(wh: Warehouse, key: str) -> tuple[int | None, int | None]:
     return (min(lo) if lo else None), (max(hi) if hi else None)
 
 
-def capture_record(landing: Path, key: str, n_trace: int, n_timing: int, span: tuple[int | None, int | None] = (None, None)) -> pl.DataFrame:
+def declared_layout(landing: Path, key: str) -> dict:
+    """What the capture's capture.json (or StragglerAnalysis meta) declares: job_id, note, dp, pp, tp, vpp, world_size."""
     layout = {}
     for kind in ("timings", "traces"):
         folder = Path(landing) / kind / key
@@ -158,6 +159,14 @@ def capture_record(landing: Path, key: str, n_trace: int, n_timing: int, span: t
                 layout = {**read_capture_layout(folder), **layout}
             except IngestError:
                 pass
+    return layout
+
+
+def capture_record(landing: Path, key: str, n_trace: int, n_timing: int, span: tuple[int | None, int | None] = (None, None),
+                   derived: dict | None = None) -> pl.DataFrame:
+    """The captures row: the declared layout (capture.json) over the one derived from the traces
+    (`derived`: dp, pp, tp, world_size, layout_source, notes; fleetscope.traces.layout)."""
+    layout = {**{k: v for k, v in (derived or {}).items() if v is not None}, **declared_layout(landing, key)}
     row = dict(capture_id=key, n_trace_files=n_trace, n_timing_files=n_timing, start_ns=span[0], end_ns=span[1], **layout)
     return CAPTURES.validate(conform(pl.DataFrame([row]), CAPTURES))
 

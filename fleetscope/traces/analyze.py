@@ -30,15 +30,16 @@ def analyze_capture(events: pl.DataFrame, capture_id: str | None = None, scenari
         return skipped(f"could not build the execution graph: {exc}")
     r = replay(g)
     base = int(r.replays.group_by("rank").agg(pl.col("simulated_ns").mean())["simulated_ns"].max()) if r.replays.height else None
-    scen = list(scenarios or []) + parallel_scenarios(g, parallel)
-    notes = []
-    w = None
-    if scen:
+    cannot: list[str] = []  # what-ifs the capture cannot support, and why (said in the run summary)
+    scen = list(scenarios or []) + parallel_scenarios(g, parallel, cannot)
+    notes: list[str] = []
+    parts = []
+    for sc in scen:  # one by one: a what-if the capture cannot support does not take the others with it
         try:
-            w = predict(g, scen, baseline_ns=base)
-        except ValueError as exc:  # a what-if the capture cannot support: keep the others
-            notes.append(f"what-if skipped: {exc}")
-            w = predict(g, list(scenarios), baseline_ns=base) if scenarios else None
+            parts.append(predict(g, [sc], baseline_ns=base))
+        except ValueError as exc:
+            cannot.append(f"what-if {sc[0]} skipped: {exc}")
+    w = pl.concat(parts, how="vertical_relaxed") if parts else None
     tables = {
         "trace_collectives": trace_collectives(events),
         "trace_iterations": trace_iterations(events),
@@ -63,4 +64,5 @@ def analyze_capture(events: pl.DataFrame, capture_id: str | None = None, scenari
             tk = tk.filter(pl.col("iteration").is_in(keep.implode()))
             notes.append(f"simulated timeline exported for {keep.len()} of {its.height} iterations ({tk.height} tasks)")
         artifacts[f"replays/{cap}-simulated.json"] = chrome_trace_bytes(tk)
-    return Analysis(tables=tables, verdicts=trace_verdicts(r.replays, w, job_id=job_id), notes=notes, artifacts=artifacts)
+    return Analysis(tables=tables, verdicts=trace_verdicts(r.replays, w, job_id=job_id), notes=notes + cannot, warnings=cannot,
+                    artifacts=artifacts)

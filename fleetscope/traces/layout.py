@@ -39,6 +39,8 @@ _DESC_DIM = [
     (re.compile(r"(?i)(pipe|(^|[^a-z])pp($|[^a-z]))"), "pp"),
     (re.compile(r"(?i)(data|(^|[^a-z])(dp|fsdp|ddp|hsdp)($|[^a-z])|replicate|shard)"), "dp"),
 ]
+# the trace_events rows the layout needs (SQL over the warehouse): communication, steps, backward passes
+LAYOUT_EVENTS = "is_comm OR name LIKE 'ProfilerStep#%' OR name LIKE 'autograd::engine::evaluate_function%'"
 COMM_EVENT_COLUMNS = ["rank", "pid", "tid", "cat", "name", "ph", "ts_ns", "end_ns", "is_comm", "collective", "msg_bytes",
                       "group_size", "group_ranks", "pg_name", "stream", "peer"]
 
@@ -412,3 +414,12 @@ def _override(lay: Layout, over: dict) -> Layout:
     if new.dp is None and new.world_size:
         new.dp = max(1, new.world_size // ((new.tp or 1) * (new.pp or 1)))
     return new
+
+
+def capture_layout(files: pl.DataFrame | None, events: pl.DataFrame | None, declared: dict | None = None) -> Layout:
+    """The layout of a capture as the platform records it: inferred from its traces, capture.json's
+    `parallel` (declared: dp, pp, tp, world_size) over it."""
+    over = {k: declared[k] for k in ("dp", "pp", "tp", "world_size") if declared and declared.get(k) is not None}
+    lay = infer_layout(files, events, override=over or None)
+    lay.notes = list(dict.fromkeys(lay.notes))
+    return lay

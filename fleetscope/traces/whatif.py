@@ -330,27 +330,42 @@ DEFAULT_SCENARIOS = [
 ]
 
 
-def parallel_scenarios(graph: Graph, parallel: dict | None) -> list[tuple[str, str, dict]]:
-    """The graph-rebuilding what-ifs a capture supports, from its layout ({dp, pp} as capture.json's
-    `parallel` gives it; stage of rank r = r // dp, Megatron's order): DP x2 and /2 where the trace
-    has DP collectives; PP x2 (and /2) where the trace numbers its layers and they split evenly;
-    layers x2 where the trace numbers its layers."""
+def parallel_scenarios(graph: Graph, parallel: dict | None, notes: list[str] | None = None) -> list[tuple[str, str, dict]]:
+    """The graph-rebuilding what-ifs a capture supports, from its layout ({dp, pp[, ranks]}: the traces'
+    own layout, fleetscope.traces.layout, or capture.json's `parallel`; each rank's stage from `ranks`
+    {rank: (stage, dp_rank, tp_rank)}, else r // dp, Megatron's order): DP x2 and /2 where the trace
+    has DP collectives; PP x2 (and /2) where the trace's layers are known and split evenly; layers x2
+    where the layers are known. What it cannot offer, and why, is appended to `notes`."""
+    notes = notes if notes is not None else []
     if not parallel:
+        notes.append("no parallel layout (neither the traces nor capture.json give one): no DP / PP / layer what-ifs")
         return []
     dp, pp = int(parallel.get("dp") or 1), int(parallel.get("pp") or 1)
     t = graph.tasks
     out: list[tuple[str, str, dict]] = []
     if dp > 1 and t.filter(_dp_mask(dp) & pl.col("msg_bytes").is_not_null()).height:
         out += [("dp_x2", "dp_degree", {"dp_new": 2 * dp, "dp_old": dp}), ("dp_half", "dp_degree", {"dp_new": max(1, dp // 2), "dp_old": dp})]
-    if has_layers(graph):
-        ranks = sorted(t["rank"].unique().to_list())
-        sor = {int(r): int(r) // dp for r in ranks}
-        per_stage = [t.filter(pl.col("rank").is_in([r for r, st in sor.items() if st == s]))["layer"].drop_nulls().n_unique()
-                     for s in range(pp)]
-        total = sum(per_stage)
-        if all(per_stage) and len(set(sor.values())) == pp:
-            for name, p2 in (("pp_x2", 2 * pp), ("pp_half", pp // 2)):
-                if p2 >= 1 and p2 != pp and total % p2 == 0 and total // p2 >= 1:
-                    out.append((name, "pp_repartition", {"stage_of_rank": sor, "layers_old": per_stage, "layers_new": [total // p2] * p2}))
-            out.append(("layers_x2", "layers", {"layers_old": total, "layers_new": 2 * total, "stage_of_rank": sor}))
+    elif dp > 1:
+        notes.append(f"no data-parallel collective of group size {dp} with a known size in the traces: no DP what-if")
+    else:
+        notes.append("dp = 1: no gradient reduction in the traces to re-time, no DP what-if")
+    if not has_layers(graph):
+        notes.append("the traces show no repeated layers (no layer-named spans, modules or repeated forward operators): "
+                     "no PP or layer what-if")
+        return out
+    ranks = sorted(t["rank"].unique().to_list())
+    places = parallel.get("ranks") or {}
+    sor = {int(r): int(places[r][0]) if r in places and places[r][0] is not None else int(r) // dp for r in ranks}
+    per_stage = [t.filter(pl.col("rank").is_in([r for r, st in sor.items() if st == s]))["layer"].drop_nulls().n_unique()
+                 for s in range(pp)]
+    total = sum(per_stage)
+    if not (all(per_stage) and len(set(sor.values())) == pp):
+        notes.append(f"layers found on {sum(1 for x in per_stage if x)} of {pp} stages: no PP or layer what-if")
+        return out
+    for name, p2 in (("pp_x2", 2 * pp), ("pp_half", pp // 2)):
+        if p2 >= 1 and p2 != pp and total % p2 == 0 and total // p2 >= 1:
+            out.append((name, "pp_repartition", {"stage_of_rank": sor, "layers_old": per_stage, "layers_new": [total // p2] * p2}))
+        elif p2 >= 1 and p2 != pp:
+            notes.append(f"{total} layers do not split evenly into {p2} stages: no {name} what-if")
+    out.append(("layers_x2", "layers", {"layers_old": total, "layers_new": 2 * total, "stage_of_rank": sor}))
     return out
