@@ -51,14 +51,20 @@ CHECKS = [
 
 def record(out: Path, name: str, mbit: float, timeout_s: float = 240) -> Path:
     """Run one configuration in fresh namespaces; its traces and step logs land in out/name."""
+    pp, dp, stage_layers, rph = CONFIGS[name]
+    return run_job(out / name, "benchmarks.traces_whatif_job", pp * dp, rph, mbit,
+                   ["--pp", str(pp), "--stage-layers", stage_layers], timeout_s)
+
+
+def run_job(d: Path, module: str, world: int, rph: int, mbit: float, args: list[str], timeout_s: float = 240,
+            port: int = 29533) -> Path:
+    """Run `python -m module --rank R --world W --master IP --port N --host H --out d <args>` for every rank,
+    `rph` ranks per emulated host (a network namespace each; hosts joined by links shaped to `mbit`)."""
     from fleetscope.collectors.recorder.fabric import Fabric, Host, sh
 
-    pp, dp, stage_layers, rph = CONFIGS[name]
-    world = pp * dp
     n_hosts = -(-world // rph)
     hosts = [Host(f"node{i}", f"10.97.0.{i + 1}", "leaf0") for i in range(n_hosts)]
     fab = Fabric(hosts, ["leaf0"], "spine0", prefix_len=24, tag=f"fsw{os.getpid()}")
-    d = out / name
     if d.exists():
         shutil.rmtree(d)
     d.mkdir(parents=True)
@@ -71,16 +77,15 @@ def record(out: Path, name: str, mbit: float, timeout_s: float = 240) -> Path:
         env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": str(REPO)}
         for r in range(world):
             h = hosts[r // rph]
-            cmd = ["ip", "netns", "exec", h.ns, sys.executable, "-m", "benchmarks.traces_whatif_job", "--rank", str(r),
-                   "--world", str(world), "--pp", str(pp), "--stage-layers", stage_layers, "--master", hosts[0].ip,
-                   "--port", "29533", "--host", h.name, "--out", str(d)]
+            cmd = ["ip", "netns", "exec", h.ns, sys.executable, "-m", module, "--rank", str(r), "--world", str(world),
+                   "--master", hosts[0].ip, "--port", str(port), "--host", h.name, "--out", str(d), *args]
             procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(d / f"rank{r}.log", "w")))
         t0 = time.time()
         for p in procs:
             p.wait(timeout=max(1.0, timeout_s - (time.time() - t0)))
         bad = [i for i, p in enumerate(procs) if p.returncode != 0]
         if bad:
-            raise RuntimeError(f"{name}: ranks {bad} failed: {(d / f'rank{bad[0]}.log').read_text()[-800:]}")
+            raise RuntimeError(f"{d.name}: ranks {bad} failed: {(d / f'rank{bad[0]}.log').read_text()[-800:]}")
     finally:
         for p in procs:
             if p.poll() is None:

@@ -160,8 +160,9 @@ def _host_expr() -> pl.Expr:
     return if_kineto
 
 
-def build_graph(events: pl.DataFrame, capture_id: str | None = None) -> Graph:
-    """trace_events of one capture (one or many ranks) -> one execution graph."""
+def build_graph(events: pl.DataFrame, capture_id: str | None = None, stage_of_rank: dict[int, int] | None = None) -> Graph:
+    """trace_events of one capture (one or many ranks) -> one execution graph. stage_of_rank (the
+    capture's layout) numbers layers found without names across pipeline stages."""
     if events.height == 0:
         raise ValueError("build_graph: no trace events")
     cid = capture_id if capture_id is not None else events["capture_id"][0]
@@ -176,7 +177,7 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None) -> Graph:
     ]
     tasks = _collective_groups(tasks)
     tasks = _cpu_collective_groups(tasks)
-    tasks = _mark_layers(tasks, events)
+    tasks = _mark_layers(tasks, events, stage_of_rank=stage_of_rank)
     edges.append(_collective_edges(tasks))
     e = pl.concat([x for x in edges if x.height], how="vertical_relaxed") if any(x.height for x in edges) else pl.DataFrame(
         schema={"src": pl.Int64, "dst": pl.Int64, "edge_type": pl.Utf8, "subtype": pl.Utf8})
@@ -370,16 +371,24 @@ LAYER_NUMBER_RX = r"(?i)layers?[._]?(\d+)"
 LAYER_RX = r"(?i)(transformer_?layer|decoder_?layer|encoder_?layer|gpt_?block|llama_?decoder|layers\.\d+)"
 
 
-def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX) -> pl.DataFrame:
+def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX,
+                 stage_of_rank: dict[int, int] | None = None) -> pl.DataFrame:
     """in_layer: the task belongs to a repeated model layer; layer: its number when the span's name
     carries one (`layers.3`, `TransformerLayer_3`); layer_pass: fwd or bwd. Forward: CPU tasks inside
     a span (Python function, operator or annotation) whose name looks like a layer, and what they
     launch. Backward: the spans of autograd operators whose sequence number is that of a forward
     operator inside a layer (PyTorch tags both with the same number)."""
+    from fleetscope.traces.layers import infer_layer_spans, named_spans_numbered
+
     cpu_ev = events.filter(pl.col("cat").is_in(["python_function", "cpu_op", "user_annotation"]) & (pl.col("ph") == "X"))
     fwd = cpu_ev.filter(pl.col("name").str.contains(layer_rx)).select(
-        "rank", "pid", "tid", s0="ts_ns", s1="end_ns", layer=pl.col("name").str.extract(LAYER_NUMBER_RX, 1).cast(pl.Int32, strict=False),
-        layer_pass=pl.lit("fwd"))
+        "rank", "pid", "tid", s0="ts_ns", s1="end_ns", layer=pl.col("name").str.extract(LAYER_NUMBER_RX, 1).cast(pl.Int32, strict=False))
+    if fwd.height and fwd["layer"].null_count() == fwd.height:  # named like a layer, without a number: numbered in order
+        numbered = named_spans_numbered(fwd.drop("layer"), events, stage_of_rank)
+        fwd = numbered if numbered.height else fwd  # no operators to order them by: marked, not numbered
+    elif fwd.height == 0:  # no span names a layer: the forward pass's repeated unit (fleetscope.traces.layers)
+        fwd = infer_layer_spans(events, stage_of_rank)
+    fwd = fwd.with_columns(pl.col("rank").cast(pl.Int32), layer_pass=pl.lit("fwd"))
     if fwd.height == 0:
         return t.with_columns(in_layer=pl.lit(False), layer=pl.lit(None, pl.Int32), layer_pass=pl.lit(None, pl.Utf8))
     ops = cpu_ev.filter(pl.col("sequence_number").is_not_null() & (pl.col("cat") == "cpu_op")).select(
