@@ -1,9 +1,50 @@
 """What every per-capture analysis reads: the capture's rows of a table, its layout, its job id,
-and the hw samples covering its time span."""
+and the hw samples covering its time span.
+
+A capture's trace_events (millions of rows) and the timings derived from them are read / derived once
+per process and shared by the analyses of the capture run (Dagster's in-process executor runs them one
+after another in one process): each is keyed by the partition file's path, size and modification time,
+so a re-ingested capture is read again; one capture is held at a time, so memory stays bounded."""
+import os
+
 import polars as pl
 
 from fleetscope.ingest.trace_timings import capture_timings
-from fleetscope.warehouse import Warehouse
+from fleetscope.warehouse import Warehouse, partition_filename
+
+_EVENTS: dict = {}   # (file identity) -> trace_events frame, at most one capture
+_DERIVED: dict = {}  # (file identity, layout, need_ops) -> (timings, notes), at most two
+
+
+def _identity(wh: Warehouse, table: str, key: str):
+    p = wh.table_dir(table) / f"{partition_filename(key)}.parquet"
+    try:
+        st = os.stat(p)
+    except OSError:
+        return None
+    return (str(p), st.st_size, st.st_mtime_ns)
+
+
+def capture_events(wh: Warehouse, key: str, columns: list[str] | None = None) -> pl.DataFrame:
+    """The capture's trace_events (or some of its columns), read once per process."""
+    ident = _identity(wh, "trace_events", key)
+    if ident is None:
+        return wh.read("trace_events", partitions=[key], columns=columns)
+    if ident not in _EVENTS:
+        _EVENTS.clear()
+        _DERIVED.clear()
+        _EVENTS[ident] = wh.read("trace_events", partitions=[key])
+    ev = _EVENTS[ident]
+    return ev.select(columns) if columns else ev
+
+
+def remember_events(wh: Warehouse, key: str, events: pl.DataFrame | None) -> None:
+    """Hand the frame just written as the capture's trace_events partition to later readers in this process."""
+    ident = _identity(wh, "trace_events", key)
+    _EVENTS.clear()
+    _DERIVED.clear()
+    if ident is not None and events is not None and events.height:
+        _EVENTS[ident] = events
 
 
 def capture_info(wh: Warehouse, key: str) -> dict:
@@ -44,7 +85,15 @@ def capture_frames(wh: Warehouse, key: str, info: dict, ops: str | None = None,
     need_ops = (ops == "missing" and lacks_ops) or (ops == "trace_only" and t.height == 0)
     ev = None
     if info.get("n_trace_files") and (t.height == 0 or need_ops or traces):
-        ev = wh.read("trace_events", partitions=[key])
+        ev = capture_events(wh, key)
+    if t.height == 0 and ev is not None:  # a trace-only capture: derived once for every analysis
+        dk = (_identity(wh, "trace_events", key), repr(info.get("layout")), need_ops)
+        if dk not in _DERIVED:
+            if len(_DERIVED) > 1:
+                _DERIVED.clear()
+            _DERIVED[dk] = capture_timings(t, ev, info.get("layout"), need_ops=need_ops)
+        t, notes = _DERIVED[dk]
+        return t, ev, list(notes)
     t, notes = capture_timings(t, ev, info.get("layout"), need_ops=need_ops)
     return t, ev, notes
 

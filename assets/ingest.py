@@ -8,13 +8,14 @@ import polars as pl
 
 from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, asset, multi_asset
 
+from fleetscope.assets._capture import capture_events, remember_events
 from fleetscope.assets._tables import preview, table_schema_metadata, write_table
 from fleetscope.assets.partitions import captures, flow_files, flow_windows, hw_files, incidents, topology_files
 from fleetscope.ingest import partitions as ing
 from fleetscope.ingest.captures import capture_ranks
 from fleetscope.schemas.landing import CAPTURES, COLLECTIVE_PROGRESS, FLOWS, HW, INCIDENTS, RING, STACKS, TIMINGS, TOPOLOGY
 from fleetscope.schemas.landing import TRACE_EVENTS, TRACE_FILES
-from fleetscope.traces.layout import COMM_EVENT_COLUMNS, LAYOUT_EVENTS, capture_layout
+from fleetscope.traces.layout import COMM_EVENT_COLUMNS, capture_layout, layout_events
 from fleetscope.windows import windows_touched
 from fleetscope.resources import AnalysisSettings, LandingResource, WarehouseResource
 
@@ -98,6 +99,7 @@ def timings(context: AssetExecutionContext, warehouse: WarehouseResource, landin
 def trace_events(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource):
     wh = warehouse.get()
     s = ing.ingest_traces_capture(wh, landing.root, context.partition_key)
+    remember_events(wh, context.partition_key, s.frame)  # the capture's analyses in this process read it from memory
     _log(context, s)
     md = _metadata(s, TRACE_EVENTS)
     if s.frame is not None and s.frame.height:
@@ -128,8 +130,8 @@ def captures_asset(context: AssetExecutionContext, warehouse: WarehouseResource,
     # the parallel layout from the traces themselves; capture.json only overrides it
     lay = None
     if key in wh.partitions("trace_events"):
-        lay = capture_layout(wh.read("trace_files", partitions=[key]), wh.read("trace_events", partitions=[key], where=LAYOUT_EVENTS,
-                                                                             columns=COMM_EVENT_COLUMNS), ing.declared_layout(landing.root, key))
+        ev = capture_events(wh, key, COMM_EVENT_COLUMNS)
+        lay = capture_layout(wh.read("trace_files", partitions=[key]), ev.filter(layout_events()), ing.declared_layout(landing.root, key))
     derived = None if lay is None else {"dp": lay.dp, "pp": lay.pp, "tp": lay.tp, "world_size": lay.world_size,
                                         "layout_source": lay.source, "notes": "; ".join(lay.notes) or None}
     df = ing.capture_record(landing.root, key, n_tr, n_ti, span=ing.capture_span(wh, key), derived=derived)
@@ -140,7 +142,7 @@ def captures_asset(context: AssetExecutionContext, warehouse: WarehouseResource,
         md["warnings"] = MetadataValue.text("; ".join(lay.notes))  # said in the run summary
     yield MaterializeResult(asset_key="captures", metadata=md)
     ranks = capture_ranks(key, wh.read("timings", partitions=[key]),
-                          wh.read("trace_events", partitions=[key], columns=["rank", "cat", "device", "source_file"]),
+                          capture_events(wh, key, ["rank", "cat", "device", "source_file"]),
                           places=lay.ranks if lay is not None else None)
     _, md = write_table(wh, "capture_ranks", key, ranks)
     yield MaterializeResult(asset_key="capture_ranks", metadata=md)

@@ -145,15 +145,20 @@ def derive_ops(ev: pl.DataFrame) -> pl.DataFrame:
     if steps.height == 0:
         return pl.DataFrame(schema=out_schema)
     key = ["capture_id", "rank", "step"]
+    cols = ["capture_id", "rank", "tid", "name", "cat", "ts_ns", "end_ns", "dur_ns", "is_comm", "collective"]
+    ops = ev.filter(pl.col("cat").is_in(["cpu_op", "user_annotation"]) & ~pl.col("name").str.starts_with("ProfilerStep#")).select(cols)
     # Python frames are containers of everything (with_stack): only the optimizer's step() frame is an op
-    opt_frame = (pl.col("cat") == "python_function") & pl.col("name").str.contains(_OPT_FRAME)
-    cand = ev.filter((pl.col("cat").is_in(["cpu_op", "user_annotation"]) | opt_frame) & ~pl.col("name").str.starts_with("ProfilerStep#"))
-    cand = cand.select("capture_id", "rank", "tid", "name", "cat", "ts_ns", "end_ns", "dur_ns", "is_comm", "collective").sort("ts_ns")
+    frames = ev.filter(pl.col("cat") == "python_function").select(cols)
+    # the threads that matter: the training thread, the autograd engine's (other threads of the rank that
+    # run autograd nodes) and those that communicate (DDP's reducer); the rest (data loaders, ...) never sorted
+    main_t = steps.select("capture_id", "rank", tid="_tid").unique()
+    other = ops.join(main_t, on=["capture_id", "rank", "tid"], how="anti")
+    bthreads = other.filter(pl.col("name").str.contains(_AUTOGRAD_OP)).select("capture_id", "rank", "tid").unique().with_columns(_bt=pl.lit(True))
+    keep = pl.concat([main_t, bthreads.drop("_bt"), other.filter(pl.col("is_comm")).select("capture_id", "rank", "tid").unique()]).unique()
+    cand = pl.concat([ops.join(keep, on=["capture_id", "rank", "tid"], how="semi"),
+                      frames.filter(pl.col("name").str.contains(_OPT_FRAME))]).sort("ts_ns")
     m = cand.join_asof(steps, left_on="ts_ns", right_on="_s", by=["capture_id", "rank"], strategy="backward", check_sortedness=False)
     m = m.filter(pl.col("step").is_not_null() & (pl.col("ts_ns") < pl.col("_e")))
-    # the autograd engine's threads: other threads of the rank that run autograd nodes
-    bthreads = m.filter((pl.col("tid") != pl.col("_tid")) & pl.col("name").str.contains(_AUTOGRAD_OP)).select(
-        "capture_id", "rank", "tid").unique().with_columns(_bt=pl.lit(True))
     m = m.join(bthreads, on=["capture_id", "rank", "tid"], how="left").with_columns(pl.col("_bt").fill_null(False))
     on_main = pl.col("tid") == pl.col("_tid")
     seq_rows = m.filter(on_main | (pl.col("_bt") & ~pl.col("is_comm")))

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from fleetscope.schemas.base import conform
-from fleetscope.traces.schemas import GRAPH_EDGES, GRAPH_TASKS
+from fleetscope.traces.schemas import EDGE_SUBTYPES, EDGE_TYPES, GRAPH_EDGES, GRAPH_TASKS
 
 CPU_CATS = ["cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver"]
 GPU_CATS = ["kernel", "gpu_memcpy", "gpu_memset"]
@@ -102,23 +102,39 @@ def _cpu_comm(ev: pl.DataFrame) -> pl.Expr:
             & ~pl.col("rank").is_in(gpu_ranks))
 
 
+# the trace_events columns the graph's tasks carry (the others stay in trace_events: narrow frames sort,
+# join and filter several times faster on millions of tasks)
+TASK_EVENT_COLUMNS = ["rank", "event_id", "cat", "name", "ph", "pid", "tid", "ts_ns", "dur_ns", "end_ns", "device", "stream",
+                      "correlation", "is_comm", "collective", "msg_bytes", "out_msg_bytes", "group_size", "group_ranks", "pg_name"]
+
+
+def _by_name(names: pl.Series, fn) -> pl.Expr:
+    """fn(name expr) evaluated once per distinct name, as a mapping (string functions on millions of rows
+    cost more than on the few hundred names they hold)."""
+    u = pl.DataFrame({"name": names.unique()}).with_columns(v=fn(pl.col("name")))
+    return pl.col("name").replace_strict(u["name"], u["v"], default=None)
+
+
 def _tasks(ev: pl.DataFrame) -> pl.DataFrame:
     """CPU leaf tasks, CPU communication tasks (gloo) and GPU tasks of every rank with processors,
     roles and iterations, ordered by (rank, start, kind, event id)."""
-    runtime_corr = ev.filter(pl.col("cat") == "cuda_runtime").select("rank", "correlation").drop_nulls().unique().with_columns(_rt=pl.lit(True))
-    is_cpu_comm = _cpu_comm(ev)
-    ev = ev.with_columns(_cc=is_cpu_comm)
+    ev = ev.select([c for c in TASK_EVENT_COLUMNS if c in ev.columns]).with_columns(_cc=_cpu_comm(ev))
     cpu = ev.filter(pl.col("cat").is_in(CPU_CATS) & (pl.col("ph") == "X") & ~pl.col("_cc"))
     # driver calls nested in a runtime call share its correlation: keep the runtime call
-    cpu = cpu.join(runtime_corr, on=["rank", "correlation"], how="left", maintain_order="left").filter(
-        ~((pl.col("cat") == "cuda_driver") & (pl.col("correlation").is_null() | pl.col("_rt").fill_null(False)))).drop("_rt")
+    drv = cpu.filter(pl.col("cat") == "cuda_driver")
+    if drv.height:
+        runtime_corr = cpu.filter(pl.col("cat") == "cuda_runtime").select("rank", "correlation").drop_nulls().unique()
+        drv = drv.filter(pl.col("correlation").is_not_null()).join(runtime_corr, on=["rank", "correlation"], how="anti")
+        cpu = pl.concat([cpu.filter(pl.col("cat") != "cuda_driver"), drv])
     cpu = cpu.sort(["rank", "pid", "tid", "ts_ns", "dur_ns"], descending=[False, False, False, False, True])
     nxt = pl.col("ts_ns").shift(-1).over(["rank", "pid", "tid"])
     cpu = cpu.filter(nxt.is_null() | (nxt >= pl.col("end_ns")) | (pl.col("cat") == "cuda_runtime"))
+    rt = cpu.filter(pl.col("cat") == "cuda_runtime")["name"]
     cpu = cpu.with_columns(
         kind=pl.lit("cpu"),
         processor=pl.concat_str([pl.lit("thread:"), pl.col("pid"), pl.lit(":"), pl.col("tid")]),
-        role=pl.when(pl.col("cat") == "cuda_runtime").then(_runtime_role(pl.col("name"))).otherwise(pl.lit("cpu_op")),
+        role=pl.when(pl.col("cat") == "cuda_runtime").then(_by_name(rt, _runtime_role) if rt.len() else pl.lit(None, pl.Utf8))
+        .otherwise(pl.lit("cpu_op")),
     )
     comm = ev.filter(pl.col("_cc")).with_columns(
         kind=pl.lit("cpu"),
@@ -146,8 +162,8 @@ def _tasks(ev: pl.DataFrame) -> pl.DataFrame:
         launch_it = tasks.filter((pl.col("kind") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("cat") != "cpu_op")
                                  & (pl.col("role") != "comm")).select("rank", "correlation", _lit=pl.col("iteration")).unique(
             ["rank", "correlation"], keep="first", maintain_order=True)
-        tasks = tasks.join(launch_it, on=["rank", "correlation"], how="left", maintain_order="left").with_columns(
-            iteration=pl.when(pl.col("kind") == "gpu").then(pl.coalesce("_lit", "iteration")).otherwise(pl.col("iteration"))).drop("_lit")
+        lit = tasks.select("rank", "correlation").join(launch_it, on=["rank", "correlation"], how="left", maintain_order="left")["_lit"]
+        tasks = tasks.with_columns(iteration=pl.when(pl.col("kind") == "gpu").then(pl.coalesce(lit, "iteration")).otherwise(pl.col("iteration")))
     else:
         tasks = tasks.with_columns(iteration=pl.lit(None, pl.Int64))
     return tasks
@@ -166,13 +182,16 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None, stage_of_ra
     if events.height == 0:
         raise ValueError("build_graph: no trace events")
     cid = capture_id if capture_id is not None else events["capture_id"][0]
-    tasks = _tasks(events).with_row_index("task_id").with_columns(pl.col("task_id").cast(pl.Int64), host=_host_expr())
+    hosts = events.group_by("rank").agg(pl.col("source_file").first()).with_columns(host=_host_expr())
+    tasks = _tasks(events).with_row_index("task_id").with_columns(
+        pl.col("task_id").cast(pl.Int64), host=pl.col("rank").replace_strict(hosts["rank"], hosts["host"], default=None))
+    calls, launched = _sync_info(tasks, events), _gpu_by_launch(tasks)  # shared by the sync and event-wait edges
     edges = [
         _thread_edges(tasks),
         _launch_edges(tasks),
         _stream_edges(tasks),
-        _sync_edges(tasks, events),
-        _event_wait_edges(tasks, events),
+        _sync_edges(tasks, events, calls, launched),
+        _event_wait_edges(tasks, events, calls, launched),
         _cpu_comm_edges(tasks),
     ]
     tasks = _collective_groups(tasks)
@@ -180,9 +199,9 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None, stage_of_ra
     tasks = _mark_layers(tasks, events, stage_of_rank=stage_of_rank)
     edges.append(_collective_edges(tasks))
     e = pl.concat([x for x in edges if x.height], how="vertical_relaxed") if any(x.height for x in edges) else pl.DataFrame(
-        schema={"src": pl.Int64, "dst": pl.Int64, "edge_type": pl.Utf8, "subtype": pl.Utf8})
+        schema=EDGE_SCHEMA)
     e = e.unique(["src", "dst", "subtype"], keep="first", maintain_order=True).filter(pl.col("src") != pl.col("dst"))
-    tasks0, e0, _ = _calibrate(tasks, e)
+    tasks0, e0, _ = _calibrate(tasks, e, binding_only=True)
     inferred = _infer_stream_waits(tasks0, e0)
     if inferred.height:
         e = pl.concat([e, inferred], how="vertical_relaxed")
@@ -198,8 +217,16 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None, stage_of_ra
 
 
 # ---------------------------------------------------------------- edges
+# edge kinds as enums while the graph is built (compared, joined and sorted millions of times); the
+# graph_edges table stores them as text
+EDGE_TYPE = pl.Enum(EDGE_TYPES)
+EDGE_SUBTYPE = pl.Enum(EDGE_SUBTYPES)
+EDGE_SCHEMA = {"src": pl.Int64, "dst": pl.Int64, "edge_type": EDGE_TYPE, "subtype": EDGE_SUBTYPE}
+
+
 def _edge(df: pl.DataFrame, etype: str, sub: str) -> pl.DataFrame:
-    return df.select(pl.col("src").cast(pl.Int64), pl.col("dst").cast(pl.Int64), edge_type=pl.lit(etype), subtype=pl.lit(sub))
+    return df.select(pl.col("src").cast(pl.Int64), pl.col("dst").cast(pl.Int64), edge_type=pl.lit(etype, EDGE_TYPE),
+                     subtype=pl.lit(sub, EDGE_SUBTYPE))
 
 
 def _thread_edges(t: pl.DataFrame) -> pl.DataFrame:
@@ -272,9 +299,9 @@ def _last_launched_before(g: pl.DataFrame, q: pl.DataFrame) -> pl.DataFrame:
                                  check_sortedness=False).filter(pl.col("w").is_not_null())
 
 
-def _sync_edges(t: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
-    calls = _sync_info(t, events)
-    g = _gpu_by_launch(t)
+def _sync_edges(t: pl.DataFrame, events: pl.DataFrame, calls: pl.DataFrame | None = None, g: pl.DataFrame | None = None) -> pl.DataFrame:
+    calls = _sync_info(t, events) if calls is None else calls
+    g = _gpu_by_launch(t) if g is None else g
     out = []
     # stream sync: the stream named by the cuda_sync event, else the thread's last launch stream
     ss = calls.filter(pl.col("role") == "stream_sync").select(
@@ -321,14 +348,15 @@ def _resolve_record(q: pl.DataFrame, rec: pl.DataFrame) -> pl.DataFrame:
     return both.with_columns(rec_stream=pl.when(pl.col("wait_stream") >= 0).then(pl.col("wait_stream")).otherwise(pl.col("rec_prev_stream")))
 
 
-def _event_wait_edges(t: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
-    calls = _sync_info(t, events)
-    g = _gpu_by_launch(t)
+def _event_wait_edges(t: pl.DataFrame, events: pl.DataFrame, calls: pl.DataFrame | None = None,
+                      g: pl.DataFrame | None = None) -> pl.DataFrame:
+    calls = _sync_info(t, events) if calls is None else calls
+    g = _gpu_by_launch(t) if g is None else g
     sw = calls.filter(pl.col("role") == "stream_wait").select(
         "rank", "tid", qid=pl.col("task_id"), t=pl.col("ts_ns"), rec_corr=pl.col("s_rec"), wait_stream=pl.col("s_wait_stream"),
         waiting=pl.when(pl.col("s_stream") >= 0).then(pl.col("s_stream")).otherwise(pl.col("next_stream")))
     if sw.height == 0:
-        return pl.DataFrame(schema={"src": pl.Int64, "dst": pl.Int64, "edge_type": pl.Utf8, "subtype": pl.Utf8})
+        return pl.DataFrame(schema=EDGE_SCHEMA)
     sw = _resolve_record(sw, _records(calls)).filter(pl.col("rec_stream").is_not_null() & pl.col("waiting").is_not_null()
                                                     & (pl.col("rec_stream") != pl.col("waiting")))
     src = _last_launched_before(g, sw.select("rank", "qid", "waiting", t=pl.col("rec_t"), stream=pl.col("rec_stream")))
@@ -356,7 +384,7 @@ def _infer_stream_waits(t: pl.DataFrame, e: pl.DataFrame) -> pl.DataFrame:
     Lumos infers inter-thread dependencies from gaps."""
     late = _late_gpu(t, e)
     if late.height == 0:
-        return pl.DataFrame(schema={"src": pl.Int64, "dst": pl.Int64, "edge_type": pl.Utf8, "subtype": pl.Utf8})
+        return pl.DataFrame(schema=EDGE_SCHEMA)
     ends = t.filter(pl.col("kind") == "gpu").select("rank", "device", o_proc="processor", o_id="task_id", o_end="end_ns").sort("o_end")
     # the latest end on another stream before the start: look a few candidates back
     cand = late.select("rank", "device", "processor", "task_id", "ts_ns").sort("ts_ns").join_asof(
@@ -409,8 +437,7 @@ def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX
         cpu_in.filter(pl.col("correlation").is_not_null()).select("rank", "correlation", "layer", "layer_pass").unique(["rank", "correlation"]),
         on=["rank", "correlation"]).select("task_id", "layer", "layer_pass")
     marks = pl.concat([cpu_in.select("task_id", "layer", "layer_pass"), launched]).unique("task_id").with_columns(in_layer=pl.lit(True))
-    t = t.join(marks, on="task_id", how="left", maintain_order="left")
-    return t.with_columns(pl.col("in_layer").fill_null(False))
+    return _attach(t, marks).with_columns(pl.col("in_layer").fill_null(False))
 
 
 # ---------------------------------------------------------------- collectives across ranks
@@ -430,18 +457,22 @@ def _collective_groups(t: pl.DataFrame) -> pl.DataFrame:
         _key=pl.concat_str([pl.coalesce(pl.col("pg_name"), pl.lit("stream") + pl.col("stream").cast(pl.Utf8)), pl.lit("/"), what]))
     comm = comm.sort("ts_ns").with_columns(coll_seq=pl.int_range(pl.len()).over(["rank", "_key"]).cast(pl.Int64))
     comm = comm.with_columns(coll_group=pl.concat_str([pl.col("_key"), pl.lit("#"), pl.col("coll_seq").cast(pl.Utf8)]))
-    t = t.join(comm.select("task_id", "coll_seq", "coll_group"), on="task_id", how="left")
     # a group is only a cross-rank link when more than one rank has it
-    n = t.filter(pl.col("coll_group").is_not_null()).group_by("coll_group").agg(_n=pl.col("rank").n_unique())
-    t = t.join(n, on="coll_group", how="left").with_columns(
-        coll_group=pl.when(pl.col("_n") > 1).then(pl.col("coll_group"))).drop("_n")
-    return t.sort("task_id")
+    comm = comm.with_columns(coll_group=pl.when(pl.col("rank").n_unique().over("coll_group") > 1).then(pl.col("coll_group")))
+    return _attach(t, comm.select("task_id", "coll_seq", "coll_group"))
+
+
+def _attach(t: pl.DataFrame, cols: pl.DataFrame) -> pl.DataFrame:
+    """t with the columns of `cols` (task_id + columns, some tasks) in t's row order (null elsewhere):
+    a join on the narrow task_id column, not on every column of t."""
+    m = t.select("task_id").join(cols, on="task_id", how="left", maintain_order="left")
+    return t.with_columns(m.drop("task_id"))
 
 
 def _collective_edges(t: pl.DataFrame) -> pl.DataFrame:
     m = t.filter(pl.col("coll_group").is_not_null()).select("coll_group", "rank", "task_id").sort(["coll_group", "rank"])
     if m.height == 0:
-        return pl.DataFrame(schema={"src": pl.Int64, "dst": pl.Int64, "edge_type": pl.Utf8, "subtype": pl.Utf8})
+        return pl.DataFrame(schema=EDGE_SCHEMA)
     head = m.group_by("coll_group").agg(src=pl.col("task_id").first())
     e = m.join(head, on="coll_group").filter(pl.col("src") != pl.col("task_id")).select("src", dst=pl.col("task_id"))
     return _edge(e, "collective", "peer")
@@ -452,7 +483,7 @@ CPU_COMM_TOL_NS = 1_000_000  # clock skew allowed between ranks when matching CP
 
 
 def _empty_edges() -> pl.DataFrame:
-    return pl.DataFrame(schema={"src": pl.Int64, "dst": pl.Int64, "edge_type": pl.Utf8, "subtype": pl.Utf8})
+    return pl.DataFrame(schema=EDGE_SCHEMA)
 
 
 def _cpu_comm_edges(t: pl.DataFrame) -> pl.DataFrame:
@@ -597,7 +628,7 @@ CONTRADICTION_NS = 1_000  # a dependency whose dst started this much before src 
 KEPT_LAGS = ["thread_order", "comm_wait"]  # untraced CPU work: the observed delay is kept as the lag
 
 
-def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
+def _calibrate(t: pl.DataFrame, e: pl.DataFrame, binding_only: bool = False) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
     """Edge lags and task simulation durations from the trace (see module doc).
 
     Synchronizing calls have two phases: they start when the thread issues them and end `post`
@@ -618,17 +649,19 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataF
     dropped = flow.filter(contradicted).group_by("subtype").len()
     flow = flow.filter(~contradicted)
     wait_end = flow.filter(is_wait).group_by("dst").agg(c=pl.col("s_end").max())
-    t = t.join(wait_end.rename({"dst": "task_id"}), on="task_id", how="left")
-    peers = t.filter(pl.col("coll_group").is_not_null()).group_by("coll_group").agg(g_start=pl.col("ts_ns").max())
-    t = t.join(peers, on="coll_group", how="left")
+    # on a narrow frame (task_id, times, group): joins on every column of millions of tasks cost seconds
+    n = t.select("task_id", "ts_ns", "end_ns", "dur_ns", "coll_group").join(
+        wait_end.rename({"dst": "task_id"}), on="task_id", how="left", maintain_order="left")
+    n = n.with_columns(g_start=pl.when(pl.col("coll_group").is_not_null()).then(pl.col("ts_ns").max().over("coll_group")))
     wait_ref = pl.max_horizontal("ts_ns", "c")
-    t = t.with_columns(
+    n = n.select(
         sim_dur_ns=pl.when(pl.col("c").is_not_null()).then(pl.col("end_ns") - wait_ref)
         .when(pl.col("g_start").is_not_null()).then(pl.col("end_ns") - pl.max_horizontal("ts_ns", "g_start"))
         .otherwise(pl.col("dur_ns")).clip(lower_bound=0),
         sim_start_ref=pl.col("ts_ns"),
         wait_ref=pl.when(pl.col("c").is_not_null()).then(wait_ref),
-    ).drop("c", "g_start")
+    )
+    t = t.with_columns(n)
     waiting = t.filter(pl.col("wait_ref").is_not_null()).select(src="task_id").with_columns(from_start=pl.lit(True))
     flow = flow.join(waiting, on="src", how="left").with_columns(
         from_start=(pl.col("from_start").fill_null(False) & (pl.col("subtype") == "launch")) | (pl.col("subtype") == "comm_issue"))
@@ -637,6 +670,8 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataF
     start_edges = ~is_wait
     flow = flow.with_columns(binding=pl.when(start_edges).then(
         pl.col("slack") == pl.col("slack").filter(start_edges).min().over("dst")).otherwise(pl.lit(True)))
+    if binding_only:  # what _infer_stream_waits reads: which edge bound each task, and its slack
+        return t, flow.select("src", "dst", "edge_type", "subtype", "binding", slack_ns="slack"), {}
     typical = flow.filter(pl.col("binding") & start_edges).group_by("subtype").agg(typ=pl.col("slack").clip(lower_bound=0).median())
     flow = flow.join(typical, on="subtype", how="left").with_columns(pl.col("typ").fill_null(0))
     lag = (

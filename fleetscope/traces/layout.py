@@ -39,8 +39,11 @@ _DESC_DIM = [
     (re.compile(r"(?i)(pipe|(^|[^a-z])pp($|[^a-z]))"), "pp"),
     (re.compile(r"(?i)(data|(^|[^a-z])(dp|fsdp|ddp|hsdp)($|[^a-z])|replicate|shard)"), "dp"),
 ]
-# the trace_events rows the layout needs (SQL over the warehouse): communication, steps, backward passes
-LAYOUT_EVENTS = "is_comm OR name LIKE 'ProfilerStep#%' OR name LIKE 'autograd::engine::evaluate_function%'"
+def layout_events() -> pl.Expr:
+    """The trace_events rows the layout needs: communication, steps, backward passes."""
+    return pl.col("is_comm") | pl.col("name").str.starts_with("ProfilerStep#") | pl.col("name").str.starts_with(
+        "autograd::engine::evaluate_function")
+
 COMM_EVENT_COLUMNS = ["rank", "pid", "tid", "cat", "name", "ph", "ts_ns", "end_ns", "is_comm", "collective", "msg_bytes",
                       "group_size", "group_ranks", "pg_name", "stream", "peer"]
 
