@@ -224,6 +224,7 @@ TRACE_EVENTS = pa.DataFrameSchema(
         "wait_on_event_corr": _c(pl.Int64, True),  # correlation of the cudaEventRecord waited on
         "out_msg_bytes": _c(pl.Int64, True),
         "dtype": _c(pl.Utf8, True),
+    "weight_bytes": _c(pl.Int64, True),  # linear / conv / embedding / norm operators: bytes of the parameters they read
     "peer": _c(pl.Int32, True),  # point-to-point peer: Kineto's "Dst Rank" / "Src Rank" (global), else c10d::send / recv_'s argument (its group's rank)
     },
     strict=False,

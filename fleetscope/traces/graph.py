@@ -213,7 +213,33 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None, stage_of_ra
           .with_columns(capture_id=pl.lit(cid)))
     t = GRAPH_TASKS.validate(conform(tasks, GRAPH_TASKS))
     ed = GRAPH_EDGES.validate(conform(e, GRAPH_EDGES))
-    return Graph(t, ed, {"capture_id": cid, "ranks": sorted(events["rank"].unique().to_list()), **dropped})
+    meta = {"capture_id": cid, "ranks": sorted(events["rank"].unique().to_list()), **dropped, **_gradients(t, events)}
+    return Graph(t, ed, meta)
+
+
+def _gradients(t: pl.DataFrame, events: pl.DataFrame) -> dict:
+    """What a data-parallel what-if on a job without data parallelism needs: grad_bytes {rank: bytes of the
+    parameters its forward operators read per microbatch (trace_events.weight_bytes of one forward
+    segment, fleetscope.traces.layers)}, optimizer_tasks {rank: the first task of the training thread at
+    or after each Optimizer.step# annotation}. Empty when the trace shows no parameter sizes."""
+    from fleetscope.traces.layers import forward_segments
+
+    if "weight_bytes" not in events.columns or events["weight_bytes"].null_count() == events.height:
+        return {}
+    seg = forward_segments(events)
+    if seg.height == 0:
+        return {}
+    w = events.filter(pl.col("weight_bytes").is_not_null()).select(pl.col("rank").cast(pl.Int32), "ts_ns", "weight_bytes").sort("ts_ns")
+    marks = seg.filter("forward").select(pl.col("rank").cast(pl.Int32), "step", "seg", _t="ts_ns").sort("_t")
+    per = w.join_asof(marks, left_on="ts_ns", right_on="_t", by="rank", strategy="backward", check_sortedness=False).drop_nulls("seg")
+    per = per.group_by("rank", "step", "seg").agg(b=pl.col("weight_bytes").sum()).group_by("rank").agg(b=pl.col("b").median())
+    opt = events.filter((pl.col("cat") == "user_annotation") & pl.col("name").str.starts_with("Optimizer.step#")).select(
+        pl.col("rank").cast(pl.Int32), "tid", _o="ts_ns").sort("_o")
+    cpu = t.filter((pl.col("kind") == "cpu") & (pl.col("role") != "comm")).select("rank", "tid", "task_id", "ts_ns").sort("ts_ns")
+    first = opt.join_asof(cpu, left_on="_o", right_on="ts_ns", by=["rank", "tid"], strategy="forward", check_sortedness=False).drop_nulls(
+        "task_id").group_by("rank").agg(pl.col("task_id"))
+    return {"grad_bytes": {int(r): int(b) for r, b in per.iter_rows() if b},
+            "optimizer_tasks": {int(r): [int(x) for x in ids] for r, ids in first.iter_rows()}}
 
 
 # ---------------------------------------------------------------- edges

@@ -229,6 +229,8 @@ def dp_degree(graph: Graph, dp_new: int, dp_old: int | None = None, model: CommM
     if link is not None and link not in LINKS:
         raise ValueError(f"dp_degree: link must be one of {LINKS}")
     model = model or fit_comm_model(graph)
+    if (dp_old or 1) == 1 and dp_new > 1:
+        return _add_data_parallel(graph, dp_new, model, link)
     t = graph.tasks
     m = _dp_mask(dp_old) & pl.col("msg_bytes").is_not_null()
     links = collective_links(t)
@@ -248,6 +250,32 @@ def dp_degree(graph: Graph, dp_new: int, dp_old: int | None = None, model: CommM
     ratio = pl.when(pl.lit(dp_new) == 1).then(0.0).when(old > 0).then(new / old).otherwise(1.0)
     t = t.with_columns(sim_dur_ns=pl.when(m).then((pl.col("sim_dur_ns") * ratio).round(0)).otherwise(pl.col("sim_dur_ns")).cast(pl.Int64))
     return graph.with_durations(t.drop("_old_link", "_members"))
+
+
+def _add_data_parallel(graph: Graph, dp_new: int, model: CommModel, link: str | None = None) -> Graph:
+    """A job without data parallelism given dp_new replicas: before each iteration's optimizer, every
+    rank all-reduces its gradients (the bytes of the parameters its forward operators read, per
+    microbatch: graph.meta["grad_bytes"]) with its replicas, taking what the link model fitted on the
+    trace's own transfers predicts. The group's link: `link`, else within a host when dp_new ranks fit
+    on one (as many ranks per host as the capture has; replicas numbered next to each other, as
+    Megatron and DeviceMesh number them), else across hosts."""
+    grad = graph.meta.get("grad_bytes") or {}
+    opt = graph.meta.get("optimizer_tasks") or {}
+    if not grad or not opt:
+        raise ValueError("the trace shows no parameter sizes (record_shapes) or no optimizer step: the gradient volume a new "
+                         "data-parallel group would reduce is unknown")
+    rph = ranks_per_host(graph.tasks)
+    lk = link or ("unknown" if rph is None else "intra" if dp_new <= rph else "inter")
+    f = model.fit_for(lk)
+    n = float(dp_new)
+    add = {}
+    for r, b in grad.items():
+        ar = f.step_ns * 2 * (n - 1) + f.ns_per_byte * 2 * (n - 1) / n * float(b)
+        for tid in opt.get(r, []):
+            add[int(tid)] = int(round(ar))
+    t = graph.tasks.with_columns(sim_dur_ns=pl.col("sim_dur_ns") + pl.col("task_id").replace_strict(
+        add, default=0, return_dtype=pl.Int64))
+    return graph.with_durations(t)
 
 
 def _scaled_layers(graph: Graph, layers_old: int, layers_new: int, model: CommModel | None = None) -> Graph:
@@ -347,8 +375,11 @@ def parallel_scenarios(graph: Graph, parallel: dict | None, notes: list[str] | N
         out += [("dp_x2", "dp_degree", {"dp_new": 2 * dp, "dp_old": dp}), ("dp_half", "dp_degree", {"dp_new": max(1, dp // 2), "dp_old": dp})]
     elif dp > 1:
         notes.append(f"no data-parallel collective of group size {dp} with a known size in the traces: no DP what-if")
+    elif graph.meta.get("grad_bytes") and graph.meta.get("optimizer_tasks"):
+        out.append(("dp_x2", "dp_degree", {"dp_new": 2, "dp_old": 1}))
     else:
-        notes.append("dp = 1: no gradient reduction in the traces to re-time, no DP what-if")
+        notes.append("dp = 1 and the traces show no parameter sizes (profile with record_shapes=True) or no optimizer step: "
+                     "no DP what-if")
     if not has_layers(graph):
         notes.append("the traces show no repeated layers (no layer-named spans, modules or repeated forward operators): "
                      "no PP or layer what-if")
