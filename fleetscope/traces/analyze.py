@@ -60,7 +60,7 @@ def analyze_capture(events: pl.DataFrame, capture_id: str | None = None, scenari
         cap = capture_id or str(events["capture_id"][0])
         tk = r.tasks
         if tk.height > EXPORT_MAX_TASKS:  # the first iterations that fit: a bounded file, quick to write and open
-            its = tk.group_by("iteration").len().sort("iteration").with_columns(c=pl.col("len").cum_sum())
+            its = tk.drop_nulls("iteration").group_by("iteration").len().sort("iteration").with_columns(c=pl.col("len").cum_sum())
             keep = its.filter((pl.col("c") <= EXPORT_MAX_TASKS) | (pl.int_range(pl.len()) == 0))["iteration"]
             tk = tk.filter(pl.col("iteration").is_in(keep.implode()))
             notes.append(f"simulated timeline exported for {keep.len()} of {its.height} iterations ({tk.height} tasks)")
