@@ -126,8 +126,8 @@ def _tasks(ev: pl.DataFrame) -> pl.DataFrame:
         runtime_corr = cpu.filter(pl.col("cat") == "cuda_runtime").select("rank", "correlation").drop_nulls().unique()
         drv = drv.filter(pl.col("correlation").is_not_null()).join(runtime_corr, on=["rank", "correlation"], how="anti")
         cpu = pl.concat([cpu.filter(pl.col("cat") != "cuda_driver"), drv])
-    cpu = cpu.sort(["rank", "pid", "tid", "ts_ns", "dur_ns"], descending=[False, False, False, False, True])
-    nxt = pl.col("ts_ns").shift(-1).over(["rank", "pid", "tid"])
+    cpu = cpu.with_columns(_th=pl.struct("rank", "pid", "tid").rank("dense")).sort(["_th", "ts_ns", "dur_ns"], descending=[False, False, True])
+    nxt = pl.col("ts_ns").shift(-1).over("_th")
     cpu = cpu.filter(nxt.is_null() | (nxt >= pl.col("end_ns")) | (pl.col("cat") == "cuda_runtime"))
     rt = cpu.filter(pl.col("cat") == "cuda_runtime")["name"]
     cpu = cpu.with_columns(
@@ -152,7 +152,7 @@ def _tasks(ev: pl.DataFrame) -> pl.DataFrame:
         .when(pl.col("cat") == "gpu_memset").then(pl.lit("memset"))
         .otherwise(pl.lit("compute")),
     )
-    tasks = pl.concat([cpu, comm, gpu], how="diagonal_relaxed").drop("_cc").sort(["rank", "ts_ns", "kind", "event_id"])
+    tasks = pl.concat([cpu.drop("_th"), comm, gpu], how="diagonal_relaxed").drop("_cc").sort(["rank", "ts_ns", "kind", "event_id"])
     # iteration: CPU tasks by time inside ProfilerStep#N, GPU tasks by their launching call
     its = _iterations(ev)
     if its.height:
@@ -184,7 +184,8 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None, stage_of_ra
     cid = capture_id if capture_id is not None else events["capture_id"][0]
     hosts = events.group_by("rank").agg(pl.col("source_file").first()).with_columns(host=_host_expr())
     tasks = _tasks(events).with_row_index("task_id").with_columns(
-        pl.col("task_id").cast(pl.Int64), host=pl.col("rank").replace_strict(hosts["rank"], hosts["host"], default=None))
+        pl.col("task_id").cast(pl.Int64), host=pl.col("rank").replace_strict(hosts["rank"], hosts["host"], default=None),
+        _pk=pl.struct("rank", "processor").rank("dense").cast(pl.Int32))  # processor as a number: sorts and windows on it are cheap
     calls, launched = _sync_info(tasks, events), _gpu_by_launch(tasks)  # shared by the sync and event-wait edges
     edges = [
         _thread_edges(tasks),
@@ -256,11 +257,12 @@ def _edge(df: pl.DataFrame, etype: str, sub: str) -> pl.DataFrame:
 
 
 def _thread_edges(t: pl.DataFrame) -> pl.DataFrame:
-    cpu = t.filter((pl.col("kind") == "cpu") & (pl.col("role") != "comm")).sort(["rank", "processor", "ts_ns", "task_id"])
+    cpu = t.filter((pl.col("kind") == "cpu") & (pl.col("role") != "comm")).select(
+        "rank", "pid", "processor", "_pk", "task_id", "ts_ns", "end_ns").sort(["_pk", "ts_ns", "task_id"])
     order = cpu.select(
         "rank", "pid", "processor", "task_id", "ts_ns", "end_ns",
-        src=pl.col("task_id").shift(1).over(["rank", "processor"]),
-        prev_end=pl.col("end_ns").shift(1).over(["rank", "processor"]),
+        src=pl.col("task_id").shift(1).over("_pk"),
+        prev_end=pl.col("end_ns").shift(1).over("_pk"),
     )
     intra = _edge(order.filter(pl.col("src").is_not_null()).rename({"task_id": "dst"}), "cpu_cpu", "thread_order")
     # inter-thread: a long gap on a thread that starts right after another thread's task ended
@@ -285,8 +287,8 @@ def _launch_edges(t: pl.DataFrame) -> pl.DataFrame:
 
 
 def _stream_edges(t: pl.DataFrame) -> pl.DataFrame:
-    g = t.filter(pl.col("kind") == "gpu").sort(["rank", "processor", "ts_ns", "task_id"])
-    e = g.select(src=pl.col("task_id").shift(1).over(["rank", "processor"]), dst=pl.col("task_id")).filter(pl.col("src").is_not_null())
+    g = t.filter(pl.col("kind") == "gpu").select("_pk", "ts_ns", "task_id").sort(["_pk", "ts_ns", "task_id"])
+    e = g.select(src=pl.col("task_id").shift(1).over("_pk"), dst=pl.col("task_id")).filter(pl.col("src").is_not_null())
     return _edge(e, "gpu_gpu", "stream_order")
 
 
@@ -295,7 +297,7 @@ def _gpu_by_launch(t: pl.DataFrame) -> pl.DataFrame:
     launches = t.filter((pl.col("kind") == "cpu") & pl.col("correlation").is_not_null() & pl.col("cat").is_in(["cuda_runtime", "cuda_driver"])).select(
         "rank", "correlation", launch_ts=pl.col("ts_ns"), launch_tid=pl.col("tid"))
     g = t.filter(pl.col("kind") == "gpu").select("rank", "task_id", "device", "stream", "correlation", "ts_ns", "end_ns")
-    g = g.join(launches, on=["rank", "correlation"], how="left").with_columns(launch_ts=pl.coalesce("launch_ts", "ts_ns"))
+    g = g.join(launches, on=["rank", "correlation"], how="left", maintain_order="left").with_columns(launch_ts=pl.coalesce("launch_ts", "ts_ns"))
     return g.sort("launch_ts")
 
 
