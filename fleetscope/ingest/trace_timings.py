@@ -115,6 +115,22 @@ _AUTOGRAD_OP = r"^autograd::engine::evaluate_function|Backward\d*$"
 _OPT_FRAME = r"(?i)optim\w*\.py\(\d+\): step$"
 
 
+def clip_work_spans(ops: pl.DataFrame, by: list[str]) -> pl.DataFrame:
+    """A backend's work span annotated on the issuing thread (gloo:send of an asynchronous isend) runs in
+    the background while the thread goes on: it is not a container of the operators that follow. Its
+    end is clipped to the start of the thread's next operator that is not communication (a blocking
+    wait keeps its whole span: nothing runs on the thread meanwhile). ops: rows of one thread per `by`
+    group with name, cat, ts_ns, end_ns, dur_ns, is_comm."""
+    work = (pl.col("cat") == "user_annotation") & pl.col("is_comm")
+    if ops.filter(work).height == 0:
+        return ops
+    nxt = ops.filter(~pl.col("is_comm")).select(*by, _n=pl.col("ts_ns")).sort("_n")
+    o = ops.with_row_index("_r").sort("ts_ns").join_asof(nxt, left_on="ts_ns", right_on="_n", by=by, strategy="forward",
+                                                         allow_exact_matches=False, check_sortedness=False)
+    o = o.with_columns(end_ns=pl.when(work & pl.col("_n").is_not_null()).then(pl.min_horizontal("end_ns", "_n")).otherwise("end_ns"))
+    return o.with_columns(dur_ns=pl.col("end_ns") - pl.col("ts_ns")).sort("_r").drop("_r", "_n")
+
+
 def derive_ops(ev: pl.DataFrame) -> pl.DataFrame:
     """kind=op rows from the structure of each ProfilerStep on its thread (the training thread) and the
     autograd engine's threads, on CPU and GPU traces alike.
@@ -161,7 +177,7 @@ def derive_ops(ev: pl.DataFrame) -> pl.DataFrame:
     m = m.filter(pl.col("step").is_not_null() & (pl.col("ts_ns") < pl.col("_e")))
     m = m.join(bthreads, on=["capture_id", "rank", "tid"], how="left").with_columns(pl.col("_bt").fill_null(False))
     on_main = pl.col("tid") == pl.col("_tid")
-    seq_rows = m.filter(on_main | (pl.col("_bt") & ~pl.col("is_comm")))
+    seq_rows = clip_work_spans(m.filter(on_main | (pl.col("_bt") & ~pl.col("is_comm"))), [*key, "tid"])
     main = seq_rows.sort([*key, "tid", "ts_ns", "dur_ns"], descending=[False] * (len(key) + 2) + [True])
     main = main.with_columns(_pme=pl.col("end_ns").cum_max().shift(1).over([*key, "tid"]))
     main = main.with_columns(_top=pl.col("_pme").is_null() | (pl.col("ts_ns") >= pl.col("_pme")))
@@ -180,6 +196,8 @@ def derive_ops(ev: pl.DataFrame) -> pl.DataFrame:
     items = main.group_by([*key, "tid", "_grp"]).agg(
         pl.col("ts_ns").first().alias("s"), pl.col("end_ns").max().alias("e"),
         cls.first().alias("cls"), pl.col("_s").first(), pl.col("_e").first(),
+        # an annotation around a whole microbatch's work (a pipeline schedule's `Forward 2`) is one run by itself
+        ((pl.col("cat").first() == "user_annotation") & (pl.len() > 1) & ~pl.col("is_comm").first()).alias("_box"),
         n.str.contains(_MODEL_OP).any().alias("model"),
         pl.col("collective").filter(pl.col("is_comm")).unique().alias("colls")).sort([*key, "s"])
     items = items.filter(pl.col("cls") != "skip").drop("tid")
@@ -257,7 +275,16 @@ def derive_ops(ev: pl.DataFrame) -> pl.DataFrame:
 
 def _runs(items: pl.DataFrame, key: list[str]) -> pl.DataFrame:
     """Consecutive items of one class -> runs, with their neighbours' classes."""
-    items = items.sort([*key, "s"]).with_columns(_run=pl.col("cls").rle_id().over(key))
+    items = items.sort([*key, "s"])
+    new_run = (pl.col("cls") != pl.col("cls").shift(1)).fill_null(True)
+    if "_box" in items.columns:
+        # boxes next to boxes of their class (`Forward 0`, `Forward 1`, ...) are one microbatch each; a lone
+        # box (DistributedDataParallel.forward) stays in the run of the operators around it
+        same = pl.col("cls") == pl.col("cls").shift(1)
+        items = items.with_columns(_seq=pl.col("_box") & ((same & pl.col("_box").shift(1)).fill_null(False)
+                                                          | ((pl.col("cls") == pl.col("cls").shift(-1)) & pl.col("_box").shift(-1)).fill_null(False)))
+        new_run = new_run | pl.col("_seq")
+    items = items.with_columns(_run=new_run.cast(pl.Int32).cum_sum().over(key))
     runs = items.group_by([*key, "_run"]).agg(
         pl.col("cls").first(), pl.col("s").min(), pl.col("e").max(), pl.col("model").any(),
         pl.col("colls").list.explode(keep_nulls=False, empty_as_null=False).unique(),

@@ -26,7 +26,8 @@ def analyze_capture(events: pl.DataFrame, capture_id: str | None = None, scenari
         return skipped("no profiler trace events in this capture")
     try:
         places = (parallel or {}).get("ranks") or {}
-        g = build_graph(events, capture_id, stage_of_rank={int(r): int(v[0]) for r, v in places.items() if v[0] is not None} or None)
+        g = build_graph(events, capture_id, stage_of_rank={int(r): int(v[0]) for r, v in places.items() if v[0] is not None} or None,
+                        places={int(r): tuple(v) for r, v in places.items()} or None)
     except ValueError as exc:
         return skipped(f"could not build the execution graph: {exc}")
     r = replay(g)

@@ -176,9 +176,12 @@ def _host_expr() -> pl.Expr:
     return if_kineto
 
 
-def build_graph(events: pl.DataFrame, capture_id: str | None = None, stage_of_rank: dict[int, int] | None = None) -> Graph:
-    """trace_events of one capture (one or many ranks) -> one execution graph. stage_of_rank (the
-    capture's layout) numbers layers found without names across pipeline stages."""
+def build_graph(events: pl.DataFrame, capture_id: str | None = None, stage_of_rank: dict[int, int] | None = None,
+                places: dict[int, tuple] | None = None) -> Graph:
+    """trace_events of one capture (one or many ranks) -> one execution graph. The capture's layout, when
+    known: stage_of_rank numbers layers found without names across pipeline stages; places {rank:
+    (stage, dp_rank, tp_rank)} confines the matching of CPU collectives (which name no group or peer)
+    to ranks of one data- / tensor-parallel group and point-to-point transfers to pipeline neighbours."""
     if events.height == 0:
         raise ValueError("build_graph: no trace events")
     cid = capture_id if capture_id is not None else events["capture_id"][0]
@@ -196,7 +199,7 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None, stage_of_ra
         _cpu_comm_edges(tasks),
     ]
     tasks = _collective_groups(tasks)
-    tasks = _cpu_collective_groups(tasks)
+    tasks = _cpu_collective_groups(tasks, places)
     tasks = _mark_layers(tasks, events, stage_of_rank=stage_of_rank)
     edges.append(_collective_edges(tasks))
     e = pl.concat([x for x in edges if x.height], how="vertical_relaxed") if any(x.height for x in edges) else pl.DataFrame(
@@ -562,7 +565,7 @@ def _components(pairs: list[tuple[int, int]]) -> dict[int, int]:
     return {x: find(x) for x in list(parent)}
 
 
-def _cpu_collective_groups(t: pl.DataFrame) -> pl.DataFrame:
+def _cpu_collective_groups(t: pl.DataFrame, places: dict[int, tuple] | None = None) -> pl.DataFrame:
     """Cross-rank collectives among CPU communication tasks, which carry no process group or peer (gloo
     traces): ranks whose k-th collectives of a kind have the same sizes and all overlap in time (every
     member is inside the collective while the others are) form a group; a send matches the recv of
@@ -588,6 +591,10 @@ def _cpu_collective_groups(t: pl.DataFrame) -> pl.DataFrame:
         pair = j.group_by(["rank", "rank_b", "collective"]).agg(m=pl.len(), good=ok.all()).join(
             n, on=["rank", "collective"]).join(n.rename({"rank": "rank_b", "n": "n_b"}), on=["rank_b", "collective"])
         pair = pair.filter(pl.col("good") & (pl.col("m") == pl.col("n")) & (pl.col("n") == pl.col("n_b")))
+        if places:  # the capture's layout: a collective runs among ranks of one data- or tensor-parallel group
+            same = {(a, b) for a in places for b in places if a != b and places[a][0] == places[b][0]
+                    and (places[a][1] == places[b][1] or places[a][2] == places[b][2])}
+            pair = pair.filter(pl.struct("rank", "rank_b").map_elements(lambda x: (x["rank"], x["rank_b"]) in same, return_dtype=pl.Boolean))
         for (c,), g in pair.partition_by("collective", as_dict=True).items():
             comp = _components(list(zip(g["rank"].to_list(), g["rank_b"].to_list())))
             peers |= {(a, b) for a in comp for b in comp if a != b and comp[a] == comp[b]}
@@ -606,6 +613,11 @@ def _cpu_collective_groups(t: pl.DataFrame) -> pl.DataFrame:
             & (pl.col("ts_ns") <= pl.col("end_ns_r") + CPU_COMM_TOL_NS)
             # data arrives after it was sent: a recv does not end before its send started
             & (pl.col("end_ns_r") >= pl.col("ts_ns") - CPU_COMM_TOL_NS))
+        if places:  # pipeline neighbours: adjacent stages, same replica and tensor-parallel place
+            nb = [(a, b) for a in places for b in places if abs((places[a][0] or 0) - (places[b][0] or 0)) == 1
+                  and places[a][1] == places[b][1] and places[a][2] == places[b][2]]
+            nb = pl.DataFrame(nb, schema={"rank": pl.Int32, "rank_r": pl.Int32}, orient="row")
+            cand = cand.join(nb, on=["rank", "rank_r"], how="semi")
         cand = cand.with_columns(cost=(pl.col("end_ns_r") - pl.col("end_ns")).abs()).sort(["cost", "task_id", "task_id_r"])
         # replicas of one stage (the same collective group) exchange no point-to-point messages
         rows = [x for x in cand.select("task_id", "task_id_r", "rank", "rank_r", "ts_ns").iter_rows() if (x[2], x[3]) not in peers]

@@ -23,6 +23,9 @@ import re
 
 import numpy as np
 import polars as pl
+from numba import njit
+
+from fleetscope.ingest.trace_timings import clip_work_spans
 
 # operators that are a model's own compute (as fleetscope.ingest.trace_timings._MODEL_OP)
 MODEL_OP = (r"(?i)^aten::(linear|addmm|mm|bmm|baddbmm|matmul|einsum|conv|_convolution|cudnn_convolution|embedding|"
@@ -104,36 +107,101 @@ def named_spans_numbered(named: pl.DataFrame, events: pl.DataFrame, stage_of_ran
     return _number(j.select("rank", "pid", "tid", "step", "seg", "s0", "s1", "layer"), stage_of_rank).select(list(SPAN_COLUMNS))
 
 
+@njit(cache=True)
+def _nest(group, ts, end):
+    """Nesting of intervals sorted by (group, start, longest first): depth and parent row (-1: top level)."""
+    n = len(ts)
+    depth = np.zeros(n, np.int64)
+    parent = np.full(n, -1, np.int64)
+    stack = np.empty(n, np.int64)
+    sp = 0
+    for i in range(n):
+        if i > 0 and group[i] != group[i - 1]:
+            sp = 0
+        while sp > 0 and end[stack[sp - 1]] <= ts[i]:
+            sp -= 1
+        if sp > 0:
+            parent[i] = stack[sp - 1]
+        depth[i] = sp
+        stack[sp] = i
+        sp += 1
+    return depth, parent
+
+
+def training_ops(events: pl.DataFrame) -> pl.DataFrame:
+    """Every operator and annotation of each rank's training thread per step, in order, with its nesting
+    (depth, parent row) and whether it cuts a forward segment (cut)."""
+    steps = events.filter((pl.col("cat") == "user_annotation") & pl.col("name").str.starts_with("ProfilerStep#")).select(
+        "rank", _tid=pl.col("tid"), _s=pl.col("ts_ns"), _e=pl.col("end_ns"), step=pl.col("name")).sort("_s")
+    if steps.height == 0:
+        return pl.DataFrame()
+    ops = events.filter(pl.col("cat").is_in(["cpu_op", "user_annotation"]) & (pl.col("ph") == "X")
+                        & ~pl.col("name").str.starts_with("ProfilerStep#")).select(
+        "rank", "pid", "tid", "name", "cat", "ts_ns", "end_ns", "dur_ns", "is_comm", "collective").sort("ts_ns")
+    ops = ops.join_asof(steps, left_on="ts_ns", right_on="_s", by="rank", strategy="backward", check_sortedness=False)
+    ops = clip_work_spans(ops.filter((pl.col("tid") == pl.col("_tid")) & (pl.col("ts_ns") < pl.col("_e"))), ["rank", "step"])
+    ops = ops.sort(["rank", "step", "ts_ns", "dur_ns"], descending=[False, False, False, True]).with_columns(
+        _g=pl.struct("rank", "step").rank("dense"))
+    depth, parent = _nest(ops["_g"].to_numpy(), ops["ts_ns"].to_numpy(), ops["end_ns"].to_numpy())
+    cut = (pl.col("name").str.contains(_NOT_FORWARD) | pl.col("name").str.contains(r"^Backward \d+$")
+           | (pl.col("is_comm") & pl.col("collective").is_in(["send", "recv"])))
+    return ops.with_row_index("row").with_columns(depth=pl.Series(depth), parent=pl.Series(parent), cut=cut).drop("_g", "_tid", "_s", "_e")
+
+
 def infer_layer_spans(events: pl.DataFrame, stage_of_rank: dict[int, int] | None = None) -> pl.DataFrame:
-    """Forward layer spans (rank, pid, tid, s0, s1, layer) of a trace whose layers no span names, found as
-    the tandem repeat of each forward segment's top-level operators; empty when nothing repeats."""
-    seg = forward_segments(events)
-    if seg.height == 0:
+    """Forward layer spans (rank, pid, tid, s0, s1, layer) of a trace whose layers no span names: the
+    tandem repeat of the forward operators, searched in each forward segment of the training thread's
+    top-level operators, and where those hold none (a DistributedDataParallel.forward, a pipeline
+    schedule's `Forward 0` annotation around the whole microbatch), among the children of each of its
+    operators, down to a few levels; empty when nothing repeats."""
+    ops = training_ops(events)
+    if ops.height == 0:
         return pl.DataFrame(schema=SPAN_COLUMNS)
-    seg = seg.filter("forward")
-    vocab = {n: i for i, n in enumerate(seg["name"].unique().sort().to_list())}
+    vocab = {n: i for i, n in enumerate(ops["name"].unique().sort().to_list())}
     model_tok = {i for n, i in vocab.items() if re.search(MODEL_OP, n)}
-    rows = []
+    tok = np.fromiter((vocab[x] for x in ops["name"].to_list()), np.int64, ops.height)
+    ts, end, cut = ops["ts_ns"].to_numpy(), ops["end_ns"].to_numpy(), ops["cut"].to_numpy()
+    rank, step = ops["rank"].to_numpy(), ops["step"].to_list()
+    pid, tid = ops["pid"].to_list(), ops["tid"].to_list()
+    kids = {int(p): np.asarray(r, np.int64) for p, r in ops.filter(pl.col("parent") >= 0).group_by("parent").agg(pl.col("row")).iter_rows()}
+    top = {(r, st): np.asarray(rows, np.int64) for r, st, rows in
+           ops.filter(pl.col("depth") == 0).group_by("rank", "step", maintain_order=True).agg(pl.col("row")).iter_rows()}
     cache: dict[tuple, tuple[int, int, int]] = {}
-    for (r, step, sg), g in seg.group_by(["rank", "step", "seg"], maintain_order=True):
-        names = g["name"].to_list()
-        if len(names) < 2:
-            continue
-        tok = np.fromiter((vocab[x] for x in names), np.int64, len(names))
-        key = tuple(tok.tolist())
-        if key not in cache:
-            i, p, k = repeat_unit(tok)
-            cache[key] = (i, p, k) if p and model_tok & set(tok[i:i + p].tolist()) else (0, 0, 0)
-        i, p, k = cache[key]
-        if not k:
-            continue
-        ts, nxt = g["ts_ns"].to_numpy(), g["next_ts"].to_numpy()
-        pid, tid = g["pid"][0], g["tid"][0]
-        for j in range(k):
-            a, b = i + j * p, i + (j + 1) * p
-            rows.append((int(r), pid, tid, step, sg, int(ts[a]), int(ts[b] if b < len(ts) else nxt[b - 1]), j))
-    if not rows:
+    out: list[tuple] = []
+    scope = [0]
+
+    def search(rows: np.ndarray, stop: int, level: int) -> None:
+        # forward runs: the rows between cutting operators
+        bounds = np.flatnonzero(cut[rows])
+        starts = np.concatenate(([0], bounds + 1))
+        ends = np.concatenate((bounds, [rows.size]))
+        for a, b in zip(starts, ends):
+            run = rows[a:b]
+            if run.size == 0:
+                continue
+            i, p, k = (0, 0, 0)
+            if run.size >= 2:
+                key = tuple(tok[run].tolist())
+                if key not in cache:
+                    i0, p0, k0 = repeat_unit(tok[run])
+                    cache[key] = (i0, p0, k0) if p0 and model_tok & set(tok[run][i0:i0 + p0].tolist()) else (0, 0, 0)
+                i, p, k = cache[key]
+            if k:
+                nxt = ts[rows[b]] if b < rows.size else stop
+                scope[0] += 1
+                for j in range(k):
+                    x, y = i + j * p, i + (j + 1) * p
+                    s1 = ts[run[y]] if y < run.size else nxt
+                    out.append((int(rank[run[x]]), pid[run[x]], tid[run[x]], step[run[x]], scope[0], int(ts[run[x]]), int(s1), j))
+            elif level < 4:  # nothing repeats here: look inside its operators
+                for r in run:
+                    if r in kids:
+                        search(kids[r], int(end[r]), level + 1)
+
+    for rows in top.values():
+        search(rows, int(end[rows[-1]]), 0)
+    if not out:
         return pl.DataFrame(schema=SPAN_COLUMNS)
-    spans = pl.DataFrame(rows, orient="row", schema={"rank": pl.Int32, "pid": pl.Utf8, "tid": pl.Utf8, "step": pl.Utf8, "seg": pl.Int32,
-                                                      "s0": pl.Int64, "s1": pl.Int64, "layer": pl.Int32})
+    spans = pl.DataFrame(out, orient="row", schema={"rank": pl.Int32, "pid": pl.Utf8, "tid": pl.Utf8, "step": pl.Utf8, "seg": pl.Int32,
+                                                     "s0": pl.Int64, "s1": pl.Int64, "layer": pl.Int32})
     return _number(spans, stage_of_rank).select(list(SPAN_COLUMNS))
