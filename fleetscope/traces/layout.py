@@ -34,7 +34,7 @@ import polars as pl
 
 # a process group's description -> the dimension it is (None: a group that is not one dimension)
 _DESC_DIM = [
-    (re.compile(r"(?i)(and|with|model_parallel_group$|^mesh_default$|embedding|default_pg|^mesh_dp_cp|^mesh_dp_shard_cp)"), None),
+    (re.compile(r"(?i)(_and_|_with_|^model_parallel_group$|^mesh_default$|embedding|^default_pg$|^mesh_dp_cp|^mesh_dp_shard_cp)"), None),
     (re.compile(r"(?i)(tensor|(^|[^a-z])tp($|[^a-z]))"), "tp"),
     (re.compile(r"(?i)(pipe|(^|[^a-z])pp($|[^a-z]))"), "pp"),
     (re.compile(r"(?i)(data|(^|[^a-z])(dp|fsdp|ddp|hsdp)($|[^a-z])|replicate|shard)"), "dp"),
@@ -347,11 +347,20 @@ def infer_layout(files: pl.DataFrame | None, events: pl.DataFrame | None, overri
     if undesc.height and len(dims) < 2:
         families = []
         for (size,), sub in undesc.partition_by("size", as_dict=True).items():
-            gs = _partition(sub, all_ranks) if not partial else [list(x) for x in sub["ranks"].to_list()]
-            if gs and not any(sorted(map(sorted, gs)) == sorted(map(sorted, v)) for v in dims.values()):
-                share = [fwd_of.get(tuple(sorted(g))) for g in gs]
-                share = [s for s in share if s is not None]
-                families.append((gs, (sum(share) / len(share)) if share else None, sub["src"][0]))
+            # groups of one size may be several dimensions (TP {0,1},{2,3} and DP {0,2},{1,3}): split them
+            # into families of disjoint groups first
+            fams: list[list[list[int]]] = []
+            for g in sub["ranks"].to_list():
+                g = sorted(int(x) for x in g)
+                home = next((f for f in fams if not any(set(g) & set(h) for h in f)), None)
+                fams.append([g]) if home is None else home.append(g)
+            for fam in fams:
+                fdf = pl.DataFrame({"ranks": fam}, schema={"ranks": pl.List(pl.Int32)})
+                gs = _partition(fdf, all_ranks) if not partial else fam
+                if gs and not any(sorted(map(sorted, gs)) == sorted(map(sorted, v)) for v in dims.values()):
+                    share = [fwd_of.get(tuple(sorted(g))) for g in gs]
+                    share = [x for x in share if x is not None]
+                    families.append((gs, (sum(share) / len(share)) if share else None, sub["src"][0]))
         free = [d for d in ("tp", "dp") if d not in dims]
         if len(families) == 1 and len(free) >= 1:
             gs, share, src = families[0]
