@@ -13,6 +13,7 @@ from fleetscope.assets._tables import preview, table_schema_metadata, write_tabl
 from fleetscope.assets.partitions import captures, flow_files, flow_windows, hw_files, incidents, topology_files
 from fleetscope.ingest import partitions as ing
 from fleetscope.ingest.captures import capture_ranks
+from fleetscope.ingest.trace_timings import trace_gaps
 from fleetscope.schemas.landing import CAPTURES, COLLECTIVE_PROGRESS, FLOWS, HW, INCIDENTS, RING, STACKS, TIMINGS, TOPOLOGY
 from fleetscope.schemas.landing import TRACE_EVENTS, TRACE_FILES
 from fleetscope.traces.layout import COMM_EVENT_COLUMNS, capture_layout, layout_events
@@ -132,14 +133,15 @@ def captures_asset(context: AssetExecutionContext, warehouse: WarehouseResource,
     if key in wh.partitions("trace_events"):
         ev = capture_events(wh, key, COMM_EVENT_COLUMNS)
         lay = capture_layout(wh.read("trace_files", partitions=[key]), ev.filter(layout_events()), ing.declared_layout(landing.root, key))
+    gaps = trace_gaps(capture_events(wh, key)) if lay is not None else []
     derived = None if lay is None else {"dp": lay.dp, "pp": lay.pp, "tp": lay.tp, "world_size": lay.world_size,
-                                        "layout_source": lay.source, "notes": "; ".join(lay.notes) or None}
+                                        "layout_source": lay.source, "notes": "; ".join(lay.notes + gaps) or None}
     df = ing.capture_record(landing.root, key, n_tr, n_ti, span=ing.capture_span(wh, key), derived=derived)
     wh.write_partition("captures", key, df)
     md = {"capture": MetadataValue.json(df.to_dicts()[0]), "dagster/row_count": MetadataValue.int(1),
           "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(CAPTURES))}
-    if lay is not None and lay.notes:
-        md["warnings"] = MetadataValue.text("; ".join(lay.notes))  # said in the run summary
+    if lay is not None and (lay.notes or gaps):
+        md["warnings"] = MetadataValue.text("; ".join(lay.notes + gaps))  # said in the run summary
     yield MaterializeResult(asset_key="captures", metadata=md)
     ranks = capture_ranks(key, wh.read("timings", partitions=[key]),
                           capture_events(wh, key, ["rank", "cat", "device", "source_file"]),

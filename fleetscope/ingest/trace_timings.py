@@ -352,6 +352,27 @@ def ops_from_trace_events(ev: pl.DataFrame, layout: dict | None = None) -> pl.Da
     return out.with_columns(pl.col("rank").cast(pl.Int32), *_layout_cols(layout))
 
 
+def trace_gaps(events: pl.DataFrame) -> list[str]:
+    """What a capture's traces cannot give, in words (the capture's notes and the run summary): ranks
+    without ProfilerStep# annotations (no iterations, step times or op rows), no traced backward pass,
+    no input shapes (record_shapes off: the gradient volume of a data-parallel what-if is unknown)."""
+    if events is None or events.height == 0:
+        return ["no profiler trace events"]
+    out = []
+    ranks = events["rank"].unique()
+    stepped = events.filter((pl.col("cat") == "user_annotation") & pl.col("name").str.starts_with("ProfilerStep#"))["rank"].unique()
+    missing = sorted(set(ranks.to_list()) - set(stepped.to_list()))
+    if missing:
+        out.append(f"rank(s) {missing} have no ProfilerStep# annotation: no iterations, step times or op rows for them (profile "
+                   "with a torch.profiler.schedule and call prof.step() every step)")
+    if not events.filter(pl.col("name").str.contains(_AUTOGRAD_OP)).height:
+        out.append("no backward pass in the traces (no autograd nodes): no backward-compute op rows, no pipeline model")
+    if "weight_bytes" in events.columns and events["weight_bytes"].null_count() == events.height:
+        out.append("no operator input shapes (record_shapes off): a data-parallel what-if for a job without data parallelism "
+                   "cannot size its gradients")
+    return out
+
+
 def capture_timings(timings: pl.DataFrame | None, events: pl.DataFrame | None, layout: dict | None = None,
                     need_ops: bool = False) -> tuple[pl.DataFrame, list[str]]:
     """What a capture's timing analyses read, and notes saying what came from where: the landed
@@ -369,6 +390,9 @@ def capture_timings(timings: pl.DataFrame | None, events: pl.DataFrame | None, l
         if ops.height:
             t = pl.concat([t, ops], how="diagonal_relaxed") if t.height else ops
             notes.append(f"op rows ({ops.height}) derived from the profiler traces' step structure")
+        else:
+            notes.append("no op rows could be derived from the traces: " + ("; ".join(trace_gaps(events)) or
+                                                                            "no forward or backward pass recognized in any step"))
     return t, notes
 
 
