@@ -200,7 +200,10 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None, stage_of_ra
     ]
     tasks = _collective_groups(tasks)
     tasks = _cpu_collective_groups(tasks, places)
-    tasks = _mark_layers(tasks, events, stage_of_rank=stage_of_rank)
+    from fleetscope.traces.layers import training_ops
+
+    top_ops = training_ops(events)  # the training threads' operators with their nesting (layers, gradients)
+    tasks = _mark_layers(tasks, events, stage_of_rank=stage_of_rank, ops=top_ops)
     edges.append(_collective_edges(tasks))
     e = pl.concat([x for x in edges if x.height], how="vertical_relaxed") if any(x.height for x in edges) else pl.DataFrame(
         schema=EDGE_SCHEMA)
@@ -217,11 +220,11 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None, stage_of_ra
           .with_columns(capture_id=pl.lit(cid)))
     t = GRAPH_TASKS.validate(conform(tasks, GRAPH_TASKS))
     ed = GRAPH_EDGES.validate(conform(e, GRAPH_EDGES))
-    meta = {"capture_id": cid, "ranks": sorted(events["rank"].unique().to_list()), **dropped, **_gradients(t, events)}
+    meta = {"capture_id": cid, "ranks": sorted(events["rank"].unique().to_list()), **dropped, **_gradients(t, events, top_ops)}
     return Graph(t, ed, meta)
 
 
-def _gradients(t: pl.DataFrame, events: pl.DataFrame) -> dict:
+def _gradients(t: pl.DataFrame, events: pl.DataFrame, ops: pl.DataFrame | None = None) -> dict:
     """What a data-parallel what-if on a job without data parallelism needs: grad_bytes {rank: bytes of the
     parameters its forward operators read per microbatch (trace_events.weight_bytes of one forward
     segment, fleetscope.traces.layers)}, optimizer_tasks {rank: the first task of the training thread at
@@ -230,7 +233,7 @@ def _gradients(t: pl.DataFrame, events: pl.DataFrame) -> dict:
 
     if "weight_bytes" not in events.columns or events["weight_bytes"].null_count() == events.height:
         return {}
-    seg = forward_segments(events)
+    seg = forward_segments(events, ops)
     if seg.height == 0:
         return {}
     w = events.filter(pl.col("weight_bytes").is_not_null()).select(pl.col("rank").cast(pl.Int32), "ts_ns", "weight_bytes").sort("ts_ns")
@@ -431,7 +434,7 @@ LAYER_RX = r"(?i)(transformer_?layer|decoder_?layer|encoder_?layer|gpt_?block|ll
 
 
 def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX,
-                 stage_of_rank: dict[int, int] | None = None) -> pl.DataFrame:
+                 stage_of_rank: dict[int, int] | None = None, ops: pl.DataFrame | None = None) -> pl.DataFrame:
     """in_layer: the task belongs to a repeated model layer; layer: its number when the span's name
     carries one (`layers.3`, `TransformerLayer_3`); layer_pass: fwd or bwd. Forward: CPU tasks inside
     a span (Python function, operator or annotation) whose name looks like a layer, and what they
@@ -443,10 +446,10 @@ def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX
     fwd = cpu_ev.filter(pl.col("name").str.contains(layer_rx)).select(
         "rank", "pid", "tid", s0="ts_ns", s1="end_ns", layer=pl.col("name").str.extract(LAYER_NUMBER_RX, 1).cast(pl.Int32, strict=False))
     if fwd.height and fwd["layer"].null_count() == fwd.height:  # named like a layer, without a number: numbered in order
-        numbered = named_spans_numbered(fwd.drop("layer"), events, stage_of_rank)
+        numbered = named_spans_numbered(fwd.drop("layer"), events, stage_of_rank, ops)
         fwd = numbered if numbered.height else fwd  # no operators to order them by: marked, not numbered
     elif fwd.height == 0:  # no span names a layer: the forward pass's repeated unit (fleetscope.traces.layers)
-        fwd = infer_layer_spans(events, stage_of_rank)
+        fwd = infer_layer_spans(events, stage_of_rank, ops)
     fwd = fwd.with_columns(pl.col("rank").cast(pl.Int32), layer_pass=pl.lit("fwd"))
     if fwd.height == 0:
         return t.with_columns(in_layer=pl.lit(False), layer=pl.lit(None, pl.Int32), layer_pass=pl.lit(None, pl.Utf8))

@@ -57,25 +57,17 @@ def repeat_unit(tokens: np.ndarray) -> tuple[int, int, int]:
     return (best[2], -best[1], best[3]) if best[0] else (0, 0, 0)
 
 
-def forward_segments(events: pl.DataFrame) -> pl.DataFrame:
+def forward_segments(events: pl.DataFrame, ops: pl.DataFrame | None = None) -> pl.DataFrame:
     """Top-level operators of each rank's training thread per step, with the forward segment they
     belong to: rank, pid, tid, step, seg, ts_ns, end_ns, name, next_ts (the next top-level operator's
-    start on the thread), forward (False for the operators that cut segments)."""
-    steps = events.filter((pl.col("cat") == "user_annotation") & pl.col("name").str.starts_with("ProfilerStep#")).select(
-        "rank", _tid=pl.col("tid"), _s=pl.col("ts_ns"), _e=pl.col("end_ns"), step=pl.col("name")).sort("_s")
-    if steps.height == 0:
+    start on the thread), forward (False for the operators that cut segments). ops: training_ops(events)
+    when already computed."""
+    ops = training_ops(events) if ops is None else ops
+    if ops.height == 0:
         return pl.DataFrame()
-    ops = events.filter(pl.col("cat").is_in(["cpu_op", "user_annotation"]) & (pl.col("ph") == "X")
-                        & ~pl.col("name").str.starts_with("ProfilerStep#")).select(
-        "rank", "pid", "tid", "name", "ts_ns", "end_ns", "dur_ns", "is_comm", "collective").sort("ts_ns")
-    ops = ops.join_asof(steps, left_on="ts_ns", right_on="_s", by="rank", strategy="backward", check_sortedness=False)
-    ops = ops.filter((pl.col("tid") == pl.col("_tid")) & (pl.col("ts_ns") < pl.col("_e")))
-    ops = ops.sort(["rank", "step", "ts_ns", "dur_ns"], descending=[False, False, False, True])
-    ops = ops.with_columns(_pme=pl.col("end_ns").cum_max().shift(1).over(["rank", "step"]))
-    top = ops.filter(pl.col("_pme").is_null() | (pl.col("ts_ns") >= pl.col("_pme")))
-    cut = pl.col("name").str.contains(_NOT_FORWARD) | (pl.col("is_comm") & pl.col("collective").is_in(["send", "recv"]))
-    top = top.with_columns(forward=~cut, next_ts=pl.coalesce(pl.col("ts_ns").shift(-1).over(["rank", "step"]), pl.col("end_ns")))
-    return top.with_columns(seg=(~pl.col("forward")).cast(pl.Int32).cum_sum().over(["rank", "step"])).select(
+    top = ops.filter(pl.col("depth") == 0).with_columns(
+        forward=~pl.col("cut"), next_ts=pl.coalesce(pl.col("ts_ns").shift(-1).over(["rank", "step"]), pl.col("end_ns")))
+    return top.with_columns(seg=pl.col("cut").cast(pl.Int32).cum_sum().over(["rank", "step"])).select(
         "rank", "pid", "tid", "step", "seg", "ts_ns", "end_ns", "name", "next_ts", "forward")
 
 
@@ -92,10 +84,11 @@ def _number(spans: pl.DataFrame, stage_of_rank: dict[int, int] | None) -> pl.Dat
         "_stage", "k")
 
 
-def named_spans_numbered(named: pl.DataFrame, events: pl.DataFrame, stage_of_rank: dict[int, int] | None) -> pl.DataFrame:
+def named_spans_numbered(named: pl.DataFrame, events: pl.DataFrame, stage_of_rank: dict[int, int] | None,
+                         ops: pl.DataFrame | None = None) -> pl.DataFrame:
     """Layer spans named without a number (rank, pid, tid, s0, s1): numbered in their order inside each
     forward segment of their thread."""
-    seg = forward_segments(events)
+    seg = forward_segments(events, ops)
     if seg.height == 0 or named.height == 0:
         return pl.DataFrame(schema=SPAN_COLUMNS)
     marks = seg.select("rank", "tid", "step", "seg", _t="ts_ns").sort("_t")
@@ -148,13 +141,13 @@ def training_ops(events: pl.DataFrame) -> pl.DataFrame:
     return ops.with_row_index("row").with_columns(depth=pl.Series(depth), parent=pl.Series(parent), cut=cut).drop("_g", "_tid", "_s", "_e")
 
 
-def infer_layer_spans(events: pl.DataFrame, stage_of_rank: dict[int, int] | None = None) -> pl.DataFrame:
+def infer_layer_spans(events: pl.DataFrame, stage_of_rank: dict[int, int] | None = None, ops: pl.DataFrame | None = None) -> pl.DataFrame:
     """Forward layer spans (rank, pid, tid, s0, s1, layer) of a trace whose layers no span names: the
     tandem repeat of the forward operators, searched in each forward segment of the training thread's
     top-level operators, and where those hold none (a DistributedDataParallel.forward, a pipeline
     schedule's `Forward 0` annotation around the whole microbatch), among the children of each of its
     operators, down to a few levels; empty when nothing repeats."""
-    ops = training_ops(events)
+    ops = training_ops(events) if ops is None else ops
     if ops.height == 0:
         return pl.DataFrame(schema=SPAN_COLUMNS)
     vocab = {n: i for i, n in enumerate(ops["name"].unique().sort().to_list())}
@@ -163,7 +156,14 @@ def infer_layer_spans(events: pl.DataFrame, stage_of_rank: dict[int, int] | None
     ts, end, cut = ops["ts_ns"].to_numpy(), ops["end_ns"].to_numpy(), ops["cut"].to_numpy()
     rank, step = ops["rank"].to_numpy(), ops["step"].to_list()
     pid, tid = ops["pid"].to_list(), ops["tid"].to_list()
-    kids = {int(p): np.asarray(r, np.int64) for p, r in ops.filter(pl.col("parent") >= 0).group_by("parent").agg(pl.col("row")).iter_rows()}
+    # children of a row: a contiguous range once the rows are ordered by parent (found only where searched)
+    parent = ops["parent"].to_numpy()
+    by_parent = np.argsort(parent, kind="stable")
+    sorted_parent = parent[by_parent]
+
+    def children(r: int) -> np.ndarray:
+        lo, hi = np.searchsorted(sorted_parent, [r, r + 1])
+        return by_parent[lo:hi]
     top = {(r, st): np.asarray(rows, np.int64) for r, st, rows in
            ops.filter(pl.col("depth") == 0).group_by("rank", "step", maintain_order=True).agg(pl.col("row")).iter_rows()}
     cache: dict[tuple, tuple[int, int, int]] = {}
@@ -195,8 +195,9 @@ def infer_layer_spans(events: pl.DataFrame, stage_of_rank: dict[int, int] | None
                     out.append((int(rank[run[x]]), pid[run[x]], tid[run[x]], step[run[x]], scope[0], int(ts[run[x]]), int(s1), j))
             elif level < 4:  # nothing repeats here: look inside its operators
                 for r in run:
-                    if r in kids:
-                        search(kids[r], int(end[r]), level + 1)
+                    ch = children(int(r))
+                    if ch.size:
+                        search(ch, int(end[r]), level + 1)
 
     for rows in top.values():
         search(rows, int(end[rows[-1]]), 0)
