@@ -192,12 +192,16 @@ def _first_sends(events: pl.DataFrame) -> dict[int, float]:
 
 
 def _forward_share(events: pl.DataFrame, coll: pl.DataFrame) -> pl.DataFrame:
-    """Per collective group key (members): the share of its instances that started before the step's
-    backward pass began on that rank (the first autograd node evaluation of the step)."""
+    """Per collective group key (members): the share of its all-reduce / all-gather / reduce-scatter
+    instances that started before the step's backward pass began on that rank (the first autograd node
+    evaluation of the step)."""
     bwd = events.filter(pl.col("name").str.starts_with("autograd::engine::evaluate_function")).select(
         pl.col("rank").cast(pl.Int32), _b=pl.col("ts_ns"))
     steps = events.filter((pl.col("cat") == "user_annotation") & pl.col("name").str.starts_with("ProfilerStep#")).select(
         pl.col("rank").cast(pl.Int32), _s=pl.col("ts_ns"), _e=pl.col("end_ns"))
+    # tensor parallelism all-reduces / all-gathers / reduce-scatters activations; an all-to-all in the forward
+    # pass is expert or embedding parallelism, not a sign of it
+    coll = coll.filter(pl.col("collective").is_in(["allreduce", "allgather", "reduce_scatter"]))
     if coll.height == 0 or bwd.height == 0 or steps.height == 0:
         return pl.DataFrame(schema={"members": pl.List(pl.Int32), "fwd_share": pl.Float64})
     first_b = bwd.sort("_b").join_asof(steps.sort("_s"), left_on="_b", right_on="_s", by="rank", strategy="backward",
