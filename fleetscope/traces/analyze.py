@@ -9,7 +9,7 @@ from fleetscope.traces.graph import build_graph
 from fleetscope.traces.replay import chrome_trace_bytes, replay
 from fleetscope.traces.tables import trace_collectives, trace_iterations, trace_syncs
 from fleetscope.traces.verdicts import trace_verdicts
-from fleetscope.traces.whatif import DEFAULT_SCENARIOS, parallel_scenarios, predict
+from fleetscope.traces.whatif import DEFAULT_SCENARIOS, comm_fit_notes, parallel_scenarios, predict
 
 
 EXPORT_MAX_TASKS = 200_000  # tasks in the exported simulated timeline
@@ -42,6 +42,8 @@ def analyze_capture(events: pl.DataFrame, capture_id: str | None = None, scenari
         except ValueError as exc:
             cannot.append(f"what-if {sc[0]} skipped: {exc}")
     w = pl.concat(parts, how="vertical_relaxed") if parts else None
+    if w is not None and w.filter(pl.col("scenario").str.starts_with("dp_")).height:
+        notes.extend(comm_fit_notes(g))
     tables = {
         "trace_collectives": trace_collectives(events),
         "trace_iterations": trace_iterations(events),

@@ -117,9 +117,15 @@ def _by_name(names: pl.Series, fn) -> pl.Expr:
 
 def _tasks(ev: pl.DataFrame) -> pl.DataFrame:
     """CPU leaf tasks, CPU communication tasks (gloo) and GPU tasks of every rank with processors,
-    roles and iterations, ordered by (rank, start, kind, event id)."""
-    ev = ev.select([c for c in TASK_EVENT_COLUMNS if c in ev.columns]).with_columns(_cc=_cpu_comm(ev))
-    cpu = ev.filter(pl.col("cat").is_in(CPU_CATS) & (pl.col("ph") == "X") & ~pl.col("_cc"))
+    roles and iterations, ordered by (rank, start, kind, event id).
+
+    Which events are tasks and their order are decided on a narrow frame of row numbers, times and keys;
+    the events' other columns are gathered once, in the final order (sorting and filtering every
+    column of millions of events several times over cost seconds and gigabytes)."""
+    ev = ev.select([c for c in TASK_EVENT_COLUMNS if c in ev.columns])
+    cc = _cpu_comm(ev)
+    k = ev.select("rank", "pid", "tid", "cat", "ph", "ts_ns", "dur_ns", "end_ns", "correlation", "event_id", _cc=cc).with_row_index("_i")
+    cpu = k.filter(pl.col("cat").is_in(CPU_CATS) & (pl.col("ph") == "X") & ~pl.col("_cc"))
     # driver calls nested in a runtime call share its correlation: keep the runtime call
     drv = cpu.filter(pl.col("cat") == "cuda_driver")
     if drv.height:
@@ -129,41 +135,45 @@ def _tasks(ev: pl.DataFrame) -> pl.DataFrame:
     cpu = cpu.with_columns(_th=pl.struct("rank", "pid", "tid").rank("dense")).sort(["_th", "ts_ns", "dur_ns"], descending=[False, False, True])
     nxt = pl.col("ts_ns").shift(-1).over("_th")
     cpu = cpu.filter(nxt.is_null() | (nxt >= pl.col("end_ns")) | (pl.col("cat") == "cuda_runtime"))
-    rt = cpu.filter(pl.col("cat") == "cuda_runtime")["name"]
-    cpu = cpu.with_columns(
-        kind=pl.lit("cpu"),
-        processor=pl.concat_str([pl.lit("thread:"), pl.col("pid"), pl.lit(":"), pl.col("tid")]),
-        role=pl.when(pl.col("cat") == "cuda_runtime").then(_by_name(rt, _runtime_role) if rt.len() else pl.lit(None, pl.Utf8))
-        .otherwise(pl.lit("cpu_op")),
-    )
-    comm = ev.filter(pl.col("_cc")).with_columns(
-        kind=pl.lit("cpu"),
+    order = pl.concat([
+        cpu.select("_i", "rank", "ts_ns", "event_id", kind=pl.lit("cpu"), _part=pl.lit(0, pl.Int8)),
+        k.filter("_cc").select("_i", "rank", "ts_ns", "event_id", kind=pl.lit("cpu"), _part=pl.lit(1, pl.Int8)),
+        k.filter(pl.col("cat").is_in(GPU_CATS)).select("_i", "rank", "ts_ns", "event_id", kind=pl.lit("gpu"), _part=pl.lit(2, pl.Int8)),
+    ]).sort(["rank", "ts_ns", "kind", "event_id"])
+    del k, cpu
+    tasks = ev[order["_i"]].with_columns(kind=order["kind"], _part=order["_part"])
+    del order
+    rt = tasks.filter(pl.col("cat") == "cuda_runtime")["name"]
+    tasks = tasks.with_columns(
+        processor=pl.when(pl.col("_part") == 0).then(pl.concat_str([pl.lit("thread:"), pl.col("pid"), pl.lit(":"), pl.col("tid")]))
         # point-to-point work spans overlap each other and their thread's operators: a processor of
         # their own (no order among them); collectives run in order on the backend's worker thread
-        processor=pl.concat_str([pl.lit("comm:"), pl.col("pid"), pl.lit(":"), pl.col("tid"),
-                                 pl.when(pl.col("collective").is_in(["send", "recv"])).then(pl.lit(":p2p")).otherwise(pl.lit(""))]),
-        role=pl.lit("comm"),
-    )
-    gpu = ev.filter(pl.col("cat").is_in(GPU_CATS)).with_columns(
-        kind=pl.lit("gpu"),
-        processor=pl.concat_str([pl.lit("stream:"), pl.col("device").cast(pl.Utf8), pl.lit(":"), pl.col("stream").cast(pl.Utf8)]),
-        role=pl.when(pl.col("is_comm")).then(pl.lit("comm"))
+        .when(pl.col("_part") == 1).then(pl.concat_str([pl.lit("comm:"), pl.col("pid"), pl.lit(":"), pl.col("tid"),
+                                                        pl.when(pl.col("collective").is_in(["send", "recv"])).then(pl.lit(":p2p"))
+                                                        .otherwise(pl.lit(""))]))
+        .otherwise(pl.concat_str([pl.lit("stream:"), pl.col("device").cast(pl.Utf8), pl.lit(":"), pl.col("stream").cast(pl.Utf8)])),
+        role=pl.when(pl.col("_part") == 1).then(pl.lit("comm"))
+        .when((pl.col("_part") == 0) & (pl.col("cat") == "cuda_runtime")).then(
+            _by_name(rt, _runtime_role) if rt.len() else pl.lit(None, pl.Utf8))
+        .when(pl.col("_part") == 0).then(pl.lit("cpu_op"))
+        .when(pl.col("is_comm")).then(pl.lit("comm"))
         .when(pl.col("cat") == "gpu_memcpy").then(pl.lit("memcpy"))
         .when(pl.col("cat") == "gpu_memset").then(pl.lit("memset"))
         .otherwise(pl.lit("compute")),
-    )
-    tasks = pl.concat([cpu.drop("_th"), comm, gpu], how="diagonal_relaxed").drop("_cc").sort(["rank", "ts_ns", "kind", "event_id"])
+    ).drop("_part")
     # iteration: CPU tasks by time inside ProfilerStep#N, GPU tasks by their launching call
     its = _iterations(ev)
     if its.height:
-        tasks = tasks.join_asof(its.select("rank", "start_ns", "end_ns", "iteration").rename({"start_ns": "_it_start", "end_ns": "_it_end"}).sort("_it_start"),
-                                left_on="ts_ns", right_on="_it_start", by="rank", strategy="backward", check_sortedness=False)
-        tasks = tasks.with_columns(iteration=pl.when(pl.col("ts_ns") < pl.col("_it_end")).then(pl.col("iteration"))).drop("_it_start", "_it_end")
-        launch_it = tasks.filter((pl.col("kind") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("cat") != "cpu_op")
-                                 & (pl.col("role") != "comm")).select("rank", "correlation", _lit=pl.col("iteration")).unique(
+        n = tasks.select("rank", "ts_ns", "kind", "cat", "role", "correlation").with_row_index("_r")
+        n = n.sort("ts_ns").join_asof(its.select("rank", "start_ns", "end_ns", "iteration").rename(
+            {"start_ns": "_it_start", "end_ns": "_it_end"}).sort("_it_start"), left_on="ts_ns", right_on="_it_start", by="rank",
+            strategy="backward", check_sortedness=False).sort("_r")
+        n = n.with_columns(iteration=pl.when(pl.col("ts_ns") < pl.col("_it_end")).then(pl.col("iteration")))
+        launch_it = n.filter((pl.col("kind") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("cat") != "cpu_op")
+                             & (pl.col("role") != "comm")).select("rank", "correlation", _lit=pl.col("iteration")).unique(
             ["rank", "correlation"], keep="first", maintain_order=True)
-        lit = tasks.select("rank", "correlation").join(launch_it, on=["rank", "correlation"], how="left", maintain_order="left")["_lit"]
-        tasks = tasks.with_columns(iteration=pl.when(pl.col("kind") == "gpu").then(pl.coalesce(lit, "iteration")).otherwise(pl.col("iteration")))
+        lit = n.select("rank", "correlation").join(launch_it, on=["rank", "correlation"], how="left", maintain_order="left")["_lit"]
+        tasks = tasks.with_columns(iteration=pl.when(pl.col("kind") == "gpu").then(pl.coalesce(lit, n["iteration"])).otherwise(n["iteration"]))
     else:
         tasks = tasks.with_columns(iteration=pl.lit(None, pl.Int64))
     return tasks

@@ -52,6 +52,7 @@ class LinkFit:
     step_ns: float
     ns_per_byte: float
     n_samples: int
+    n_sizes: int = 0  # distinct message sizes behind the fit: with one, latency and bandwidth are not separable
 
 
 @dataclass
@@ -155,7 +156,7 @@ def fit_comm_model(graph: Graph) -> CommModel:
             continue
         x1, x2, y, w = (sub[k].to_numpy().astype(float) for k in ("x1", "x2", "y", "k"))
         c1, c2 = _nnls(x1, x2, y, np.sqrt(w))
-        fits[link] = LinkFit(c1, c2, int(sub["k"].sum()))
+        fits[link] = LinkFit(c1, c2, int(sub["k"].sum()), int(sub["x2"].n_unique()))
     common = c.group_by(["collective", "n"]).len().sort("len", descending=True).row(0, named=True)
     return CommModel(fits, int(common["n"] or 2), str(common["collective"]))
 
@@ -356,6 +357,20 @@ DEFAULT_SCENARIOS = [
     ("attention_1.5x", "kernel_speedup", {"kernel_class": "attention", "factor": 1.5}),
     ("no_sync", "remove_sync", {}),
 ]
+
+
+def comm_fit_notes(graph: Graph) -> list[str]:
+    """What limits the DP what-ifs' communication model: a link type whose collectives all carry one
+    message size cannot split per-message latency from bandwidth, so predictions for other sizes there
+    extrapolate."""
+    try:
+        m = fit_comm_model(graph)
+    except ValueError:
+        return []
+    return [f"{'intra-host' if k == 'intra' else 'inter-host' if k == 'inter' else 'host-unknown'} transfers of the trace have one "
+            f"message size only: the link model cannot tell latency from bandwidth there ({1e9 / f.ns_per_byte * 8 / 1e6:.0f} Mbit/s "
+            "if it is all bandwidth); DP what-ifs moving other sizes over that link extrapolate"
+            for k, f in m.fits.items() if k != "all" and f.n_sizes == 1 and f.ns_per_byte > 0]
 
 
 def parallel_scenarios(graph: Graph, parallel: dict | None, notes: list[str] | None = None) -> list[tuple[str, str, dict]]:
