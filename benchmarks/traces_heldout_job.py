@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
     ap.add_argument("--dp-impl", choices=["ddp", "bucket"], default="ddp",
                     help="without a pipeline: DistributedDataParallel, or the pipelined jobs' one flattened bucket")
-    ap.add_argument("--steps", type=int, default=7, help="steps in all (wait 1, warm-up 1, then profiled)")
+    ap.add_argument("--steps", type=int, default=5, help="steps in all (wait 1, warm-up 1, then profiled)")
     ap.add_argument("--host", default="localhost")
     ap.add_argument("--master", required=True)
     ap.add_argument("--port", type=int, required=True)
