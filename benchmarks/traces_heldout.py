@@ -115,14 +115,21 @@ def main() -> None:
     ap.add_argument("--record", default="", help="record every job into this folder first (root, torch)")
     ap.add_argument("--data", default=str(DATA), help="recordings to analyse (default: the committed ones)")
     ap.add_argument("--work", default="", help="folder for the landing and warehouse (default: a temporary one)")
+    ap.add_argument("--rounds", type=int, default=1, help="with --record: record the re-run family (base and re-runs) this many "
+                    "times in rotation into DIR/r<k> (a shared machine's load moves step times: medians over rounds)")
     a = ap.parse_args()
     src = Path(a.data)
     if a.record:
         src = Path(a.record)
-        for name in CONFIGS:
-            t = time.perf_counter()
-            record(src, name)
-            print(f"recorded {name} in {time.perf_counter() - t:.0f} s", flush=True)
+        for k in range(a.rounds):
+            dst = src if a.rounds == 1 else src / f"r{k}"
+            for name in CONFIGS if k == 0 else [BASE, *RERUNS.values()]:
+                t = time.perf_counter()
+                record(dst, name)
+                print(f"recorded {dst.name}/{name} in {time.perf_counter() - t:.0f} s (load average {os.getloadavg()[0]:.1f})", flush=True)
+    rounds = sorted(p for p in src.glob("r[0-9]*") if p.is_dir())
+    if rounds:  # several rounds: each round's base predicts, each round's re-runs measure; medians over rounds
+        return rerun_rounds(rounds, Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="fleetscope-heldout-")))
     from fleetscope.warehouse import Warehouse
 
     work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="fleetscope-heldout-"))
@@ -178,6 +185,44 @@ def main() -> None:
           f"layouts right; every capture with baseline forecast, variability models and XPUTimer throughput: {ok_all}; "
           f"what-ifs vs re-runs: mean |error| {e.mean() if e.len() else float('nan'):.1f} %, worst {e.max() if e.len() else float('nan'):.1f} % "
           f"over {e.len()} of {len(RERUNS)}; 'no change' off by {ck['no_change_error_pct'].drop_nulls().abs().mean():.1f} %")
+
+
+def rerun_rounds(rounds: list[Path], work: Path) -> None:
+    """The what-ifs of each round's base capture (a trace-only `fleetscope run`) against the same round's
+    re-runs; per-scenario medians over the rounds."""
+    from fleetscope.warehouse import Warehouse
+
+    rows = []
+    for r in rounds:
+        landing = work / r.name / "landing" / "traces" / f"heldout-{BASE}"
+        shutil.rmtree(work / r.name, ignore_errors=True)
+        landing.mkdir(parents=True)
+        for f in sorted((r / BASE).glob("*.pt.trace.json*")):
+            shutil.copy(f, landing / f.name)
+        wh_path = work / r.name / "warehouse.duckdb"
+        p = subprocess.run([str(Path(sys.executable).parent / "fleetscope"), "run", "--landing", str(landing.parents[1]), "--warehouse",
+                            str(wh_path), "--settle-seconds", "0"], env={**os.environ, "DAGSTER_HOME": str(work / r.name / ".dagster")},
+                           cwd=REPO, capture_output=True, text=True)
+        if p.returncode != 0:
+            print(p.stdout[-2000:], p.stderr[-2000:])
+        w = Warehouse(wh_path).read("whatif", partitions=[f"heldout-{BASE}"])
+        base = measured_step_ns(r / BASE)
+        for scen, target in RERUNS.items():
+            x = w.filter(pl.col("scenario") == scen)
+            if x.height and (r / target / "truth").is_dir():
+                meas = measured_step_ns(r / target)
+                rows.append({"round": r.name, "what-if": scen, "predicted_ms": float(x["predicted_ns"][0]) / 1e6, "rerun_ms": meas / 1e6,
+                             "base_ms": base / 1e6, "error_pct": (float(x["predicted_ns"][0]) - meas) / meas * 100,
+                             "no_change_error_pct": (base - meas) / meas * 100})
+    df = pl.DataFrame(rows)
+    med = df.group_by("what-if", maintain_order=True).agg(pl.col("predicted_ms", "rerun_ms", "base_ms").median(),
+                                                          pl.col("error_pct").median(), pl.col("no_change_error_pct").median())
+    with pl.Config(tbl_rows=40, tbl_cols=10, tbl_width_chars=200, float_precision=1):
+        print(df)
+        print(med)
+    e = med["error_pct"].abs()
+    print(f"RESULT what-ifs of the held-out base vs real re-runs, medians over {len(rounds)} rounds: mean |error| {e.mean():.1f} %, "
+          f"worst {e.max():.1f} % ({len(med)} what-ifs); 'no change' off by {med['no_change_error_pct'].abs().mean():.1f} %")
 
 
 if __name__ == "__main__":
