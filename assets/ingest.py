@@ -96,7 +96,7 @@ def timings(context: AssetExecutionContext, warehouse: WarehouseResource, landin
                     AssetSpec("trace_files", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
                               description="One row per trace file: its rank and what its distributedInfo says about the job "
                                           "(world size, backend, the process groups the rank belongs to).")],
-             can_subset=False)
+             can_subset=True)  # a selection of trace_events alone (as before trace_files existed) still runs; both are written
 def trace_events(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource):
     wh = warehouse.get()
     s = ing.ingest_traces_capture(wh, landing.root, context.partition_key)
@@ -106,12 +106,15 @@ def trace_events(context: AssetExecutionContext, warehouse: WarehouseResource, l
     if s.frame is not None and s.frame.height:
         md["ranks"] = MetadataValue.json(sorted(int(r) for r in s.frame["rank"].unique().to_list()))
         md["events_by_category"] = MetadataValue.json(dict(s.frame.group_by("cat").len().sort("cat").iter_rows()))
-    yield MaterializeResult(asset_key="trace_events", metadata=md)
+    selected = {k.to_user_string() for k in context.selected_asset_keys}
+    if "trace_events" in selected:
+        yield MaterializeResult(asset_key="trace_events", metadata=md)
     files = s.tables.get("trace_files")
-    yield MaterializeResult(asset_key="trace_files", metadata={
-        "dagster/row_count": MetadataValue.int(files.height if files is not None else 0),
-        "preview": preview(files.drop("pg_config") if files is not None else pl.DataFrame()),
-        "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(TRACE_FILES))})
+    if "trace_files" in selected:
+        yield MaterializeResult(asset_key="trace_files", metadata={
+            "dagster/row_count": MetadataValue.int(files.height if files is not None else 0),
+            "preview": preview(files.drop("pg_config") if files is not None else pl.DataFrame()),
+            "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(TRACE_FILES))})
 
 
 @multi_asset(specs=[AssetSpec("captures", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
