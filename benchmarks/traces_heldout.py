@@ -23,8 +23,10 @@ re-run's measured step time (the job's clock, mean of the profiled steps, slowes
 
     sudo .venv/bin/python -m benchmarks.traces_heldout [--record DIR] [--data DIR]
 
---record DIR records every job into DIR (needs root and torch); --data DIR analyses recordings made
-before (default: tests/data/heldout, the committed ones)."""
+--record DIR records every job into DIR (needs root and torch; with --rounds N the base and its re-runs
+N times in rotation into DIR/r<k>, medians over the rounds); --data DIR analyses recordings made before
+(default: tests/data/heldout, the committed ones: the first round of the set recorded after the rules
+were changed on the first look, see docs/figures/traces.md)."""
 from __future__ import annotations
 
 import argparse
@@ -128,11 +130,17 @@ def main() -> None:
                 record(dst, name)
                 print(f"recorded {dst.name}/{name} in {time.perf_counter() - t:.0f} s (load average {os.getloadavg()[0]:.1f})", flush=True)
     rounds = sorted(p for p in src.glob("r[0-9]*") if p.is_dir())
-    if rounds:  # several rounds: each round's base predicts, each round's re-runs measure; medians over rounds
-        return rerun_rounds(rounds, Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="fleetscope-heldout-")))
+    if rounds:  # several rounds: the captures of the first, then each round's base predicts, its re-runs measure
+        work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="fleetscope-heldout-"))
+        report(rounds[0], work / "captures")
+        return rerun_rounds(rounds, work / "rounds")
+    report(src, Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="fleetscope-heldout-")))
+
+
+def report(src: Path, work: Path) -> None:
+    """The trace-only captures of one recording: their layout, analyses and what-ifs vs the re-runs."""
     from fleetscope.warehouse import Warehouse
 
-    work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="fleetscope-heldout-"))
     wh = Warehouse(analyse(src, work))
     caps = wh.read("captures")
     ranks = wh.read("capture_ranks")
