@@ -148,6 +148,8 @@ def report(src: Path, work: Path) -> None:
     fc = wh.read("step_forecasts")
     vm = wh.read("variability_models")
     thr = wh.read("xputimer_step_throughput")
+    strag = wh.read("straggler_summary")
+    verd = wh.read("anomaly_verdicts").filter(pl.col("severity").is_in(["warning", "critical"]))
     rows, ok_all = [], True
     for name in ANALYSED:
         cap = f"heldout-{name}"
@@ -165,7 +167,9 @@ def report(src: Path, work: Path) -> None:
                "whatif DP/PP/layers": "/".join("y" if has[k] else "-" for k in ("dp_", "pp_", "layers_")),
                "baseline forecast": fc.filter((pl.col("capture_id") == cap) & (pl.col("scenario") == "baseline")).height > 0,
                "variability rows": vm.filter(pl.col("capture_id") == cap).height,
-               "xputimer throughput rows": thr.filter(pl.col("capture_id") == cap).height}
+               "xputimer throughput rows": thr.filter(pl.col("capture_id") == cap).height,
+               "straggler what-if": strag.filter(pl.col("capture_id") == cap).height > 0,
+               "warning/critical": verd.filter(pl.col("capture_id") == cap).height}
         rows.append(row)
         ok_all &= degrees_ok and places_ok and row["baseline forecast"] and row["variability rows"] > 0 and row["xputimer throughput rows"] > 0
         if c.get("notes"):
