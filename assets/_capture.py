@@ -1,17 +1,62 @@
 """What every per-capture analysis reads: the capture's rows of a table, its layout, its job id,
-and the hw samples covering its time span."""
+and the hw samples covering its time span.
+
+A capture's trace_events (millions of rows) and the timings derived from them are read / derived once
+per process and shared by the analyses of the capture run (Dagster's in-process executor runs them one
+after another in one process): each is keyed by the partition file's path, size and modification time,
+so a re-ingested capture is read again; one capture is held at a time, so memory stays bounded."""
+import os
+
 import polars as pl
 
 from fleetscope.ingest.trace_timings import capture_timings
-from fleetscope.warehouse import Warehouse
+from fleetscope.warehouse import Warehouse, partition_filename
+
+_EVENTS: dict = {}   # (file identity) -> trace_events frame, at most one capture
+_DERIVED: dict = {}  # (file identity, layout, need_ops) -> (timings, notes), at most two
+
+
+def _identity(wh: Warehouse, table: str, key: str):
+    p = wh.table_dir(table) / f"{partition_filename(key)}.parquet"
+    try:
+        st = os.stat(p)
+    except OSError:
+        return None
+    return (str(p), st.st_size, st.st_mtime_ns)
+
+
+def capture_events(wh: Warehouse, key: str, columns: list[str] | None = None) -> pl.DataFrame:
+    """The capture's trace_events (or some of its columns), read once per process."""
+    ident = _identity(wh, "trace_events", key)
+    if ident is None:
+        return wh.read("trace_events", partitions=[key], columns=columns)
+    if ident not in _EVENTS:
+        _EVENTS.clear()
+        _DERIVED.clear()
+        _EVENTS[ident] = wh.read("trace_events", partitions=[key])
+    ev = _EVENTS[ident]
+    return ev.select(columns) if columns else ev
+
+
+def remember_events(wh: Warehouse, key: str, events: pl.DataFrame | None) -> None:
+    """Hand the frame just written as the capture's trace_events partition to later readers in this process."""
+    ident = _identity(wh, "trace_events", key)
+    _EVENTS.clear()
+    _DERIVED.clear()
+    if ident is not None and events is not None and events.height:
+        _EVENTS[ident] = events
 
 
 def capture_info(wh: Warehouse, key: str) -> dict:
     cap = wh.read("captures", partitions=[key])
     info = cap.to_dicts()[0] if cap.height else {"capture_id": key}
     layout = {k: info[k] for k in ("dp", "pp", "tp", "vpp", "world_size") if info.get(k) is not None}
+    if layout and key in wh.partitions("capture_ranks"):  # each rank's place (the traces' layout, fleetscope.traces.layout)
+        places = wh.read("capture_ranks", partitions=[key], columns=["rank", "stage", "dp_rank", "tp_rank"]).drop_nulls("stage")
+        if places.height:
+            layout["ranks"] = {int(r): (s, d, t) for r, s, d, t in places.iter_rows()}
     return {"job_id": info.get("job_id") or key, "layout": layout or None, "start_ns": info.get("start_ns"),
-            "n_trace_files": info.get("n_trace_files") or 0}
+            "n_trace_files": info.get("n_trace_files") or 0, "notes": info.get("notes")}
 
 
 def job_history(wh: Warehouse, key: str, job_id: str, start_ns: int | None, table: str, limit: int = 8) -> pl.DataFrame | None:
@@ -40,7 +85,15 @@ def capture_frames(wh: Warehouse, key: str, info: dict, ops: str | None = None,
     need_ops = (ops == "missing" and lacks_ops) or (ops == "trace_only" and t.height == 0)
     ev = None
     if info.get("n_trace_files") and (t.height == 0 or need_ops or traces):
-        ev = wh.read("trace_events", partitions=[key])
+        ev = capture_events(wh, key)
+    if t.height == 0 and ev is not None:  # a trace-only capture: derived once for every analysis
+        dk = (_identity(wh, "trace_events", key), repr(info.get("layout")), need_ops)
+        if dk not in _DERIVED:
+            if len(_DERIVED) > 1:
+                _DERIVED.clear()
+            _DERIVED[dk] = capture_timings(t, ev, info.get("layout"), need_ops=need_ops)
+        t, notes = _DERIVED[dk]
+        return t, ev, list(notes)
     t, notes = capture_timings(t, ev, info.get("layout"), need_ops=need_ops)
     return t, ev, notes
 

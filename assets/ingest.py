@@ -4,14 +4,19 @@ rows and files go to the rejected_records table, a slice per partition.)"""
 
 import json
 
+import polars as pl
+
 from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, asset, multi_asset
 
+from fleetscope.assets._capture import capture_events, remember_events
 from fleetscope.assets._tables import preview, table_schema_metadata, write_table
 from fleetscope.assets.partitions import captures, flow_files, hw_files, incidents, topology_files
 from fleetscope.ingest import partitions as ing
 from fleetscope.ingest.captures import capture_ranks
+from fleetscope.ingest.trace_timings import trace_gaps
 from fleetscope.schemas.landing import CAPTURES, COLLECTIVE_PROGRESS, FLOWS, HW, INCIDENTS, RING, STACKS, TIMINGS, TOPOLOGY
-from fleetscope.schemas.landing import TRACE_EVENTS
+from fleetscope.schemas.landing import TRACE_EVENTS, TRACE_FILES
+from fleetscope.traces.layout import COMM_EVENT_COLUMNS, capture_layout, layout_events
 from fleetscope.windows import windows_touched
 from fleetscope.resources import AnalysisSettings, LandingResource, WarehouseResource
 
@@ -83,17 +88,31 @@ def timings(context: AssetExecutionContext, warehouse: WarehouseResource, landin
     return MaterializeResult(metadata=_metadata(s, TIMINGS))
 
 
-@asset(partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
-       description="PyTorch profiler traces of a capture parsed into trace_events (one row per event, per rank).")
-def trace_events(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
+@multi_asset(specs=[AssetSpec("trace_events", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
+                              description="PyTorch profiler traces of a capture parsed into trace_events (one row per event, "
+                                          "per rank)."),
+                    AssetSpec("trace_files", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
+                              description="One row per trace file: its rank and what its distributedInfo says about the job "
+                                          "(world size, backend, the process groups the rank belongs to).")],
+             can_subset=True)  # a selection of trace_events alone (as before trace_files existed) still runs; both are written
+def trace_events(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource):
     wh = warehouse.get()
     s = ing.ingest_traces_capture(wh, landing.root, context.partition_key)
+    remember_events(wh, context.partition_key, s.frame)  # the capture's analyses in this process read it from memory
     _log(context, s)
     md = _metadata(s, TRACE_EVENTS)
     if s.frame is not None and s.frame.height:
         md["ranks"] = MetadataValue.json(sorted(int(r) for r in s.frame["rank"].unique().to_list()))
         md["events_by_category"] = MetadataValue.json(dict(s.frame.group_by("cat").len().sort("cat").iter_rows()))
-    return MaterializeResult(metadata=md)
+    selected = {k.to_user_string() for k in context.selected_asset_keys}
+    if "trace_events" in selected:
+        yield MaterializeResult(asset_key="trace_events", metadata=md)
+    files = s.tables.get("trace_files")
+    if "trace_files" in selected:
+        yield MaterializeResult(asset_key="trace_files", metadata={
+            "dagster/row_count": MetadataValue.int(files.height if files is not None else 0),
+            "preview": preview(files.drop("pg_config") if files is not None else pl.DataFrame()),
+            "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(TRACE_FILES))})
 
 
 @multi_asset(specs=[AssetSpec("captures", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
@@ -110,13 +129,24 @@ def captures_asset(context: AssetExecutionContext, warehouse: WarehouseResource,
     key = context.partition_key
     n_tr = len([p for p in (landing.root / "traces" / key).glob("*.json*") if p.name != "capture.json"]) if (landing.root / "traces" / key).is_dir() else 0
     n_ti = len(list((landing.root / "timings" / key).glob("*.*"))) if (landing.root / "timings" / key).is_dir() else 0
-    df = ing.capture_record(landing.root, key, n_tr, n_ti, span=ing.capture_span(wh, key))
+    # the parallel layout from the traces themselves; capture.json only overrides it
+    lay = None
+    if key in wh.partitions("trace_events"):
+        ev = capture_events(wh, key, COMM_EVENT_COLUMNS)
+        lay = capture_layout(wh.read("trace_files", partitions=[key]), ev.filter(layout_events()), ing.declared_layout(landing.root, key))
+    gaps = trace_gaps(capture_events(wh, key)) if lay is not None else []
+    derived = None if lay is None else {"dp": lay.dp, "pp": lay.pp, "tp": lay.tp, "world_size": lay.world_size,
+                                        "layout_source": lay.source, "notes": "; ".join(lay.notes + gaps) or None}
+    df = ing.capture_record(landing.root, key, n_tr, n_ti, span=ing.capture_span(wh, key), derived=derived)
     wh.write_partition("captures", key, df)
-    yield MaterializeResult(asset_key="captures", metadata={
-        "capture": MetadataValue.json(df.to_dicts()[0]), "dagster/row_count": MetadataValue.int(1),
-        "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(CAPTURES))})
+    md = {"capture": MetadataValue.json(df.to_dicts()[0]), "dagster/row_count": MetadataValue.int(1),
+          "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(CAPTURES))}
+    if lay is not None and (lay.notes or gaps):
+        md["warnings"] = MetadataValue.text("; ".join(lay.notes + gaps))  # said in the run summary
+    yield MaterializeResult(asset_key="captures", metadata=md)
     ranks = capture_ranks(key, wh.read("timings", partitions=[key]),
-                          wh.read("trace_events", partitions=[key], columns=["rank", "cat", "device", "source_file"]))
+                          capture_events(wh, key, ["rank", "cat", "device", "source_file"]),
+                          places=lay.ranks if lay is not None else None)
     _, md = write_table(wh, "capture_ranks", key, ranks)
     yield MaterializeResult(asset_key="capture_ranks", metadata=md)
 

@@ -2,7 +2,7 @@
 (or op-level timings when there is no trace), localization and verdicts."""
 from dagster import AssetExecutionContext, multi_asset
 
-from fleetscope.assets._capture import capture_hw, capture_info, job_history
+from fleetscope.assets._capture import capture_events, capture_hw, capture_info, job_history
 from fleetscope.assets._tables import analysis_specs, materialize_analysis
 from fleetscope.assets.partitions import captures
 from fleetscope.perftracker import EVENT_COLUMNS, analyze_capture
@@ -20,7 +20,7 @@ def perftracker_capture(context: AssetExecutionContext, warehouse: WarehouseReso
     wh = warehouse.get()
     key = context.partition_key
     info = capture_info(wh, key)
-    events, timings = wh.read("trace_events", partitions=[key], columns=EVENT_COLUMNS), wh.read("timings", partitions=[key])
+    events, timings = capture_events(wh, key, EVENT_COLUMNS), wh.read("timings", partitions=[key])
     hw = capture_hw(wh, events, "ts_ns", "end_ns") if events.height else None
     history = job_history(wh, key, info["job_id"], info["start_ns"], "behavior_patterns")  # expectations learned from the job
     result = analyze_capture(events, timings, hw=hw, capture_id=key, layout=info["layout"], job_id=info["job_id"], history=history)

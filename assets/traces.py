@@ -2,7 +2,7 @@
 (iteration times, breakdown, SM utilization), what-if predictions and their verdicts."""
 from dagster import AssetExecutionContext, multi_asset
 
-from fleetscope.assets._capture import capture_info
+from fleetscope.assets._capture import capture_events, capture_info
 from fleetscope.assets._tables import analysis_specs, materialize_analysis
 from fleetscope.assets.partitions import captures
 from fleetscope.resources import WarehouseResource
@@ -30,7 +30,7 @@ def traces_capture(context: AssetExecutionContext, warehouse: WarehouseResource)
     wh = warehouse.get()
     key = context.partition_key
     info = capture_info(wh, key)
-    result = analyze_capture(wh.read("trace_events", partitions=[key]), key, job_id=info["job_id"], export_replay=True,
+    result = analyze_capture(capture_events(wh, key), key, job_id=info["job_id"], export_replay=True,
                              parallel=info["layout"])
     yield from materialize_analysis(wh, key, result, TABLES, "traces_verdicts", "traces", capture_id=key, artifacts_on="replays")
 

@@ -36,6 +36,8 @@ def xputimer_capture(context: AssetExecutionContext, warehouse: WarehouseResourc
     # the job's own baseline: timings of its earlier captures
     result = analyze_capture(t, history=job_history(wh, key, job, info["start_ns"], "timings"), job_id=job)
     result.notes[:0] = notes
+    if info["n_trace_files"] and result.table("xputimer_step_throughput").height == 0:  # a trace-only capture it could not analyse: said loudly
+        result.warnings.extend(n for n in result.notes if n not in result.warnings)
     yield from materialize_analysis(wh, key, result, TABLES, "xputimer_verdicts", "xputimer", capture_id=key)
 
 

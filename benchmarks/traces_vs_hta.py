@@ -1,26 +1,27 @@
-"""Profiler traces, fleetscope vs Holistic Trace Analysis, in one go on one capture of 16 real GPU ranks.
+"""Profiler traces, fleetscope vs Holistic Trace Analysis, side by side on one capture of 16 real GPU ranks.
 
 The capture: shared/data/real/hta/negative_queue_length_values_check__rank0.json.gz (rank 0 of a
 16-rank A100 job) laid out as 16 rank files with distinct distributedInfo.rank. That file holds
 108,936 events; `--copies 2` (the default) puts two time-shifted copies of its events in every rank
 file (ids and correlations shifted too, as a longer profile would be), so each rank holds >= 200 K
-events. Each tool runs in a fresh process; peak memory is the largest SUM of the resident memory of
-the process and all its children at once (sampled every 20 ms), not the largest single process.
+events. The capture is trace-only (no capture.json: its layout comes from the traces) unless
+--declared. Each tool runs in a fresh process; peak memory is the largest SUM of the resident memory
+of the process and all its children at once (sampled every 20 ms), not the largest single process.
 
-Printed:
+Printed, per round (--repeat N alternates the two N times; the load average before each is printed):
   HTA 0.5.0   TraceAnalysis(trace_dir=...) load: wall time, events/s, peak RSS
-  fleetscope  trace_events ingest (fleetscope.ingest.partitions.ingest_traces_capture: read, normalize,
-              validate, write the warehouse partition): wall time, events/s, peak RSS; ratio to HTA (target >= 10x)
-  fleetscope  the whole `fleetscope run` over that capture's landing folder (the CLI: ingest, graphs,
-              replay, what-if, patterns, metrics, forecasts, the fleet job), wall, peak RSS; ratio to HTA's
-              load (target >= 3x faster, memory below HTA's), and the Dagster runs' own durations
-  --profile   additionally times each per-capture analysis on the ingested events in one process
-              (where the time of the run goes)
+  fleetscope  the whole `fleetscope run` over that capture's landing folder (the CLI: ingest, layout,
+              graphs, replay, what-ifs, patterns, metrics, forecasts, stragglers, the warehouse writes,
+              the fleet job), wall, CPU, peak RSS; ratio to HTA's load (target >= 3x faster, memory no
+              higher than HTA's), and the Dagster runs' own durations
+then what the trace-only capture got (layout, what-if scenarios, forecast, models, throughput) and the
+median ratio over the rounds.
+  --profile   additionally the trace_events ingest alone and each per-capture analysis in one process
 
 HTA (holistictraceanalysis==0.5.0 with pandas<3, which it needs) lives in its own virtualenv outside the
 repository (--hta-venv, default $HTA_VENV or .hta-venv in the repository, git-ignored; created when missing).
 
-    .venv/bin/python -m benchmarks.traces_vs_hta [--ranks 16] [--copies 2] [--profile] [--skip-hta]
+    .venv/bin/python -m benchmarks.traces_vs_hta [--ranks 16] [--copies 2] [--repeat 3] [--profile] [--skip-hta]
 """
 from __future__ import annotations
 
@@ -71,13 +72,14 @@ def _shift(doc: dict, copies: int) -> list[dict]:
     return out
 
 
-def build_capture(root: Path, ranks: int, copies: int) -> tuple[Path, int]:
-    """landing/traces/<CAPTURE>/rank<R>.json.gz (+capture.json) and hta/<R>.json.gz links; returns
-    (landing, raw events in all files). Cached under root by (ranks, copies)."""
+def build_capture(root: Path, ranks: int, copies: int, declared: bool = False) -> tuple[Path, int]:
+    """landing/traces/<CAPTURE>/rank<R>.json.gz and hta/<R>.json.gz links; returns (landing, raw events in
+    all files). Trace-only (no capture.json: the layout comes from the traces) unless `declared`. Cached
+    under root by (ranks, copies, declared)."""
     landing = root / "landing"
     folder = landing / "traces" / CAPTURE
     stamp = root / "built.json"
-    if stamp.exists() and json.loads(stamp.read_text()) .get("key") == [ranks, copies]:
+    if stamp.exists() and json.loads(stamp.read_text()) .get("key") == [ranks, copies, declared]:
         return landing, json.loads(stamp.read_text())["events"]
     shutil.rmtree(root, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -95,9 +97,10 @@ def build_capture(root: Path, ranks: int, copies: int) -> tuple[Path, int]:
         with gzip.open(path, "wt", compresslevel=6) as fh:
             fh.write(head + body + "\n]}\n")
         (root / "hta" / f"rank{r}.json.gz").symlink_to(path)
-    (folder / "capture.json").write_text(json.dumps({"job_id": "hta-negq", "parallel": {"dp": ranks, "pp": 1, "tp": 1}}))
+    if declared:
+        (folder / "capture.json").write_text(json.dumps({"job_id": "hta-negq", "parallel": {"dp": ranks, "pp": 1, "tp": 1}}))
     n = len(events) * ranks
-    stamp.write_text(json.dumps({"key": [ranks, copies], "events": n}))
+    stamp.write_text(json.dumps({"key": [ranks, copies, declared], "events": n}))
     return landing, n
 
 
@@ -304,11 +307,13 @@ def main() -> None:
     ap.add_argument("--skip-run", action="store_true", help="only the ingest (no fleetscope run)")
     ap.add_argument("--processes", type=int, default=None, help="processes reading a capture's files (default: fleetscope's choice)")
     ap.add_argument("--json-libs", action="store_true", help="also compare JSON libraries on one rank file (CPU-s, one thread)")
+    ap.add_argument("--declared", action="store_true", help="land a capture.json with the layout (default: trace-only)")
+    ap.add_argument("--repeat", type=int, default=1, help="measure HTA and the whole run this many times, alternating")
     a = ap.parse_args()
     work = Path(a.work) if a.work else Path(tempfile.gettempdir()) / "fleetscope-traces-vs-hta"
     work.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    landing, n_events = build_capture(work / "capture", a.ranks, a.copies)
+    landing, n_events = build_capture(work / "capture", a.ranks, a.copies, a.declared)
     print(f"capture: {a.ranks} ranks x {n_events // a.ranks:,} events = {n_events:,} events "
           f"({sum(p.stat().st_size for p in (landing / 'traces' / CAPTURE).glob('*.gz')) / 1e6:.0f} MB gzipped; "
           f"built or found in {time.perf_counter() - t:.0f} s)", flush=True)
@@ -318,52 +323,74 @@ def main() -> None:
         one = sorted((landing / "traces" / CAPTURE).glob("*.json.gz"))[0]
         print(f"JSON libraries, one rank file ({one.name}, {n_events // a.ranks:,} events; POLARS_MAX_THREADS=1):", flush=True)
         print(measure([py, "-c", JSON_LIBS, str(one)], env={**os.environ, "POLARS_MAX_THREADS": "1"}, cwd=REPO)["out"].rstrip())
-    if not a.skip_hta:
-        hta_py = ensure_hta(Path(a.hta_venv))
-        m = measure([str(hta_py), "-c", HTA, str(work / "capture" / "hta")], cwd=work)
-        res["hta"] = {**m, **json.loads(m["out"].strip().splitlines()[-1])}
-        h = res["hta"]
-        print(f"HTA 0.5.0 TraceAnalysis load: {h['load_s']:.1f} s = {n_events / h['load_s']:,.0f} events/s; "
-              f"peak RSS {h['peak_mb']:,.0f} MB (process tree; process {h['s']:.1f} s wall incl. {h['import_s']:.1f} s imports, "
-              f"{h['cpu_s']:.1f} CPU-s)", flush=True)
-    wh_dir = work / "wh-ingest"
-    shutil.rmtree(wh_dir, ignore_errors=True)
-    wh_dir.mkdir()
+    hta_py = ensure_hta(Path(a.hta_venv)) if not a.skip_hta else None
     env = {**os.environ, **({"FLEETSCOPE_TRACE_PROCESSES": str(a.processes)} if a.processes else {})}
-    m = measure([py, "-c", OURS_INGEST, str(landing), str(wh_dir / "w.duckdb"), CAPTURE], cwd=REPO, env=env)
-    res["ingest"] = {**m, **json.loads(m["out"].strip().splitlines()[-1])}
-    g = res["ingest"]
-    line = (f"fleetscope trace_events ingest: {g['load_s']:.2f} s = {n_events / g['load_s']:,.0f} events/s "
-            f"({g['rows']:,} rows kept, {g['files']} files, {g['rejected']} rejected); process {g['s']:.1f} s wall, {g['cpu_s']:.1f} CPU-s; "
-            f"peak RSS {g['peak_mb']:,.0f} MB")
-    if "hta" in res:
-        line += f"; throughput {res['hta']['load_s'] / g['load_s']:.1f}x HTA's (target >= 10x)"
-    print(line, flush=True)
-    if a.skip_run:
-        return
-    run_dir = work / "wh-run"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir()
-    env = {**env, "DAGSTER_HOME": str(run_dir / ".dagster")}
-    m = measure([str(Path(py).parent / "fleetscope"), "run", "--landing", str(landing), "--warehouse", str(run_dir / "w.duckdb"),
-                 "--settle-seconds", "0"], env=env, cwd=REPO)
-    res["run"] = m
-    runs = re.findall(r"\[\s*\d+\]\s+(\S+)\s+(\S*)\s+(ok|FAILED)\s+([\d.]+)s", m["out"])
-    line = f"fleetscope run (CLI, whole capture): {m['s']:.1f} s wall, {m['cpu_s']:.1f} CPU-s, peak RSS {m['peak_mb']:,.0f} MB"
-    if "hta" in res:
-        h = res["hta"]
-        line += (f"; {h['load_s'] / m['s']:.2f}x faster than HTA's load alone (target >= 3x); memory "
-                 f"{m['peak_mb'] / h['peak_mb']:.2f}x HTA's (target < 1)")
-    print(line)
-    for job, key, ok, s in runs:
-        print(f"    dagster run {job:<20} {key:<16} {ok:>6} {float(s):6.1f} s")
-    if any(ok != "ok" for *_, ok, _ in runs):
-        print(m["out"][-3000:])
+    rounds = []
+    for k in range(a.repeat):  # side by side: HTA's load, then the whole fleetscope run, on the same machine state
+        if hta_py is not None:
+            load0 = os.getloadavg()[0]
+            m = measure([str(hta_py), "-c", HTA, str(work / "capture" / "hta")], cwd=work)
+            res["hta"] = h = {**m, **json.loads(m["out"].strip().splitlines()[-1]), "load": load0}
+            print(f"[{k}] HTA 0.5.0 TraceAnalysis load: {h['load_s']:.1f} s = {n_events / h['load_s']:,.0f} events/s; "
+                  f"peak RSS {h['peak_mb']:,.0f} MB (process tree; process {h['s']:.1f} s wall incl. {h['import_s']:.1f} s imports, "
+                  f"{h['cpu_s']:.1f} CPU-s; load average before {load0:.1f})", flush=True)
+        if a.skip_run:
+            break
+        run_dir = work / "wh-run"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir()
+        load0 = os.getloadavg()[0]
+        m = measure([str(Path(py).parent / "fleetscope"), "run", "--landing", str(landing), "--warehouse", str(run_dir / "w.duckdb"),
+                     "--settle-seconds", "0"], env={**env, "DAGSTER_HOME": str(run_dir / ".dagster")}, cwd=REPO)
+        res["run"] = {**m, "load": load0}
+        runs = re.findall(r"\[\s*\d+\]\s+(\S+)\s+(\S*)\s+(ok|FAILED)\s+([\d.]+)s", m["out"])
+        line = (f"[{k}] fleetscope run (CLI, whole capture): {m['s']:.1f} s wall, {m['cpu_s']:.1f} CPU-s, peak RSS {m['peak_mb']:,.0f} MB "
+                f"(load average before {load0:.1f})")
+        if "hta" in res:
+            h = res["hta"]
+            rounds.append((h["load_s"] / m["s"], m["peak_mb"] / h["peak_mb"]))
+            line += (f"; {rounds[-1][0]:.2f}x faster than HTA's load alone (target >= 3x); memory {rounds[-1][1]:.2f}x HTA's "
+                     "(target <= 1)")
+        print(line, flush=True)
+        for job, key, ok, sec in runs:
+            print(f"    dagster run {job:<20} {key:<16} {ok:>6} {float(sec):6.1f} s")
+        if any(ok != "ok" for *_, ok, _ in runs):
+            print(m["out"][-3000:])
+    if "run" in res:
+        summarize_capture(work / "wh-run" / "w.duckdb")
+    if rounds:
+        sp = sorted(r[0] for r in rounds)
+        print(f"RESULT whole run vs HTA's load, {len(rounds)} round(s): {sp[len(sp) // 2]:.2f}x (median; all "
+              f"{', '.join(f'{x:.2f}' for x in sp)}); memory {max(r[1] for r in rounds):.2f}x HTA's at most")
     if a.profile:
+        wh_dir = work / "wh-ingest"
+        shutil.rmtree(wh_dir, ignore_errors=True)
+        wh_dir.mkdir()
+        m = measure([py, "-c", OURS_INGEST, str(landing), str(wh_dir / "w.duckdb"), CAPTURE], cwd=REPO, env=env)
+        g = {**m, **json.loads(m["out"].strip().splitlines()[-1])}
+        print(f"fleetscope trace_events ingest alone: {g['load_s']:.2f} s = {n_events / g['load_s']:,.0f} events/s; process {g['s']:.1f} s "
+              f"wall, {g['cpu_s']:.1f} CPU-s; peak RSS {g['peak_mb']:,.0f} MB", flush=True)
         p = measure([py, "-c", PROFILE, str(wh_dir / "w.duckdb"), CAPTURE], cwd=REPO)
         for k, v in json.loads(p["out"].strip().splitlines()[-1]).items():
             print(f"    in one process: {k:<52} {v:6.1f} s")
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "out"} for k, v in res.items()}))
+
+
+def summarize_capture(warehouse: Path) -> None:
+    """What the trace-only capture got: its layout from the traces, the what-if scenarios, the forecast,
+    models and throughput rows (issue 23's checks on the HTA traces)."""
+    import polars as pl
+
+    from fleetscope.warehouse import Warehouse
+
+    wh = Warehouse(warehouse)
+    c = wh.read("captures", partitions=[CAPTURE]).row(0, named=True)
+    scen = sorted(wh.read("whatif", partitions=[CAPTURE])["scenario"].to_list())
+    fc = wh.read("step_forecasts", partitions=[CAPTURE])
+    print(f"capture layout: tp {c['tp']} pp {c['pp']} dp {c['dp']} world {c['world_size']} ({c['layout_source']}); notes: {c['notes']}")
+    print(f"whatif scenarios: {scen}; step_forecasts baseline rows: {fc.filter(pl.col('scenario') == 'baseline').height}; "
+          f"variability_models rows: {wh.read('variability_models', partitions=[CAPTURE]).height}; XPUTimer step throughput rows: "
+          f"{wh.read('xputimer_step_throughput', partitions=[CAPTURE]).height}")
 
 
 if __name__ == "__main__":

@@ -47,18 +47,26 @@ CHECKS = [
     ("pp 2->1 (1 stage x 8 layers)", "pp1_dp2", "pp_repartition", {"layers_new": [8]}),
     ("layers 8->12", "pp2_dp2_l12", "layers", {"layers_new": 12}),
 ]
+# (label, base config, target config, edit, parameters): what-ifs from another base
+OTHER_BASE = [("dp 1->2 (from pp2_dp1: gradients sized from the layers' shapes)", "pp2_dp1", "pp2_dp2", "dp_degree", {"dp_new": 2, "dp_old": 1})]
 
 
 def record(out: Path, name: str, mbit: float, timeout_s: float = 240) -> Path:
     """Run one configuration in fresh namespaces; its traces and step logs land in out/name."""
+    pp, dp, stage_layers, rph = CONFIGS[name]
+    return run_job(out / name, "benchmarks.traces_whatif_job", pp * dp, rph, mbit,
+                   ["--pp", str(pp), "--stage-layers", stage_layers], timeout_s)
+
+
+def run_job(d: Path, module: str, world: int, rph: int, mbit: float, args: list[str], timeout_s: float = 240,
+            port: int = 29533) -> Path:
+    """Run `python -m module --rank R --world W --master IP --port N --host H --out d <args>` for every rank,
+    `rph` ranks per emulated host (a network namespace each; hosts joined by links shaped to `mbit`)."""
     from fleetscope.collectors.recorder.fabric import Fabric, Host, sh
 
-    pp, dp, stage_layers, rph = CONFIGS[name]
-    world = pp * dp
     n_hosts = -(-world // rph)
     hosts = [Host(f"node{i}", f"10.97.0.{i + 1}", "leaf0") for i in range(n_hosts)]
     fab = Fabric(hosts, ["leaf0"], "spine0", prefix_len=24, tag=f"fsw{os.getpid()}")
-    d = out / name
     if d.exists():
         shutil.rmtree(d)
     d.mkdir(parents=True)
@@ -71,16 +79,15 @@ def record(out: Path, name: str, mbit: float, timeout_s: float = 240) -> Path:
         env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "PYTHONPATH": str(REPO)}
         for r in range(world):
             h = hosts[r // rph]
-            cmd = ["ip", "netns", "exec", h.ns, sys.executable, "-m", "benchmarks.traces_whatif_job", "--rank", str(r),
-                   "--world", str(world), "--pp", str(pp), "--stage-layers", stage_layers, "--master", hosts[0].ip,
-                   "--port", "29533", "--host", h.name, "--out", str(d)]
+            cmd = ["ip", "netns", "exec", h.ns, sys.executable, "-m", module, "--rank", str(r), "--world", str(world),
+                   "--master", hosts[0].ip, "--port", str(port), "--host", h.name, "--out", str(d), *args]
             procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=open(d / f"rank{r}.log", "w")))
         t0 = time.time()
         for p in procs:
             p.wait(timeout=max(1.0, timeout_s - (time.time() - t0)))
         bad = [i for i, p in enumerate(procs) if p.returncode != 0]
         if bad:
-            raise RuntimeError(f"{name}: ranks {bad} failed: {(d / f'rank{bad[0]}.log').read_text()[-800:]}")
+            raise RuntimeError(f"{d.name}: ranks {bad} failed: {(d / f'rank{bad[0]}.log').read_text()[-800:]}")
     finally:
         for p in procs:
             if p.poll() is None:
@@ -100,24 +107,34 @@ def measured_step_ns(d: Path) -> float:
     return max(per_rank)
 
 
-def stage_of_rank(d: Path) -> dict[int, int]:
-    out = {}
-    for f in sorted(d.glob("steps/rank*.json")):
-        j = json.loads(f.read_text())
-        out[j["rank"]] = j["stage"]
-    return out
+def base_graph(base_dir: Path):
+    """The base capture's graph with the layout the traces themselves give (fleetscope.traces.layout; the
+    job's own steps/*.json are truth, never read here)."""
+    import polars as pl
+
+    from fleetscope.ingest.partitions import _trace_file_row
+    from fleetscope.ingest.traces import read_trace, trace_files
+    from fleetscope.traces.graph import build_graph
+    from fleetscope.traces.layout import capture_layout
+
+    rows, evs = [], []
+    for f in trace_files(base_dir):
+        tf = read_trace(f, "base")
+        rows.append(_trace_file_row("base", f.name, tf.meta, tf.events.height))
+        evs.append(tf.events)
+    ev = pl.concat(evs, how="diagonal_relaxed")
+    places = capture_layout(pl.DataFrame(rows), ev).as_dict()["ranks"]
+    return build_graph(ev, "base", stage_of_rank={r: v[0] for r, v in places.items()}, places=places), places
 
 
 def predict_check(base_dir: Path, edit: str, params: dict) -> int:
-    from fleetscope.ingest.traces import read_capture
-    from fleetscope.traces.graph import build_graph
     from fleetscope.traces.whatif import EDITS, iteration_time
 
-    g = build_graph(read_capture(base_dir, "base"))
+    g, places = base_graph(base_dir)
     p = dict(params)
     if edit in ("pp_repartition", "layers"):
         layers = [int(x) for x in CONFIGS[BASE][2].split(",")]
-        p["stage_of_rank"] = stage_of_rank(base_dir)
+        p["stage_of_rank"] = {r: v[0] for r, v in places.items()}
         p["layers_old"] = layers if edit == "pp_repartition" else sum(layers)
     return iteration_time(EDITS[edit](g, **p))
 
@@ -138,12 +155,10 @@ def main() -> None:
             record(src, name, a.mbit)
             print(f"recorded {name} in {time.perf_counter() - t:.0f} s")
     rows = []
-    from fleetscope.ingest.traces import read_capture
-    from fleetscope.traces.graph import build_graph
     from fleetscope.traces.whatif import iteration_time
     base = src / BASE
     base_meas = measured_step_ns(base)
-    base_sim = iteration_time(build_graph(read_capture(base, "base")))
+    base_sim = iteration_time(base_graph(base)[0])
     print(f"base {BASE}: measured step {base_meas / 1e6:.1f} ms, replayed {base_sim / 1e6:.1f} ms "
           f"({(base_sim - base_meas) / base_meas * 100:+.1f} %)")
     for label, target, edit, params in CHECKS:
@@ -154,6 +169,13 @@ def main() -> None:
         rows.append({"what-if": label, "edit": edit, "base_ms": base_meas / 1e6, "predicted_ms": pred / 1e6,
                      "rerun_ms": meas / 1e6, "error_pct": (pred - meas) / meas * 100,
                      "naive_error_pct": (base_meas - meas) / meas * 100})
+    for label, b, target, edit, params in OTHER_BASE:
+        if a.only and edit not in a.only.split(","):
+            continue
+        pred = predict_check(src / b, edit, params)
+        meas, m0 = measured_step_ns(src / target), measured_step_ns(src / b)
+        rows.append({"what-if": label, "edit": edit, "base_ms": m0 / 1e6, "predicted_ms": pred / 1e6, "rerun_ms": meas / 1e6,
+                     "error_pct": (pred - meas) / meas * 100, "naive_error_pct": (m0 - meas) / meas * 100})
     df = pl.DataFrame(rows)
     with pl.Config(tbl_rows=20, tbl_cols=10, tbl_width_chars=200, float_precision=1, fmt_str_lengths=40):
         print(df)

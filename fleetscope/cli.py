@@ -59,6 +59,13 @@ def _summary(landing: Path, warehouse: Path, report, seconds: float) -> int:
             print(f"  duplicate {rel}: same content as {dup}, ingested once")
         for rel, why in reg.ignored:
             print(f"  ignored   {rel}: {why}")
+    if counts.get("captures"):  # the layouts found in trace-only captures (capture.json overrides them)
+        caps = wh.read("captures", columns=["capture_id", "tp", "pp", "dp", "world_size", "layout_source"])
+        caps = caps.filter(caps["layout_source"].str.starts_with("traces").fill_null(False))
+        if caps.height:
+            print("\nlayouts from the traces (table `captures`, each rank's place in `capture_ranks`):")
+            for c in caps.sort("capture_id").iter_rows(named=True):
+                print(f"  {c['capture_id']}: tp {c['tp']} x pp {c['pp']} x dp {c['dp']} = world {c['world_size']}")
     if report.notes:  # what an analysis could not do, and why: said loudly, not buried in metadata
         print("\nwhat the analyses could not do (and why):")
         for (key, note), assets in sorted(report.notes.items()):

@@ -29,6 +29,7 @@ TABLES: dict[str, pa.DataFrameSchema] = {
     "rejected_records": landing.REJECTED,
     "landed_files": landing.LANDED,
     "trace_events": landing.TRACE_EVENTS,
+    "trace_files": landing.TRACE_FILES,
     # flows (LLMPrism)
     "jobs": flows.JOBS,
     "job_clusters": flows.JOB_CLUSTERS,

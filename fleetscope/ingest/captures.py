@@ -20,13 +20,17 @@ CAPTURE_RANKS = pa.DataFrameSchema({
     "stage": pa.Column(pl.Int32, nullable=True),
     "dp_rank": pa.Column(pl.Int32, nullable=True),
     "source": pa.Column(pl.Utf8),                    # where the host came from
+    "tp_rank": pa.Column(pl.Int32, nullable=True),   # addition (issue 23): place in its tensor-parallel group
 }, unique=["capture_id", "rank"])
 
 # Kineto's default trace file name: <hostname>_<pid>.<timestamp ms>.pt.trace.json[.gz]
 _KINETO_NAME = r"^(?:.*/)?(?P<host>.+)_\d+\.\d+\.pt\.trace\.json(?:\.gz)?$"
 
 
-def capture_ranks(capture_id: str, timings: pl.DataFrame | None, trace_events: pl.DataFrame | None) -> pl.DataFrame:
+def capture_ranks(capture_id: str, timings: pl.DataFrame | None, trace_events: pl.DataFrame | None,
+                  places: pl.DataFrame | None = None) -> pl.DataFrame:
+    """places: rank, stage, dp_rank, tp_rank from the capture's layout (fleetscope.traces.layout);
+    the timings' own stage / dp_rank win where they have them."""
     parts = []
     if timings is not None and timings.height:
         t = timings.group_by("rank").agg(
@@ -42,6 +46,12 @@ def capture_ranks(capture_id: str, timings: pl.DataFrame | None, trace_events: p
     df = parts[0]
     for p in parts[1:]:
         df = df.join(p, on="rank", how="full", coalesce=True)
+    if places is not None and places.height:
+        pl_ = places.select(pl.col("rank").cast(pl.Int32), _st=pl.col("stage"), _dp=pl.col("dp_rank"), tp_rank=pl.col("tp_rank"))
+        df = df.with_columns(pl.col("rank").cast(pl.Int32)).join(pl_, on="rank", how="left")
+        for c, src in (("stage", "_st"), ("dp_rank", "_dp")):
+            df = df.with_columns((pl.coalesce(c, src) if c in df.columns else pl.col(src)).cast(pl.Int32).alias(c))
+        df = df.drop("_st", "_dp")
     for c, dt in (("host", pl.Utf8), ("trace_host", pl.Utf8), ("source", pl.Utf8)):
         if c not in df.columns:
             df = df.with_columns(pl.lit(None, dt).alias(c))

@@ -19,7 +19,7 @@ from fleetscope.ingest.topology import read_topology
 from fleetscope.landing import LandedFile, dedupe_folder_files, folder_files
 from fleetscope.schemas.base import conform
 from fleetscope.schemas.landing import (
-    CAPTURES, COLLECTIVE_PROGRESS, FLOWS, HW, INCIDENTS, REJECTED, RING, STACKS, TIMINGS, TOPOLOGY)
+    CAPTURES, COLLECTIVE_PROGRESS, FLOWS, HW, INCIDENTS, REJECTED, RING, STACKS, TIMINGS, TOPOLOGY, TRACE_FILES)
 from fleetscope.warehouse import Warehouse
 
 
@@ -36,6 +36,7 @@ class IngestSummary:
     frame: pl.DataFrame | None = None          # what was written (for previews / downstream)
     rejected: pl.DataFrame | None = None
     extra: dict = field(default_factory=dict)
+    tables: dict[str, pl.DataFrame] = field(default_factory=dict)  # other tables written beside `table`
 
     def add(self, res: IngestResult) -> None:
         self.rows_in += res.n_read
@@ -148,7 +149,8 @@ def capture_span(wh: Warehouse, key: str) -> tuple[int | None, int | None]:
     return (min(lo) if lo else None), (max(hi) if hi else None)
 
 
-def capture_record(landing: Path, key: str, n_trace: int, n_timing: int, span: tuple[int | None, int | None] = (None, None)) -> pl.DataFrame:
+def declared_layout(landing: Path, key: str) -> dict:
+    """What the capture's capture.json (or StragglerAnalysis meta) declares: job_id, note, dp, pp, tp, vpp, world_size."""
     layout = {}
     for kind in ("timings", "traces"):
         folder = Path(landing) / kind / key
@@ -157,6 +159,14 @@ def capture_record(landing: Path, key: str, n_trace: int, n_timing: int, span: t
                 layout = {**read_capture_layout(folder), **layout}
             except IngestError:
                 pass
+    return layout
+
+
+def capture_record(landing: Path, key: str, n_trace: int, n_timing: int, span: tuple[int | None, int | None] = (None, None),
+                   derived: dict | None = None) -> pl.DataFrame:
+    """The captures row: the declared layout (capture.json) over the one derived from the traces
+    (`derived`: dp, pp, tp, world_size, layout_source, notes; fleetscope.traces.layout)."""
+    layout = {**{k: v for k, v in (derived or {}).items() if v is not None}, **declared_layout(landing, key)}
     row = dict(capture_id=key, n_trace_files=n_trace, n_timing_files=n_timing, start_ns=span[0], end_ns=span[1], **layout)
     return CAPTURES.validate(conform(pl.DataFrame([row]), CAPTURES))
 
@@ -169,31 +179,49 @@ def ingest_traces_capture(wh: Warehouse, landing: Path, key: str) -> IngestSumma
     files, rejected = _folder(landing, "traces", key)
     files = [f for f in files if f.path.name.endswith((".json", ".json.gz")) and f.path.name != "capture.json"]
     s = IngestSummary("trace_events", key, files_in=len(files))
-    frames, ranks_seen = [], {}
+    frames, ranks_seen, metas = [], {}, []
     for f, tf in zip(files, read_traces([f.path for f in files], key)):
         try:
             if isinstance(tf, Exception):
                 raise tf
             ev = tf.events.with_columns(pl.lit(f.rel).alias("source_file"))
-            rank = int(ev["rank"][0]) if ev.height else None
-            if rank is not None and rank in ranks_seen:
+            rank = int(tf.meta["rank"])
+            if rank in ranks_seen:
                 raise TraceError(f"rank {rank} already read from {ranks_seen[rank]}: two different traces claim the same rank; rename one or put it in its own capture folder")
             ranks_seen[rank] = f.rel
             frames.append(ev)
+            metas.append(_trace_file_row(key, f.rel, tf.meta, ev.height))
             s.rows_in += ev.height
             s.rows_kept += ev.height
         except (TraceError, OSError, ValueError) as exc:
             s.files_rejected += 1
             rejected.append(_rejections("traces", key, f.rel, file_reason=str(exc), sha=f.sha256))
+    tf_rows = TRACE_FILES.validate(conform(pl.DataFrame(metas, infer_schema_length=None), TRACE_FILES))
+    s.tables["trace_files"] = tf_rows
     if frames:
         df = pl.concat(frames, how="diagonal_relaxed", rechunk=False)  # no second copy of a big capture
         wh.write_partition("trace_events", key, df)
+        wh.write_partition("trace_files", key, tf_rows)
         s.frame = df
     else:
         wh.delete_partition("trace_events", key)
+        wh.delete_partition("trace_files", key)
         s.frame = None
     s.rejected = _write_rejected(wh, "traces", key, rejected)
     return s
+
+
+def _trace_file_row(key: str, rel: str, meta: dict, n_events: int) -> dict:
+    """trace_files row of one read trace: its rank and what its distributedInfo says about the job."""
+    dist = meta.get("distributedInfo") or {}
+    other = meta.get("other_keys") or {}
+    ws = dist.get("world_size")
+    pgc = dist.get("pg_config")
+    host = other.get("host_name")
+    return {"capture_id": key, "rank": meta["rank"], "source_file": rel, "rank_source": meta.get("rank_source") or "",
+            "world_size": ws if isinstance(ws, int) else None, "backend": dist.get("backend") if isinstance(dist.get("backend"), str) else None,
+            "pg_config": json.dumps(pgc) if isinstance(pgc, list) and pgc else None,
+            "host_name": host if isinstance(host, str) else None, "is_gpu": bool(meta.get("is_gpu")), "n_events": n_events}
 
 
 def ingest_incident(wh: Warehouse, landing: Path, key: str) -> IngestSummary:

@@ -194,13 +194,19 @@ _RARE_KEYS = {  # args key -> column
     "Process Group Ranks": "group_ranks",
     "Input Dims": "_in_dims",
     "Input type": "_in_type",
+    "Dst Rank": "_dst_rank",  # point-to-point peers (newer Kineto writes them on send / recv metadata)
+    "Src Rank": "_src_rank",
+    "Concrete Inputs": "_concrete",  # c10d::send / c10d::recv_ (with record_shapes): the peer is their 3rd argument
 }
 _RARE_SCHEMA = {
     "event_id": pl.Int64, "sync_kind": pl.Utf8, "wait_on_stream": pl.Int64, "wait_on_event_corr": pl.Int64,
     "_coll_name": pl.Utf8, "_in_nel": pl.Int64, "_out_nel": pl.Int64, "group_size": pl.Int32, "dtype": pl.Utf8,
-    "pg_name": pl.Utf8, "group_ranks": pl.Utf8, "_in_dims": pl.Utf8, "_in_type": pl.Utf8,
+    "pg_name": pl.Utf8, "group_ranks": pl.Utf8, "_in_dims": pl.Utf8, "_in_type": pl.Utf8, "_dst_rank": pl.Int64,
+    "_src_rank": pl.Int64, "_concrete": pl.Utf8,
+    "weight_bytes": pl.Int64,
 }
 _COMM_NAME = r"(?i)^(nccl|rccl|gloo|c10d::|record_param_comms|ncclDevKernel|ncclKernel)"
+_COMM_PREFIXES = ("nccl", "NCCL", "Nccl", "rccl", "RCCL", "gloo", "Gloo", "GLOO", "c10d::", "record_param_comms")
 
 
 def _to_int(v):
@@ -214,11 +220,16 @@ def _rare_args(df: pl.DataFrame, raws: list, first_id: int, rows: dict) -> None:
     """Args of the few events that carry collective metadata or sync details, decoded from their own
     raw text (the rows are: cuda_sync events and operators/kernels named like a collective), appended
     to rows (columns of _RARE_SCHEMA)."""
+    n = pl.col("name")
     need = df.select(
         (pl.col("cat").str.to_lowercase() == "cuda_sync")
-        | (pl.col("name").str.contains(_COMM_NAME) & pl.col("ph").is_in(["X", "i", "I"]))
+        # prefixes, not a regex: this runs on every event of the trace
+        | (pl.any_horizontal([n.str.starts_with(p) for p in _COMM_PREFIXES]) & pl.col("ph").is_in(["X", "i", "I"]))
+        | n.is_in(list(_WEIGHT_INPUTS))
     ).to_series().fill_null(False).to_numpy()
-    for i in np.flatnonzero(need).tolist():
+    idx = np.flatnonzero(need)
+    names = df["name"].gather(idx).to_list() if idx.size else []
+    for i, name in zip(idx.tolist(), names):
         try:
             args = _ARGS.decode(raws[i]).args or {}
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -231,6 +242,29 @@ def _rare_args(df: pl.DataFrame, raws: list, first_id: int, rows: dict) -> None:
             elif v is not None and not isinstance(v, str):
                 v = json.dumps(v)
             rows[col].append(v)
+        rows["weight_bytes"].append(_weight_bytes(name, args))
+
+
+# model operators whose inputs include the layer's parameters: operator -> the positions of its weight
+# (and bias) among its inputs; record_shapes gives their shapes and types (the gradient volume a
+# data-parallel what-if reduces)
+_WEIGHT_INPUTS = {"aten::linear": (1, 2), "aten::conv1d": (1, 2), "aten::conv2d": (1, 2), "aten::conv3d": (1, 2),
+                  "aten::embedding": (0,), "aten::layer_norm": (2, 3), "aten::group_norm": (2, 3), "aten::batch_norm": (1, 2),
+                  "aten::rms_norm": (2,)}
+
+
+def _weight_bytes(name: str, args: dict) -> int | None:
+    pos = _WEIGHT_INPUTS.get(name)
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if pos is None or not isinstance(dims, list) or not isinstance(types, list):
+        return None
+    total = 0
+    for p in pos:
+        if p < len(dims) and p < len(types) and isinstance(dims[p], list) and dims[p] and all(isinstance(x, int) for x in dims[p]):
+            b = _DTYPE_BYTES.get(str(types[p]).lower())
+            if b:
+                total += int(np.prod(dims[p])) * b
+    return total or None
 
 
 class _WithArgs(msgspec.Struct):
@@ -577,7 +611,13 @@ def _normalize(raw: pl.DataFrame, rare: pl.DataFrame | None, base_ns: int, first
         collective=pl.coalesce(
             collective_expr(pl.col("_coll_name")),
             collective_expr(pl.col("name").str.replace(r"\(.*$", "").str.replace(r"(?i)_(RING|TREE|COLLNET|NVLS|PAT).*$", ""))),
-    )
+        _dst=pl.col("_dst_rank"), _src=pl.col("_src_rank"),
+        # c10d::send(tensors, group, dstRank, tag) / c10d::recv_(tensors, group, srcRank, tag): the peer's rank in
+        # the group the op ran in (the global rank for the default group)
+        _arg=pl.when(pl.col("name").str.contains(r"^c10d::(send|recv_|isend|irecv)$"))
+        .then(pl.col("_concrete").str.extract(r'^\[\s*"[^"]*"\s*,\s*"[^"]*"\s*,\s*"(\d+)"', 1).cast(pl.Int64, strict=False)),
+    ).with_columns(peer=pl.when(pl.col("collective") == "send").then(pl.coalesce("_dst", "_arg")).when(pl.col("collective") == "recv")
+                   .then(pl.coalesce("_src", "_arg")).cast(pl.Int32)).drop("_dst", "_src", "_arg")
     df = df.join(comm, on="event_id", how="left", maintain_order="left")
     return df.drop([c for c in df.columns if c.startswith("_")])
 

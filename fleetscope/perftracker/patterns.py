@@ -385,7 +385,11 @@ def workers_from_capture(events: pl.DataFrame | None = None, timings: pl.DataFra
     for c, t in (("host", pl.Utf8), ("stage", pl.Int32), ("device", pl.Int32)):
         if c not in w.columns:
             w = w.with_columns(pl.lit(None, dtype=t).alias(c))
-    if layout and w["stage"].null_count() == w.height and layout.get("pp"):
+    if layout and w["stage"].null_count() == w.height and layout.get("ranks"):
+        # each rank's stage from the capture's layout (fleetscope.traces.layout)
+        w = w.with_columns(stage=pl.col("rank").replace_strict({k: v[0] for k, v in layout["ranks"].items()}, default=None,
+                                                               return_dtype=pl.Int32))
+    elif layout and w["stage"].null_count() == w.height and layout.get("pp"):
         # Megatron rank order (tp fastest, then dp, then pp) when only the layout is known
         per_stage = int(layout.get("tp", 1)) * int(layout.get("dp", 1))
         w = w.with_columns(stage=(pl.col("rank") // per_stage).cast(pl.Int32))

@@ -96,7 +96,26 @@ CAPTURES = pa.DataFrameSchema({
     "n_timing_files": pa.Column(pl.Int32),
     "start_ns": pa.Column(pl.Int64, nullable=True),  # first trace event / timing row: orders a job's captures
     "end_ns": pa.Column(pl.Int64, nullable=True),
+    # additions (issue 23): where dp / pp / tp / world_size came from (capture.json, the traces' process
+    # groups, their send/recv peers and collectives, ...), and what the traces cannot give, in words
+    "layout_source": pa.Column(pl.Utf8, nullable=True),
+    "notes": pa.Column(pl.Utf8, nullable=True),
 })
+
+# one row per ingested profiler trace file: what the file says about its rank and the job (Kineto's
+# distributedInfo: world size, backend and the process groups the rank belongs to, as JSON)
+TRACE_FILES = pa.DataFrameSchema({
+    "capture_id": pa.Column(pl.Utf8),
+    "rank": pa.Column(pl.Int32, pa.Check.ge(0)),
+    "source_file": pa.Column(pl.Utf8),
+    "rank_source": pa.Column(pl.Utf8),                 # distributedInfo, file_name, single_process, argument
+    "world_size": pa.Column(pl.Int32, nullable=True),
+    "backend": pa.Column(pl.Utf8, nullable=True),
+    "pg_config": pa.Column(pl.Utf8, nullable=True),    # distributedInfo.pg_config as JSON (pg_name, pg_desc, pg_size, ranks)
+    "host_name": pa.Column(pl.Utf8, nullable=True),    # Kineto's host_name, when the trace carries it
+    "is_gpu": pa.Column(pl.Boolean),
+    "n_events": pa.Column(pl.Int64),
+}, unique=["capture_id", "rank"])
 
 STACKS = pa.DataFrameSchema({
     "incident_id": pa.Column(pl.Utf8),
@@ -205,6 +224,8 @@ TRACE_EVENTS = pa.DataFrameSchema(
         "wait_on_event_corr": _c(pl.Int64, True),  # correlation of the cudaEventRecord waited on
         "out_msg_bytes": _c(pl.Int64, True),
         "dtype": _c(pl.Utf8, True),
+    "weight_bytes": _c(pl.Int64, True),  # linear / conv / embedding / norm operators: bytes of the parameters they read
+    "peer": _c(pl.Int32, True),  # point-to-point peer: Kineto's "Dst Rank" / "Src Rank" (global), else c10d::send / recv_'s argument (its group's rank)
     },
     strict=False,
 )

@@ -9,7 +9,7 @@ from fleetscope.traces.graph import build_graph
 from fleetscope.traces.replay import chrome_trace_bytes, replay
 from fleetscope.traces.tables import trace_collectives, trace_iterations, trace_syncs
 from fleetscope.traces.verdicts import trace_verdicts
-from fleetscope.traces.whatif import DEFAULT_SCENARIOS, parallel_scenarios, predict
+from fleetscope.traces.whatif import DEFAULT_SCENARIOS, comm_fit_notes, parallel_scenarios, predict
 
 
 EXPORT_MAX_TASKS = 200_000  # tasks in the exported simulated timeline
@@ -25,20 +25,25 @@ def analyze_capture(events: pl.DataFrame, capture_id: str | None = None, scenari
     if events.height == 0:
         return skipped("no profiler trace events in this capture")
     try:
-        g = build_graph(events, capture_id)
+        places = (parallel or {}).get("ranks") or {}
+        g = build_graph(events, capture_id, stage_of_rank={int(r): int(v[0]) for r, v in places.items() if v[0] is not None} or None,
+                        places={int(r): tuple(v) for r, v in places.items()} or None)
     except ValueError as exc:
         return skipped(f"could not build the execution graph: {exc}")
     r = replay(g)
     base = int(r.replays.group_by("rank").agg(pl.col("simulated_ns").mean())["simulated_ns"].max()) if r.replays.height else None
-    scen = list(scenarios or []) + parallel_scenarios(g, parallel)
-    notes = []
-    w = None
-    if scen:
+    cannot: list[str] = []  # what-ifs the capture cannot support, and why (said in the run summary)
+    scen = list(scenarios or []) + parallel_scenarios(g, parallel, cannot)
+    notes: list[str] = []
+    parts = []
+    for sc in scen:  # one by one: a what-if the capture cannot support does not take the others with it
         try:
-            w = predict(g, scen, baseline_ns=base)
-        except ValueError as exc:  # a what-if the capture cannot support: keep the others
-            notes.append(f"what-if skipped: {exc}")
-            w = predict(g, list(scenarios), baseline_ns=base) if scenarios else None
+            parts.append(predict(g, [sc], baseline_ns=base))
+        except ValueError as exc:
+            cannot.append(f"what-if {sc[0]} skipped: {exc}")
+    w = pl.concat(parts, how="vertical_relaxed") if parts else None
+    if w is not None and w.filter(pl.col("scenario").str.starts_with("dp_")).height:
+        notes.extend(comm_fit_notes(g))
     tables = {
         "trace_collectives": trace_collectives(events),
         "trace_iterations": trace_iterations(events),
@@ -58,9 +63,10 @@ def analyze_capture(events: pl.DataFrame, capture_id: str | None = None, scenari
         cap = capture_id or str(events["capture_id"][0])
         tk = r.tasks
         if tk.height > EXPORT_MAX_TASKS:  # the first iterations that fit: a bounded file, quick to write and open
-            its = tk.group_by("iteration").len().sort("iteration").with_columns(c=pl.col("len").cum_sum())
+            its = tk.drop_nulls("iteration").group_by("iteration").len().sort("iteration").with_columns(c=pl.col("len").cum_sum())
             keep = its.filter((pl.col("c") <= EXPORT_MAX_TASKS) | (pl.int_range(pl.len()) == 0))["iteration"]
             tk = tk.filter(pl.col("iteration").is_in(keep.implode()))
             notes.append(f"simulated timeline exported for {keep.len()} of {its.height} iterations ({tk.height} tasks)")
         artifacts[f"replays/{cap}-simulated.json"] = chrome_trace_bytes(tk)
-    return Analysis(tables=tables, verdicts=trace_verdicts(r.replays, w, job_id=job_id), notes=notes, artifacts=artifacts)
+    return Analysis(tables=tables, verdicts=trace_verdicts(r.replays, w, job_id=job_id), notes=notes + cannot, warnings=cannot,
+                    artifacts=artifacts)

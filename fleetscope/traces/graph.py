@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from fleetscope.schemas.base import conform
-from fleetscope.traces.schemas import GRAPH_EDGES, GRAPH_TASKS
+from fleetscope.traces.schemas import EDGE_SUBTYPES, EDGE_TYPES, GRAPH_EDGES, GRAPH_TASKS
 
 CPU_CATS = ["cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver"]
 GPU_CATS = ["kernel", "gpu_memcpy", "gpu_memset"]
@@ -102,52 +102,78 @@ def _cpu_comm(ev: pl.DataFrame) -> pl.Expr:
             & ~pl.col("rank").is_in(gpu_ranks))
 
 
+# the trace_events columns the graph's tasks carry (the others stay in trace_events: narrow frames sort,
+# join and filter several times faster on millions of tasks)
+TASK_EVENT_COLUMNS = ["rank", "event_id", "cat", "name", "ph", "pid", "tid", "ts_ns", "dur_ns", "end_ns", "device", "stream",
+                      "correlation", "is_comm", "collective", "msg_bytes", "out_msg_bytes", "group_size", "group_ranks", "pg_name"]
+
+
+def _by_name(names: pl.Series, fn) -> pl.Expr:
+    """fn(name expr) evaluated once per distinct name, as a mapping (string functions on millions of rows
+    cost more than on the few hundred names they hold)."""
+    u = pl.DataFrame({"name": names.unique()}).with_columns(v=fn(pl.col("name")))
+    return pl.col("name").replace_strict(u["name"], u["v"], default=None)
+
+
 def _tasks(ev: pl.DataFrame) -> pl.DataFrame:
     """CPU leaf tasks, CPU communication tasks (gloo) and GPU tasks of every rank with processors,
-    roles and iterations, ordered by (rank, start, kind, event id)."""
-    runtime_corr = ev.filter(pl.col("cat") == "cuda_runtime").select("rank", "correlation").drop_nulls().unique().with_columns(_rt=pl.lit(True))
-    is_cpu_comm = _cpu_comm(ev)
-    ev = ev.with_columns(_cc=is_cpu_comm)
-    cpu = ev.filter(pl.col("cat").is_in(CPU_CATS) & (pl.col("ph") == "X") & ~pl.col("_cc"))
+    roles and iterations, ordered by (rank, start, kind, event id).
+
+    Which events are tasks and their order are decided on a narrow frame of row numbers, times and keys;
+    the events' other columns are gathered once, in the final order (sorting and filtering every
+    column of millions of events several times over cost seconds and gigabytes)."""
+    ev = ev.select([c for c in TASK_EVENT_COLUMNS if c in ev.columns])
+    cc = _cpu_comm(ev)
+    k = ev.select("rank", "pid", "tid", "cat", "ph", "ts_ns", "dur_ns", "end_ns", "correlation", "event_id", _cc=cc).with_row_index("_i")
+    cpu = k.filter(pl.col("cat").is_in(CPU_CATS) & (pl.col("ph") == "X") & ~pl.col("_cc"))
     # driver calls nested in a runtime call share its correlation: keep the runtime call
-    cpu = cpu.join(runtime_corr, on=["rank", "correlation"], how="left", maintain_order="left").filter(
-        ~((pl.col("cat") == "cuda_driver") & (pl.col("correlation").is_null() | pl.col("_rt").fill_null(False)))).drop("_rt")
-    cpu = cpu.sort(["rank", "pid", "tid", "ts_ns", "dur_ns"], descending=[False, False, False, False, True])
-    nxt = pl.col("ts_ns").shift(-1).over(["rank", "pid", "tid"])
+    drv = cpu.filter(pl.col("cat") == "cuda_driver")
+    if drv.height:
+        runtime_corr = cpu.filter(pl.col("cat") == "cuda_runtime").select("rank", "correlation").drop_nulls().unique()
+        drv = drv.filter(pl.col("correlation").is_not_null()).join(runtime_corr, on=["rank", "correlation"], how="anti")
+        cpu = pl.concat([cpu.filter(pl.col("cat") != "cuda_driver"), drv])
+    cpu = cpu.with_columns(_th=pl.struct("rank", "pid", "tid").rank("dense")).sort(["_th", "ts_ns", "dur_ns"], descending=[False, False, True])
+    nxt = pl.col("ts_ns").shift(-1).over("_th")
     cpu = cpu.filter(nxt.is_null() | (nxt >= pl.col("end_ns")) | (pl.col("cat") == "cuda_runtime"))
-    cpu = cpu.with_columns(
-        kind=pl.lit("cpu"),
-        processor=pl.concat_str([pl.lit("thread:"), pl.col("pid"), pl.lit(":"), pl.col("tid")]),
-        role=pl.when(pl.col("cat") == "cuda_runtime").then(_runtime_role(pl.col("name"))).otherwise(pl.lit("cpu_op")),
-    )
-    comm = ev.filter(pl.col("_cc")).with_columns(
-        kind=pl.lit("cpu"),
+    order = pl.concat([
+        cpu.select("_i", "rank", "ts_ns", "event_id", kind=pl.lit("cpu"), _part=pl.lit(0, pl.Int8)),
+        k.filter("_cc").select("_i", "rank", "ts_ns", "event_id", kind=pl.lit("cpu"), _part=pl.lit(1, pl.Int8)),
+        k.filter(pl.col("cat").is_in(GPU_CATS)).select("_i", "rank", "ts_ns", "event_id", kind=pl.lit("gpu"), _part=pl.lit(2, pl.Int8)),
+    ]).sort(["rank", "ts_ns", "kind", "event_id"])
+    del k, cpu
+    tasks = ev[order["_i"]].with_columns(kind=order["kind"], _part=order["_part"])
+    del order
+    rt = tasks.filter(pl.col("cat") == "cuda_runtime")["name"]
+    tasks = tasks.with_columns(
+        processor=pl.when(pl.col("_part") == 0).then(pl.concat_str([pl.lit("thread:"), pl.col("pid"), pl.lit(":"), pl.col("tid")]))
         # point-to-point work spans overlap each other and their thread's operators: a processor of
         # their own (no order among them); collectives run in order on the backend's worker thread
-        processor=pl.concat_str([pl.lit("comm:"), pl.col("pid"), pl.lit(":"), pl.col("tid"),
-                                 pl.when(pl.col("collective").is_in(["send", "recv"])).then(pl.lit(":p2p")).otherwise(pl.lit(""))]),
-        role=pl.lit("comm"),
-    )
-    gpu = ev.filter(pl.col("cat").is_in(GPU_CATS)).with_columns(
-        kind=pl.lit("gpu"),
-        processor=pl.concat_str([pl.lit("stream:"), pl.col("device").cast(pl.Utf8), pl.lit(":"), pl.col("stream").cast(pl.Utf8)]),
-        role=pl.when(pl.col("is_comm")).then(pl.lit("comm"))
+        .when(pl.col("_part") == 1).then(pl.concat_str([pl.lit("comm:"), pl.col("pid"), pl.lit(":"), pl.col("tid"),
+                                                        pl.when(pl.col("collective").is_in(["send", "recv"])).then(pl.lit(":p2p"))
+                                                        .otherwise(pl.lit(""))]))
+        .otherwise(pl.concat_str([pl.lit("stream:"), pl.col("device").cast(pl.Utf8), pl.lit(":"), pl.col("stream").cast(pl.Utf8)])),
+        role=pl.when(pl.col("_part") == 1).then(pl.lit("comm"))
+        .when((pl.col("_part") == 0) & (pl.col("cat") == "cuda_runtime")).then(
+            _by_name(rt, _runtime_role) if rt.len() else pl.lit(None, pl.Utf8))
+        .when(pl.col("_part") == 0).then(pl.lit("cpu_op"))
+        .when(pl.col("is_comm")).then(pl.lit("comm"))
         .when(pl.col("cat") == "gpu_memcpy").then(pl.lit("memcpy"))
         .when(pl.col("cat") == "gpu_memset").then(pl.lit("memset"))
         .otherwise(pl.lit("compute")),
-    )
-    tasks = pl.concat([cpu, comm, gpu], how="diagonal_relaxed").drop("_cc").sort(["rank", "ts_ns", "kind", "event_id"])
+    ).drop("_part")
     # iteration: CPU tasks by time inside ProfilerStep#N, GPU tasks by their launching call
     its = _iterations(ev)
     if its.height:
-        tasks = tasks.join_asof(its.select("rank", "start_ns", "end_ns", "iteration").rename({"start_ns": "_it_start", "end_ns": "_it_end"}).sort("_it_start"),
-                                left_on="ts_ns", right_on="_it_start", by="rank", strategy="backward", check_sortedness=False)
-        tasks = tasks.with_columns(iteration=pl.when(pl.col("ts_ns") < pl.col("_it_end")).then(pl.col("iteration"))).drop("_it_start", "_it_end")
-        launch_it = tasks.filter((pl.col("kind") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("cat") != "cpu_op")
-                                 & (pl.col("role") != "comm")).select("rank", "correlation", _lit=pl.col("iteration")).unique(
+        n = tasks.select("rank", "ts_ns", "kind", "cat", "role", "correlation").with_row_index("_r")
+        n = n.sort("ts_ns").join_asof(its.select("rank", "start_ns", "end_ns", "iteration").rename(
+            {"start_ns": "_it_start", "end_ns": "_it_end"}).sort("_it_start"), left_on="ts_ns", right_on="_it_start", by="rank",
+            strategy="backward", check_sortedness=False).sort("_r")
+        n = n.with_columns(iteration=pl.when(pl.col("ts_ns") < pl.col("_it_end")).then(pl.col("iteration")))
+        launch_it = n.filter((pl.col("kind") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("cat") != "cpu_op")
+                             & (pl.col("role") != "comm")).select("rank", "correlation", _lit=pl.col("iteration")).unique(
             ["rank", "correlation"], keep="first", maintain_order=True)
-        tasks = tasks.join(launch_it, on=["rank", "correlation"], how="left", maintain_order="left").with_columns(
-            iteration=pl.when(pl.col("kind") == "gpu").then(pl.coalesce("_lit", "iteration")).otherwise(pl.col("iteration"))).drop("_lit")
+        lit = n.select("rank", "correlation").join(launch_it, on=["rank", "correlation"], how="left", maintain_order="left")["_lit"]
+        tasks = tasks.with_columns(iteration=pl.when(pl.col("kind") == "gpu").then(pl.coalesce(lit, n["iteration"])).otherwise(n["iteration"]))
     else:
         tasks = tasks.with_columns(iteration=pl.lit(None, pl.Int64))
     return tasks
@@ -160,28 +186,39 @@ def _host_expr() -> pl.Expr:
     return if_kineto
 
 
-def build_graph(events: pl.DataFrame, capture_id: str | None = None) -> Graph:
-    """trace_events of one capture (one or many ranks) -> one execution graph."""
+def build_graph(events: pl.DataFrame, capture_id: str | None = None, stage_of_rank: dict[int, int] | None = None,
+                places: dict[int, tuple] | None = None) -> Graph:
+    """trace_events of one capture (one or many ranks) -> one execution graph. The capture's layout, when
+    known: stage_of_rank numbers layers found without names across pipeline stages; places {rank:
+    (stage, dp_rank, tp_rank)} confines the matching of CPU collectives (which name no group or peer)
+    to ranks of one data- / tensor-parallel group and point-to-point transfers to pipeline neighbours."""
     if events.height == 0:
         raise ValueError("build_graph: no trace events")
     cid = capture_id if capture_id is not None else events["capture_id"][0]
-    tasks = _tasks(events).with_row_index("task_id").with_columns(pl.col("task_id").cast(pl.Int64), host=_host_expr())
+    hosts = events.group_by("rank").agg(pl.col("source_file").first()).with_columns(host=_host_expr())
+    tasks = _tasks(events).with_row_index("task_id").with_columns(
+        pl.col("task_id").cast(pl.Int64), host=pl.col("rank").replace_strict(hosts["rank"], hosts["host"], default=None),
+        _pk=pl.struct("rank", "processor").rank("dense").cast(pl.Int32))  # processor as a number: sorts and windows on it are cheap
+    calls, launched = _sync_info(tasks, events), _gpu_by_launch(tasks)  # shared by the sync and event-wait edges
     edges = [
         _thread_edges(tasks),
         _launch_edges(tasks),
         _stream_edges(tasks),
-        _sync_edges(tasks, events),
-        _event_wait_edges(tasks, events),
+        _sync_edges(tasks, events, calls, launched),
+        _event_wait_edges(tasks, events, calls, launched),
         _cpu_comm_edges(tasks),
     ]
     tasks = _collective_groups(tasks)
-    tasks = _cpu_collective_groups(tasks)
-    tasks = _mark_layers(tasks, events)
+    tasks = _cpu_collective_groups(tasks, places)
+    from fleetscope.traces.layers import training_ops
+
+    top_ops = training_ops(events)  # the training threads' operators with their nesting (layers, gradients)
+    tasks = _mark_layers(tasks, events, stage_of_rank=stage_of_rank, ops=top_ops)
     edges.append(_collective_edges(tasks))
     e = pl.concat([x for x in edges if x.height], how="vertical_relaxed") if any(x.height for x in edges) else pl.DataFrame(
-        schema={"src": pl.Int64, "dst": pl.Int64, "edge_type": pl.Utf8, "subtype": pl.Utf8})
+        schema=EDGE_SCHEMA)
     e = e.unique(["src", "dst", "subtype"], keep="first", maintain_order=True).filter(pl.col("src") != pl.col("dst"))
-    tasks0, e0, _ = _calibrate(tasks, e)
+    tasks0, e0, _ = _calibrate(tasks, e, binding_only=True)
     inferred = _infer_stream_waits(tasks0, e0)
     if inferred.height:
         e = pl.concat([e, inferred], how="vertical_relaxed")
@@ -193,20 +230,55 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None) -> Graph:
           .with_columns(capture_id=pl.lit(cid)))
     t = GRAPH_TASKS.validate(conform(tasks, GRAPH_TASKS))
     ed = GRAPH_EDGES.validate(conform(e, GRAPH_EDGES))
-    return Graph(t, ed, {"capture_id": cid, "ranks": sorted(events["rank"].unique().to_list()), **dropped})
+    meta = {"capture_id": cid, "ranks": sorted(events["rank"].unique().to_list()), **dropped, **_gradients(t, events, top_ops)}
+    return Graph(t, ed, meta)
+
+
+def _gradients(t: pl.DataFrame, events: pl.DataFrame, ops: pl.DataFrame | None = None) -> dict:
+    """What a data-parallel what-if on a job without data parallelism needs: grad_bytes {rank: bytes of the
+    parameters its forward operators read per microbatch (trace_events.weight_bytes of one forward
+    segment, fleetscope.traces.layers)}, optimizer_tasks {rank: the first task of the training thread at
+    or after each Optimizer.step# annotation}. Empty when the trace shows no parameter sizes."""
+    from fleetscope.traces.layers import forward_segments
+
+    if "weight_bytes" not in events.columns or events["weight_bytes"].null_count() == events.height:
+        return {}
+    seg = forward_segments(events, ops)
+    if seg.height == 0:
+        return {}
+    w = events.filter(pl.col("weight_bytes").is_not_null()).select(pl.col("rank").cast(pl.Int32), "ts_ns", "weight_bytes").sort("ts_ns")
+    marks = seg.filter("forward").select(pl.col("rank").cast(pl.Int32), "step", "seg", _t="ts_ns").sort("_t")
+    per = w.join_asof(marks, left_on="ts_ns", right_on="_t", by="rank", strategy="backward", check_sortedness=False).drop_nulls("seg")
+    per = per.group_by("rank", "step", "seg").agg(b=pl.col("weight_bytes").sum()).group_by("rank").agg(b=pl.col("b").median())
+    opt = events.filter((pl.col("cat") == "user_annotation") & pl.col("name").str.starts_with("Optimizer.step#")).select(
+        pl.col("rank").cast(pl.Int32), "tid", _o="ts_ns").sort("_o")
+    cpu = t.filter((pl.col("kind") == "cpu") & (pl.col("role") != "comm")).select("rank", "tid", "task_id", "ts_ns").sort("ts_ns")
+    first = opt.join_asof(cpu, left_on="_o", right_on="ts_ns", by=["rank", "tid"], strategy="forward", check_sortedness=False).drop_nulls(
+        "task_id").group_by("rank").agg(pl.col("task_id"))
+    return {"grad_bytes": {int(r): int(b) for r, b in per.iter_rows() if b},
+            "optimizer_tasks": {int(r): [int(x) for x in ids] for r, ids in first.iter_rows()}}
 
 
 # ---------------------------------------------------------------- edges
+# edge kinds as enums while the graph is built (compared, joined and sorted millions of times); the
+# graph_edges table stores them as text
+EDGE_TYPE = pl.Enum(EDGE_TYPES)
+EDGE_SUBTYPE = pl.Enum(EDGE_SUBTYPES)
+EDGE_SCHEMA = {"src": pl.Int64, "dst": pl.Int64, "edge_type": EDGE_TYPE, "subtype": EDGE_SUBTYPE}
+
+
 def _edge(df: pl.DataFrame, etype: str, sub: str) -> pl.DataFrame:
-    return df.select(pl.col("src").cast(pl.Int64), pl.col("dst").cast(pl.Int64), edge_type=pl.lit(etype), subtype=pl.lit(sub))
+    return df.select(pl.col("src").cast(pl.Int64), pl.col("dst").cast(pl.Int64), edge_type=pl.lit(etype, EDGE_TYPE),
+                     subtype=pl.lit(sub, EDGE_SUBTYPE))
 
 
 def _thread_edges(t: pl.DataFrame) -> pl.DataFrame:
-    cpu = t.filter((pl.col("kind") == "cpu") & (pl.col("role") != "comm")).sort(["rank", "processor", "ts_ns", "task_id"])
+    cpu = t.filter((pl.col("kind") == "cpu") & (pl.col("role") != "comm")).select(
+        "rank", "pid", "processor", "_pk", "task_id", "ts_ns", "end_ns").sort(["_pk", "ts_ns", "task_id"])
     order = cpu.select(
         "rank", "pid", "processor", "task_id", "ts_ns", "end_ns",
-        src=pl.col("task_id").shift(1).over(["rank", "processor"]),
-        prev_end=pl.col("end_ns").shift(1).over(["rank", "processor"]),
+        src=pl.col("task_id").shift(1).over("_pk"),
+        prev_end=pl.col("end_ns").shift(1).over("_pk"),
     )
     intra = _edge(order.filter(pl.col("src").is_not_null()).rename({"task_id": "dst"}), "cpu_cpu", "thread_order")
     # inter-thread: a long gap on a thread that starts right after another thread's task ended
@@ -231,8 +303,8 @@ def _launch_edges(t: pl.DataFrame) -> pl.DataFrame:
 
 
 def _stream_edges(t: pl.DataFrame) -> pl.DataFrame:
-    g = t.filter(pl.col("kind") == "gpu").sort(["rank", "processor", "ts_ns", "task_id"])
-    e = g.select(src=pl.col("task_id").shift(1).over(["rank", "processor"]), dst=pl.col("task_id")).filter(pl.col("src").is_not_null())
+    g = t.filter(pl.col("kind") == "gpu").select("_pk", "ts_ns", "task_id").sort(["_pk", "ts_ns", "task_id"])
+    e = g.select(src=pl.col("task_id").shift(1).over("_pk"), dst=pl.col("task_id")).filter(pl.col("src").is_not_null())
     return _edge(e, "gpu_gpu", "stream_order")
 
 
@@ -241,7 +313,7 @@ def _gpu_by_launch(t: pl.DataFrame) -> pl.DataFrame:
     launches = t.filter((pl.col("kind") == "cpu") & pl.col("correlation").is_not_null() & pl.col("cat").is_in(["cuda_runtime", "cuda_driver"])).select(
         "rank", "correlation", launch_ts=pl.col("ts_ns"), launch_tid=pl.col("tid"))
     g = t.filter(pl.col("kind") == "gpu").select("rank", "task_id", "device", "stream", "correlation", "ts_ns", "end_ns")
-    g = g.join(launches, on=["rank", "correlation"], how="left").with_columns(launch_ts=pl.coalesce("launch_ts", "ts_ns"))
+    g = g.join(launches, on=["rank", "correlation"], how="left", maintain_order="left").with_columns(launch_ts=pl.coalesce("launch_ts", "ts_ns"))
     return g.sort("launch_ts")
 
 
@@ -271,9 +343,9 @@ def _last_launched_before(g: pl.DataFrame, q: pl.DataFrame) -> pl.DataFrame:
                                  check_sortedness=False).filter(pl.col("w").is_not_null())
 
 
-def _sync_edges(t: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
-    calls = _sync_info(t, events)
-    g = _gpu_by_launch(t)
+def _sync_edges(t: pl.DataFrame, events: pl.DataFrame, calls: pl.DataFrame | None = None, g: pl.DataFrame | None = None) -> pl.DataFrame:
+    calls = _sync_info(t, events) if calls is None else calls
+    g = _gpu_by_launch(t) if g is None else g
     out = []
     # stream sync: the stream named by the cuda_sync event, else the thread's last launch stream
     ss = calls.filter(pl.col("role") == "stream_sync").select(
@@ -320,14 +392,15 @@ def _resolve_record(q: pl.DataFrame, rec: pl.DataFrame) -> pl.DataFrame:
     return both.with_columns(rec_stream=pl.when(pl.col("wait_stream") >= 0).then(pl.col("wait_stream")).otherwise(pl.col("rec_prev_stream")))
 
 
-def _event_wait_edges(t: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
-    calls = _sync_info(t, events)
-    g = _gpu_by_launch(t)
+def _event_wait_edges(t: pl.DataFrame, events: pl.DataFrame, calls: pl.DataFrame | None = None,
+                      g: pl.DataFrame | None = None) -> pl.DataFrame:
+    calls = _sync_info(t, events) if calls is None else calls
+    g = _gpu_by_launch(t) if g is None else g
     sw = calls.filter(pl.col("role") == "stream_wait").select(
         "rank", "tid", qid=pl.col("task_id"), t=pl.col("ts_ns"), rec_corr=pl.col("s_rec"), wait_stream=pl.col("s_wait_stream"),
         waiting=pl.when(pl.col("s_stream") >= 0).then(pl.col("s_stream")).otherwise(pl.col("next_stream")))
     if sw.height == 0:
-        return pl.DataFrame(schema={"src": pl.Int64, "dst": pl.Int64, "edge_type": pl.Utf8, "subtype": pl.Utf8})
+        return pl.DataFrame(schema=EDGE_SCHEMA)
     sw = _resolve_record(sw, _records(calls)).filter(pl.col("rec_stream").is_not_null() & pl.col("waiting").is_not_null()
                                                     & (pl.col("rec_stream") != pl.col("waiting")))
     src = _last_launched_before(g, sw.select("rank", "qid", "waiting", t=pl.col("rec_t"), stream=pl.col("rec_stream")))
@@ -355,7 +428,7 @@ def _infer_stream_waits(t: pl.DataFrame, e: pl.DataFrame) -> pl.DataFrame:
     Lumos infers inter-thread dependencies from gaps."""
     late = _late_gpu(t, e)
     if late.height == 0:
-        return pl.DataFrame(schema={"src": pl.Int64, "dst": pl.Int64, "edge_type": pl.Utf8, "subtype": pl.Utf8})
+        return pl.DataFrame(schema=EDGE_SCHEMA)
     ends = t.filter(pl.col("kind") == "gpu").select("rank", "device", o_proc="processor", o_id="task_id", o_end="end_ns").sort("o_end")
     # the latest end on another stream before the start: look a few candidates back
     cand = late.select("rank", "device", "processor", "task_id", "ts_ns").sort("ts_ns").join_asof(
@@ -370,16 +443,24 @@ LAYER_NUMBER_RX = r"(?i)layers?[._]?(\d+)"
 LAYER_RX = r"(?i)(transformer_?layer|decoder_?layer|encoder_?layer|gpt_?block|llama_?decoder|layers\.\d+)"
 
 
-def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX) -> pl.DataFrame:
+def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX,
+                 stage_of_rank: dict[int, int] | None = None, ops: pl.DataFrame | None = None) -> pl.DataFrame:
     """in_layer: the task belongs to a repeated model layer; layer: its number when the span's name
     carries one (`layers.3`, `TransformerLayer_3`); layer_pass: fwd or bwd. Forward: CPU tasks inside
     a span (Python function, operator or annotation) whose name looks like a layer, and what they
     launch. Backward: the spans of autograd operators whose sequence number is that of a forward
     operator inside a layer (PyTorch tags both with the same number)."""
+    from fleetscope.traces.layers import infer_layer_spans, named_spans_numbered
+
     cpu_ev = events.filter(pl.col("cat").is_in(["python_function", "cpu_op", "user_annotation"]) & (pl.col("ph") == "X"))
     fwd = cpu_ev.filter(pl.col("name").str.contains(layer_rx)).select(
-        "rank", "pid", "tid", s0="ts_ns", s1="end_ns", layer=pl.col("name").str.extract(LAYER_NUMBER_RX, 1).cast(pl.Int32, strict=False),
-        layer_pass=pl.lit("fwd"))
+        "rank", "pid", "tid", s0="ts_ns", s1="end_ns", layer=pl.col("name").str.extract(LAYER_NUMBER_RX, 1).cast(pl.Int32, strict=False))
+    if fwd.height and fwd["layer"].null_count() == fwd.height:  # named like a layer, without a number: numbered in order
+        numbered = named_spans_numbered(fwd.drop("layer"), events, stage_of_rank, ops)
+        fwd = numbered if numbered.height else fwd  # no operators to order them by: marked, not numbered
+    elif fwd.height == 0:  # no span names a layer: the forward pass's repeated unit (fleetscope.traces.layers)
+        fwd = infer_layer_spans(events, stage_of_rank, ops)
+    fwd = fwd.with_columns(pl.col("rank").cast(pl.Int32), layer_pass=pl.lit("fwd"))
     if fwd.height == 0:
         return t.with_columns(in_layer=pl.lit(False), layer=pl.lit(None, pl.Int32), layer_pass=pl.lit(None, pl.Utf8))
     ops = cpu_ev.filter(pl.col("sequence_number").is_not_null() & (pl.col("cat") == "cpu_op")).select(
@@ -400,8 +481,7 @@ def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX
         cpu_in.filter(pl.col("correlation").is_not_null()).select("rank", "correlation", "layer", "layer_pass").unique(["rank", "correlation"]),
         on=["rank", "correlation"]).select("task_id", "layer", "layer_pass")
     marks = pl.concat([cpu_in.select("task_id", "layer", "layer_pass"), launched]).unique("task_id").with_columns(in_layer=pl.lit(True))
-    t = t.join(marks, on="task_id", how="left", maintain_order="left")
-    return t.with_columns(pl.col("in_layer").fill_null(False))
+    return _attach(t, marks).with_columns(pl.col("in_layer").fill_null(False))
 
 
 # ---------------------------------------------------------------- collectives across ranks
@@ -421,18 +501,22 @@ def _collective_groups(t: pl.DataFrame) -> pl.DataFrame:
         _key=pl.concat_str([pl.coalesce(pl.col("pg_name"), pl.lit("stream") + pl.col("stream").cast(pl.Utf8)), pl.lit("/"), what]))
     comm = comm.sort("ts_ns").with_columns(coll_seq=pl.int_range(pl.len()).over(["rank", "_key"]).cast(pl.Int64))
     comm = comm.with_columns(coll_group=pl.concat_str([pl.col("_key"), pl.lit("#"), pl.col("coll_seq").cast(pl.Utf8)]))
-    t = t.join(comm.select("task_id", "coll_seq", "coll_group"), on="task_id", how="left")
     # a group is only a cross-rank link when more than one rank has it
-    n = t.filter(pl.col("coll_group").is_not_null()).group_by("coll_group").agg(_n=pl.col("rank").n_unique())
-    t = t.join(n, on="coll_group", how="left").with_columns(
-        coll_group=pl.when(pl.col("_n") > 1).then(pl.col("coll_group"))).drop("_n")
-    return t.sort("task_id")
+    comm = comm.with_columns(coll_group=pl.when(pl.col("rank").n_unique().over("coll_group") > 1).then(pl.col("coll_group")))
+    return _attach(t, comm.select("task_id", "coll_seq", "coll_group"))
+
+
+def _attach(t: pl.DataFrame, cols: pl.DataFrame) -> pl.DataFrame:
+    """t with the columns of `cols` (task_id + columns, some tasks) in t's row order (null elsewhere):
+    a join on the narrow task_id column, not on every column of t."""
+    m = t.select("task_id").join(cols, on="task_id", how="left", maintain_order="left")
+    return t.with_columns(m.drop("task_id"))
 
 
 def _collective_edges(t: pl.DataFrame) -> pl.DataFrame:
     m = t.filter(pl.col("coll_group").is_not_null()).select("coll_group", "rank", "task_id").sort(["coll_group", "rank"])
     if m.height == 0:
-        return pl.DataFrame(schema={"src": pl.Int64, "dst": pl.Int64, "edge_type": pl.Utf8, "subtype": pl.Utf8})
+        return pl.DataFrame(schema=EDGE_SCHEMA)
     head = m.group_by("coll_group").agg(src=pl.col("task_id").first())
     e = m.join(head, on="coll_group").filter(pl.col("src") != pl.col("task_id")).select("src", dst=pl.col("task_id"))
     return _edge(e, "collective", "peer")
@@ -443,7 +527,7 @@ CPU_COMM_TOL_NS = 1_000_000  # clock skew allowed between ranks when matching CP
 
 
 def _empty_edges() -> pl.DataFrame:
-    return pl.DataFrame(schema={"src": pl.Int64, "dst": pl.Int64, "edge_type": pl.Utf8, "subtype": pl.Utf8})
+    return pl.DataFrame(schema=EDGE_SCHEMA)
 
 
 def _cpu_comm_edges(t: pl.DataFrame) -> pl.DataFrame:
@@ -494,7 +578,7 @@ def _components(pairs: list[tuple[int, int]]) -> dict[int, int]:
     return {x: find(x) for x in list(parent)}
 
 
-def _cpu_collective_groups(t: pl.DataFrame) -> pl.DataFrame:
+def _cpu_collective_groups(t: pl.DataFrame, places: dict[int, tuple] | None = None) -> pl.DataFrame:
     """Cross-rank collectives among CPU communication tasks, which carry no process group or peer (gloo
     traces): ranks whose k-th collectives of a kind have the same sizes and all overlap in time (every
     member is inside the collective while the others are) form a group; a send matches the recv of
@@ -520,6 +604,10 @@ def _cpu_collective_groups(t: pl.DataFrame) -> pl.DataFrame:
         pair = j.group_by(["rank", "rank_b", "collective"]).agg(m=pl.len(), good=ok.all()).join(
             n, on=["rank", "collective"]).join(n.rename({"rank": "rank_b", "n": "n_b"}), on=["rank_b", "collective"])
         pair = pair.filter(pl.col("good") & (pl.col("m") == pl.col("n")) & (pl.col("n") == pl.col("n_b")))
+        if places:  # the capture's layout: a collective runs among ranks of one data- or tensor-parallel group
+            same = {(a, b) for a in places for b in places if a != b and places[a][0] == places[b][0]
+                    and (places[a][1] == places[b][1] or places[a][2] == places[b][2])}
+            pair = pair.filter(pl.struct("rank", "rank_b").map_elements(lambda x: (x["rank"], x["rank_b"]) in same, return_dtype=pl.Boolean))
         for (c,), g in pair.partition_by("collective", as_dict=True).items():
             comp = _components(list(zip(g["rank"].to_list(), g["rank_b"].to_list())))
             peers |= {(a, b) for a in comp for b in comp if a != b and comp[a] == comp[b]}
@@ -538,6 +626,11 @@ def _cpu_collective_groups(t: pl.DataFrame) -> pl.DataFrame:
             & (pl.col("ts_ns") <= pl.col("end_ns_r") + CPU_COMM_TOL_NS)
             # data arrives after it was sent: a recv does not end before its send started
             & (pl.col("end_ns_r") >= pl.col("ts_ns") - CPU_COMM_TOL_NS))
+        if places:  # pipeline neighbours: adjacent stages, same replica and tensor-parallel place
+            nb = [(a, b) for a in places for b in places if abs((places[a][0] or 0) - (places[b][0] or 0)) == 1
+                  and places[a][1] == places[b][1] and places[a][2] == places[b][2]]
+            nb = pl.DataFrame(nb, schema={"rank": pl.Int32, "rank_r": pl.Int32}, orient="row")
+            cand = cand.join(nb, on=["rank", "rank_r"], how="semi")
         cand = cand.with_columns(cost=(pl.col("end_ns_r") - pl.col("end_ns")).abs()).sort(["cost", "task_id", "task_id_r"])
         # replicas of one stage (the same collective group) exchange no point-to-point messages
         rows = [x for x in cand.select("task_id", "task_id_r", "rank", "rank_r", "ts_ns").iter_rows() if (x[2], x[3]) not in peers]
@@ -588,7 +681,7 @@ CONTRADICTION_NS = 1_000  # a dependency whose dst started this much before src 
 KEPT_LAGS = ["thread_order", "comm_wait"]  # untraced CPU work: the observed delay is kept as the lag
 
 
-def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
+def _calibrate(t: pl.DataFrame, e: pl.DataFrame, binding_only: bool = False) -> tuple[pl.DataFrame, pl.DataFrame, dict]:
     """Edge lags and task simulation durations from the trace (see module doc).
 
     Synchronizing calls have two phases: they start when the thread issues them and end `post`
@@ -609,17 +702,19 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataF
     dropped = flow.filter(contradicted).group_by("subtype").len()
     flow = flow.filter(~contradicted)
     wait_end = flow.filter(is_wait).group_by("dst").agg(c=pl.col("s_end").max())
-    t = t.join(wait_end.rename({"dst": "task_id"}), on="task_id", how="left")
-    peers = t.filter(pl.col("coll_group").is_not_null()).group_by("coll_group").agg(g_start=pl.col("ts_ns").max())
-    t = t.join(peers, on="coll_group", how="left")
+    # on a narrow frame (task_id, times, group): joins on every column of millions of tasks cost seconds
+    n = t.select("task_id", "ts_ns", "end_ns", "dur_ns", "coll_group").join(
+        wait_end.rename({"dst": "task_id"}), on="task_id", how="left", maintain_order="left")
+    n = n.with_columns(g_start=pl.when(pl.col("coll_group").is_not_null()).then(pl.col("ts_ns").max().over("coll_group")))
     wait_ref = pl.max_horizontal("ts_ns", "c")
-    t = t.with_columns(
+    n = n.select(
         sim_dur_ns=pl.when(pl.col("c").is_not_null()).then(pl.col("end_ns") - wait_ref)
         .when(pl.col("g_start").is_not_null()).then(pl.col("end_ns") - pl.max_horizontal("ts_ns", "g_start"))
         .otherwise(pl.col("dur_ns")).clip(lower_bound=0),
         sim_start_ref=pl.col("ts_ns"),
         wait_ref=pl.when(pl.col("c").is_not_null()).then(wait_ref),
-    ).drop("c", "g_start")
+    )
+    t = t.with_columns(n)
     waiting = t.filter(pl.col("wait_ref").is_not_null()).select(src="task_id").with_columns(from_start=pl.lit(True))
     flow = flow.join(waiting, on="src", how="left").with_columns(
         from_start=(pl.col("from_start").fill_null(False) & (pl.col("subtype") == "launch")) | (pl.col("subtype") == "comm_issue"))
@@ -628,6 +723,8 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataF
     start_edges = ~is_wait
     flow = flow.with_columns(binding=pl.when(start_edges).then(
         pl.col("slack") == pl.col("slack").filter(start_edges).min().over("dst")).otherwise(pl.lit(True)))
+    if binding_only:  # what _infer_stream_waits reads: which edge bound each task, and its slack
+        return t, flow.select("src", "dst", "edge_type", "subtype", "binding", slack_ns="slack"), {}
     typical = flow.filter(pl.col("binding") & start_edges).group_by("subtype").agg(typ=pl.col("slack").clip(lower_bound=0).median())
     flow = flow.join(typical, on="subtype", how="left").with_columns(pl.col("typ").fill_null(0))
     lag = (

@@ -440,20 +440,47 @@ def _lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Lane per slice of one track (slices sorted by start, longer first): a slice stays on a lane
     where it fits entirely inside the open slice or after it (properly nested), else the next lane
     (Perfetto draws partially overlapping slices of one thread wrongly)."""
-    stacks: list[list[int]] = []
-    lane = np.zeros(len(start), dtype=np.int64)
-    for i in range(len(start)):
+    if len(start) < 2 or np.all(start[1:] >= np.maximum.accumulate(end)[:-1]):
+        return np.zeros(len(start), dtype=np.int64)  # nothing overlaps (the usual track)
+    return _lanes_loop(np.ascontiguousarray(start, dtype=np.int64), np.ascontiguousarray(end, dtype=np.int64))
+
+
+@njit(cache=True)
+def _lanes_loop(start, end):
+    # lane k's open slices as a stack of end times: stack[k, :depth[k]]; lanes and depth grow as needed
+    n = len(start)
+    lane = np.zeros(n, dtype=np.int64)
+    stack = np.zeros((4, 16), dtype=np.int64)
+    depth = np.zeros(4, dtype=np.int64)
+    n_lanes = 0
+    for i in range(n):
         s, e = start[i], end[i]
-        for k, st in enumerate(stacks):
-            while st and st[-1] <= s:
-                st.pop()
-            if not st or e <= st[-1]:
-                st.append(e)
+        placed = False
+        for k in range(n_lanes):
+            while depth[k] > 0 and stack[k, depth[k] - 1] <= s:
+                depth[k] -= 1
+            if depth[k] == 0 or e <= stack[k, depth[k] - 1]:
+                if depth[k] == stack.shape[1]:
+                    grown = np.zeros((stack.shape[0], 2 * stack.shape[1]), dtype=np.int64)
+                    grown[:, :stack.shape[1]] = stack
+                    stack = grown
+                stack[k, depth[k]] = e
+                depth[k] += 1
                 lane[i] = k
+                placed = True
                 break
-        else:
-            stacks.append([e])
-            lane[i] = len(stacks) - 1
+        if not placed:
+            if n_lanes == stack.shape[0]:
+                grown = np.zeros((2 * stack.shape[0], stack.shape[1]), dtype=np.int64)
+                grown[:stack.shape[0]] = stack
+                stack = grown
+                d2 = np.zeros(2 * depth.shape[0], dtype=np.int64)
+                d2[:depth.shape[0]] = depth
+                depth = d2
+            stack[n_lanes, 0] = e
+            depth[n_lanes] = 1
+            lane[i] = n_lanes
+            n_lanes += 1
     return lane
 
 
@@ -467,10 +494,10 @@ def chrome_trace_bytes(tasks: pl.DataFrame) -> bytes:
     t0 = int(tasks["sim_start_ns"].min())
     t = tasks.select("rank", "processor", "name", "role", "task_id", s=pl.col("sim_start_ns"),
                      e=pl.max_horizontal("sim_start_ns", "sim_end_ns")).sort("rank", "processor", "s", pl.col("e"), descending=[False, False, False, True])
-    keys = (t["rank"].cast(pl.Utf8) + "\x1f" + t["processor"].cast(pl.Utf8)).to_numpy()
+    new_track = t.select((pl.col("rank") != pl.col("rank").shift(1)) | (pl.col("processor") != pl.col("processor").shift(1)))
     s, e = t["s"].to_numpy(), t["e"].to_numpy()
     lane = np.zeros(len(t), dtype=np.int64)
-    bounds = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1], True])
+    bounds = np.flatnonzero(np.r_[new_track.to_series().fill_null(True).to_numpy(), True])
     for a, b in zip(bounds[:-1], bounds[1:]):
         lane[a:b] = _lanes(s[a:b], e[a:b])
     t = t.with_columns(lane=pl.Series(lane))

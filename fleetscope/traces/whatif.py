@@ -52,6 +52,7 @@ class LinkFit:
     step_ns: float
     ns_per_byte: float
     n_samples: int
+    n_sizes: int = 0  # distinct message sizes behind the fit: with one, latency and bandwidth are not separable
 
 
 @dataclass
@@ -155,7 +156,7 @@ def fit_comm_model(graph: Graph) -> CommModel:
             continue
         x1, x2, y, w = (sub[k].to_numpy().astype(float) for k in ("x1", "x2", "y", "k"))
         c1, c2 = _nnls(x1, x2, y, np.sqrt(w))
-        fits[link] = LinkFit(c1, c2, int(sub["k"].sum()))
+        fits[link] = LinkFit(c1, c2, int(sub["k"].sum()), int(sub["x2"].n_unique()))
     common = c.group_by(["collective", "n"]).len().sort("len", descending=True).row(0, named=True)
     return CommModel(fits, int(common["n"] or 2), str(common["collective"]))
 
@@ -229,6 +230,8 @@ def dp_degree(graph: Graph, dp_new: int, dp_old: int | None = None, model: CommM
     if link is not None and link not in LINKS:
         raise ValueError(f"dp_degree: link must be one of {LINKS}")
     model = model or fit_comm_model(graph)
+    if (dp_old or 1) == 1 and dp_new > 1:
+        return _add_data_parallel(graph, dp_new, model, link)
     t = graph.tasks
     m = _dp_mask(dp_old) & pl.col("msg_bytes").is_not_null()
     links = collective_links(t)
@@ -248,6 +251,32 @@ def dp_degree(graph: Graph, dp_new: int, dp_old: int | None = None, model: CommM
     ratio = pl.when(pl.lit(dp_new) == 1).then(0.0).when(old > 0).then(new / old).otherwise(1.0)
     t = t.with_columns(sim_dur_ns=pl.when(m).then((pl.col("sim_dur_ns") * ratio).round(0)).otherwise(pl.col("sim_dur_ns")).cast(pl.Int64))
     return graph.with_durations(t.drop("_old_link", "_members"))
+
+
+def _add_data_parallel(graph: Graph, dp_new: int, model: CommModel, link: str | None = None) -> Graph:
+    """A job without data parallelism given dp_new replicas: before each iteration's optimizer, every
+    rank all-reduces its gradients (the bytes of the parameters its forward operators read, per
+    microbatch: graph.meta["grad_bytes"]) with its replicas, taking what the link model fitted on the
+    trace's own transfers predicts. The group's link: `link`, else within a host when dp_new ranks fit
+    on one (as many ranks per host as the capture has; replicas numbered next to each other, as
+    Megatron and DeviceMesh number them), else across hosts."""
+    grad = graph.meta.get("grad_bytes") or {}
+    opt = graph.meta.get("optimizer_tasks") or {}
+    if not grad or not opt:
+        raise ValueError("the trace shows no parameter sizes (record_shapes) or no optimizer step: the gradient volume a new "
+                         "data-parallel group would reduce is unknown")
+    rph = ranks_per_host(graph.tasks)
+    lk = link or ("unknown" if rph is None else "intra" if dp_new <= rph else "inter")
+    f = model.fit_for(lk)
+    n = float(dp_new)
+    add = {}
+    for r, b in grad.items():
+        ar = f.step_ns * 2 * (n - 1) + f.ns_per_byte * 2 * (n - 1) / n * float(b)
+        for tid in opt.get(r, []):
+            add[int(tid)] = int(round(ar))
+    t = graph.tasks.with_columns(sim_dur_ns=pl.col("sim_dur_ns") + pl.col("task_id").replace_strict(
+        add, default=0, return_dtype=pl.Int64))
+    return graph.with_durations(t)
 
 
 def _scaled_layers(graph: Graph, layers_old: int, layers_new: int, model: CommModel | None = None) -> Graph:
@@ -330,27 +359,59 @@ DEFAULT_SCENARIOS = [
 ]
 
 
-def parallel_scenarios(graph: Graph, parallel: dict | None) -> list[tuple[str, str, dict]]:
-    """The graph-rebuilding what-ifs a capture supports, from its layout ({dp, pp} as capture.json's
-    `parallel` gives it; stage of rank r = r // dp, Megatron's order): DP x2 and /2 where the trace
-    has DP collectives; PP x2 (and /2) where the trace numbers its layers and they split evenly;
-    layers x2 where the trace numbers its layers."""
+def comm_fit_notes(graph: Graph) -> list[str]:
+    """What limits the DP what-ifs' communication model: a link type whose collectives all carry one
+    message size cannot split per-message latency from bandwidth, so predictions for other sizes there
+    extrapolate."""
+    try:
+        m = fit_comm_model(graph)
+    except ValueError:
+        return []
+    return [f"{'intra-host' if k == 'intra' else 'inter-host' if k == 'inter' else 'host-unknown'} transfers of the trace have one "
+            f"message size only: the link model cannot tell latency from bandwidth there ({1e9 / f.ns_per_byte * 8 / 1e6:.0f} Mbit/s "
+            "if it is all bandwidth); DP what-ifs moving other sizes over that link extrapolate"
+            for k, f in m.fits.items() if k != "all" and f.n_sizes == 1 and f.ns_per_byte > 0]
+
+
+def parallel_scenarios(graph: Graph, parallel: dict | None, notes: list[str] | None = None) -> list[tuple[str, str, dict]]:
+    """The graph-rebuilding what-ifs a capture supports, from its layout ({dp, pp[, ranks]}: the traces'
+    own layout, fleetscope.traces.layout, or capture.json's `parallel`; each rank's stage from `ranks`
+    {rank: (stage, dp_rank, tp_rank)}, else r // dp, Megatron's order): DP x2 and /2 where the trace
+    has DP collectives; PP x2 (and /2) where the trace's layers are known and split evenly; layers x2
+    where the layers are known. What it cannot offer, and why, is appended to `notes`."""
+    notes = notes if notes is not None else []
     if not parallel:
+        notes.append("no parallel layout (neither the traces nor capture.json give one): no DP / PP / layer what-ifs")
         return []
     dp, pp = int(parallel.get("dp") or 1), int(parallel.get("pp") or 1)
     t = graph.tasks
     out: list[tuple[str, str, dict]] = []
     if dp > 1 and t.filter(_dp_mask(dp) & pl.col("msg_bytes").is_not_null()).height:
         out += [("dp_x2", "dp_degree", {"dp_new": 2 * dp, "dp_old": dp}), ("dp_half", "dp_degree", {"dp_new": max(1, dp // 2), "dp_old": dp})]
-    if has_layers(graph):
-        ranks = sorted(t["rank"].unique().to_list())
-        sor = {int(r): int(r) // dp for r in ranks}
-        per_stage = [t.filter(pl.col("rank").is_in([r for r, st in sor.items() if st == s]))["layer"].drop_nulls().n_unique()
-                     for s in range(pp)]
-        total = sum(per_stage)
-        if all(per_stage) and len(set(sor.values())) == pp:
-            for name, p2 in (("pp_x2", 2 * pp), ("pp_half", pp // 2)):
-                if p2 >= 1 and p2 != pp and total % p2 == 0 and total // p2 >= 1:
-                    out.append((name, "pp_repartition", {"stage_of_rank": sor, "layers_old": per_stage, "layers_new": [total // p2] * p2}))
-            out.append(("layers_x2", "layers", {"layers_old": total, "layers_new": 2 * total, "stage_of_rank": sor}))
+    elif dp > 1:
+        notes.append(f"no data-parallel collective of group size {dp} with a known size in the traces: no DP what-if")
+    elif graph.meta.get("grad_bytes") and graph.meta.get("optimizer_tasks"):
+        out.append(("dp_x2", "dp_degree", {"dp_new": 2, "dp_old": 1}))
+    else:
+        notes.append("dp = 1 and the traces show no parameter sizes (profile with record_shapes=True) or no optimizer step: "
+                     "no DP what-if")
+    if not has_layers(graph):
+        notes.append("the traces show no repeated layers (no layer-named spans, modules or repeated forward operators): "
+                     "no PP or layer what-if")
+        return out
+    ranks = sorted(t["rank"].unique().to_list())
+    places = parallel.get("ranks") or {}
+    sor = {int(r): int(places[r][0]) if r in places and places[r][0] is not None else int(r) // dp for r in ranks}
+    per_stage = [t.filter(pl.col("rank").is_in([r for r, st in sor.items() if st == s]))["layer"].drop_nulls().n_unique()
+                 for s in range(pp)]
+    total = sum(per_stage)
+    if not (all(per_stage) and len(set(sor.values())) == pp):
+        notes.append(f"layers found on {sum(1 for x in per_stage if x)} of {pp} stages: no PP or layer what-if")
+        return out
+    for name, p2 in (("pp_x2", 2 * pp), ("pp_half", pp // 2)):
+        if p2 >= 1 and p2 != pp and total % p2 == 0 and total // p2 >= 1:
+            out.append((name, "pp_repartition", {"stage_of_rank": sor, "layers_old": per_stage, "layers_new": [total // p2] * p2}))
+        elif p2 >= 1 and p2 != pp:
+            notes.append(f"{total} layers do not split evenly into {p2} stages: no {name} what-if")
+    out.append(("layers_x2", "layers", {"layers_old": total, "layers_new": 2 * total, "stage_of_rank": sor}))
     return out

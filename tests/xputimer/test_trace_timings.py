@@ -107,3 +107,24 @@ def test_trace_only_capture_gets_xputimer_and_prism_in_the_warehouse(fleet_env):
     v = wh.read("anomaly_verdicts").filter(pl.col("severity").is_in(["warning", "critical"]) & (pl.col("scope") == "rank"))
     assert set(v.filter(pl.col("capture_id") == faulty)["subject"].to_list()) == {str(rank)}
     assert v.filter(pl.col("capture_id") == before).height == 0
+
+
+@pytest.mark.parametrize("scenario,seed", [("healthy", 3), ("slow_stage_worker", 4)])
+def test_ops_derived_from_gpu_traces_match_the_simulators_timings(tmp_path, scenario, seed):
+    """GPU traces (the simulator's Megatron-like captures: backward on the autograd engine's thread,
+    tensor-parallel all-reduces between the forward's operators, python frames around the optimizer):
+    per rank the same forward / backward microbatches as the timings the simulator wrote for the same
+    steps (never read by the derivation), each op's span on the device within a few percent."""
+    from fleetscope.sim.capture.scenarios import scenario_capture
+
+    landing, _ = scenario_capture(tmp_path, scenario, seed=seed)
+    cap = next((landing / "traces").iterdir())
+    ops = ops_from_trace_events(read_capture(cap))
+    truth = read_timings(landing / "timings" / cap.name).filter(pl.col("kind") == "op")
+    comp = ["forward-compute", "backward-compute"]
+    count = lambda x: x.filter(pl.col("name").is_in(comp)).group_by("rank", "step", "name").len().sort("rank", "step", "name")  # noqa: E731
+    assert count(ops).equals(count(truth.filter(pl.col("step").is_in(ops["step"].unique().implode()))))
+    j = _nth(truth.filter(pl.col("name").is_in(comp)), "d_true").join(_nth(ops.filter(pl.col("name").is_in(comp)), "d"), on=[*KEY, "k"])
+    rel = ((j["d"] - j["d_true"]).abs() / j["d_true"])
+    assert rel.median() < 0.05 and rel.quantile(0.9) < 0.15, rel.describe()
+    assert {"grads-all-reduce", "optimizer"} <= set(ops["name"].to_list())
