@@ -16,6 +16,8 @@ TABLES = {
     "comm_pairs": "DP / PP / other label of every communicating GPU pair, with the evidence (LLMPrism Algorithm 2).",
     "step_timelines": "Reconstructed step boundaries per GPU address (step ends where its DP traffic ends).",
     "flow_background": "Traffic that is not a job's (outside the topology or aperiodic): evidence, not dropped.",
+    "flow_pair_rates": "Per directed GPU pair and window: its data flows' median log rate, the history later windows "
+                       "compare the pair with.",
 }
 _ALL = AllPartitionMapping()
 
@@ -25,6 +27,14 @@ def read_window_inputs(wh, window_key: str, margin_s: int):
     flows = wh.read("flows", where=f"start_ns >= {start - margin_s * 1_000_000_000} AND start_ns < {end}")
     topo = latest_topology(wh.read("topology"))
     return flows, topo, start, end
+
+
+def read_pair_history(wh, start: int, history_s: int):
+    """flow_pair_rates of the windows that began in the history_s before `start` (none yet: None; a
+    window analysed before its predecessors simply has less history)."""
+    if not wh.has_table("flow_pair_rates"):
+        return None
+    return wh.read("flow_pair_rates", where=f"window_start_ns >= {start - history_s * 1_000_000_000} AND window_start_ns < {start}")
 
 
 @multi_asset(specs=analysis_specs(TABLES, "flows_verdicts", "Flow-based verdicts: slow steps, slow DP groups, degraded "
@@ -37,8 +47,9 @@ def flows_window(context: AssetExecutionContext, warehouse: WarehouseResource, s
     flows, topo, start, end = read_window_inputs(wh, key, settings.window_margin_seconds)
     context.log.info(f"window {key}: {flows.height} flows (with a {settings.window_margin_seconds} s margin), {topo.height} topology rows")
     seconds: dict = {}
+    history = read_pair_history(wh, start, settings.pair_history_seconds)
     result = analyze_window(flows, topo, start, end, config=FlowConfig(k_sigma=settings.k_sigma), window_id=key,
-                            timings=seconds)
+                            timings=seconds, history=history)
     jobs = result.table("jobs")
     extra = {"jobs": {"jobs": MetadataValue.json(jobs.select("job_id", "n_gpus", "n_hosts").to_dicts())} if jobs.height else {},
              "step_timelines": {f"seconds/{k}": MetadataValue.float(round(v, 3)) for k, v in seconds.items()}}

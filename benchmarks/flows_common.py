@@ -12,6 +12,7 @@ import polars as pl
 
 WINDOW_S = 60
 MARGIN_S = 30
+HISTORY_S = 3600  # as AnalysisSettings.pair_history_seconds
 
 
 def load_landing(landing: Path) -> tuple[pl.DataFrame, pl.DataFrame | None, dict]:
@@ -57,8 +58,9 @@ def load_landing(landing: Path) -> tuple[pl.DataFrame, pl.DataFrame | None, dict
 
 def analyze_span(flows: pl.DataFrame, topo: pl.DataFrame | None, span: tuple[int, int], window_s: int = WINDOW_S,
                  margin_s: int = MARGIN_S, config=None, timings: dict | None = None) -> dict[str, pl.DataFrame]:
-    """The wiring's way over a span: one analyze_window per window (its flows plus a margin before
-    it), tables concatenated; window ids as fleetscope.windows names them."""
+    """The wiring's way over a span: one analyze_window per window in time order (its flows plus a
+    margin before it, the pair rates of the earlier windows as history), tables concatenated; window
+    ids as fleetscope.windows names them."""
     from fleetscope.flows import analyze_window
     from fleetscope.windows import NS, window_id
 
@@ -72,7 +74,9 @@ def analyze_span(flows: pl.DataFrame, topo: pl.DataFrame | None, span: tuple[int
         if f.filter(pl.col("start_ns") >= ws).height == 0:
             continue
         tm: dict = {}
-        t = analyze_window(f, topo, ws, we, config=config, window_id=window_id(ws, window_s), timings=tm)
+        hist = [h for h in out.get("flow_pair_rates", []) if h.height and h["window_start_ns"][0] >= ws - HISTORY_S * NS]
+        t = analyze_window(f, topo, ws, we, config=config, window_id=window_id(ws, window_s), timings=tm,
+                           history=pl.concat(hist) if hist else None)
         if timings is not None:
             for k, v in tm.items():
                 timings[k] = timings.get(k, 0.0) + v

@@ -13,8 +13,9 @@ steps of every job crossing it. So:
    causes; verdicts about a job as a whole (slow steps, slow DP group) are symptoms.
 3. Causes about the same subject, from any detector or window close in time, are one problem.
    Function and kernel findings confined to one GPU become evidence of that GPU's problem.
-4. A switch is a cause only when the jobs crossing it slow down together, or when nothing else
-   explains its jobs' slowdown; otherwise its finding is evidence under the cause that does.
+4. A switch is a cause when the jobs crossing it slow down together, when it slowed the flows of a
+   job no other cause touches, or when nothing else explains its jobs' slowdown; otherwise its
+   finding is evidence under the cause that does.
 5. Symptoms attach to the cause in their job that explains them; a symptom nothing explains is a
    problem of its own ("job X is slow; the cause is not localized").
 The team follows the cause (routing below, with the reason). A problem's id hashes its cause (the
@@ -333,7 +334,9 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
         slow_jobs = {s["flow_job"] for s in symptoms if s["flow_job"] in c["jobs"] and _overlaps(s, c)}
         others = [k for k, o in enumerate(causes) if k != i and o["family"] not in ("switch", "code")
                   and o["jobs"] & c["jobs"] and _overlaps(o, c)]
-        if len(slow_jobs) < 2 and others:
+        # ... and a switch that slowed the flows of a job no other cause touches has evidence of its own
+        covered = set().union(*(causes[k]["jobs"] for k in others)) if others else set()
+        if len(slow_jobs) < 2 and others and c["jobs"] <= covered:
             host = min(others, key=lambda k: _PRIORITY.get(causes[k]["family"], 8))
             demoted[i] = host
             explained.setdefault(host, []).extend(explained.pop(i, []))

@@ -36,6 +36,7 @@ TABLES: dict[str, pa.DataFrameSchema] = {
     "comm_pairs": flows.COMM_PAIRS,
     "step_timelines": flows.STEP_TIMELINES,
     "flow_background": flows.FLOW_BACKGROUND,
+    "flow_pair_rates": flows.FLOW_PAIR_RATES,
     # traces (Lumos)
     "trace_collectives": traces.TRACE_COLLECTIVES,
     "trace_iterations": traces.TRACE_ITERATIONS,

@@ -54,6 +54,7 @@ class AnalysisSettings(ConfigurableResource):
     """Knobs shared by the analyses (all have paper defaults)."""
     window_seconds: int = 60          # LLMPrism time window
     window_margin_seconds: int = 30   # flows read before a window so straddling steps are complete
+    pair_history_seconds: int = 3600  # earlier windows whose pair rates are a pair's history (flow_pair_rates)
     k_sigma: float = 3.0
 
 

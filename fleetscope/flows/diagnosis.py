@@ -85,11 +85,13 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
                   cfg: FlowConfig, ipf: pl.DataFrame | None = None, pairs: pl.DataFrame | None = None,
                   steps_all: pl.DataFrame | None = None, ipf_all: pl.DataFrame | None = None,
                   bg_ip: pl.DataFrame | None = None, data_span: tuple[int, int] | None = None,
-                  window: tuple[int, int] | None = None) -> pl.DataFrame:
+                  window: tuple[int, int] | None = None, history: pl.DataFrame | None = None,
+                  levels_out: dict | None = None) -> pl.DataFrame:
     """All flow verdicts of a window. flows: the window's in-topology flows with ip_a/ip_b and the
     pair key pid; pairs: classify_pairs output (with pid; default tables["comm_pairs"]);
     ipf: timelines.ip_flows of them (PP timing), optional; steps_all / ipf_all: steps and ip flows
-    of window + margin (the jobs' history); bg_ip: GPU addresses' non-job traffic."""
+    of window + margin (the jobs' history); bg_ip: GPU addresses' non-job traffic; history: the pairs'
+    rates in earlier windows (flow_pair_rates); levels_out: receives this window's ("levels")."""
     st = tables["step_timelines"]
     pairs = tables["comm_pairs"] if pairs is None else pairs
     rows = []
@@ -106,7 +108,8 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
         # jobs whose steps slowed, or whose steps are too unclear to clear them: a pair rate's step
         # change there may be a fault's onset (elsewhere it is a neighbour starting or stopping)
         slow_jobs = {r["job_id"] for r in rows if r["detector"] == "flows.cross_step"}
-        rows += network_verdicts(flows, pairs, n_jobs, win, window_id, cfg, topology=topology, slow_jobs=slow_jobs)
+        rows += network_verdicts(flows, pairs, n_jobs, win, window_id, cfg, topology=topology, slow_jobs=slow_jobs,
+                                 history=history, levels_out=levels_out)
         if cfg.switch_dp_flow_capacity:
             rows += _oversubscription(flows, pairs, topology, window_id, cfg)
     return make_verdicts(explain_symptoms(rows))

@@ -32,9 +32,32 @@ from fleetscope.common import MAD_TO_SIGMA
 from fleetscope.flows.stats import bonferroni_z, window_alpha
 
 
-def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, slow_jobs: set | None = None) -> pl.DataFrame:
+def window_levels(res: pl.DataFrame, wid: str, window_start_ns: int) -> pl.DataFrame:
+    """The window's contribution to the pairs' history (table flow_pair_rates): per directed pair and
+    route (the switches its flows crossed, '>'-joined; empty when the records give none), its flows
+    and its healthy level in the window (flow_residuals' lvl_win)."""
+    return res.group_by("src_ip", "dst_ip", "route").agg(n_flows=pl.len().cast(pl.Int64), log_rate=pl.col("lvl_win").first()) \
+        .with_columns(window_id=pl.lit(wid), window_start_ns=pl.lit(window_start_ns, dtype=pl.Int64)).sort("src_ip", "dst_ip", "route")
+
+
+def _route() -> pl.Expr:
+    return pl.col("path").list.join(">").fill_null("")
+
+
+def history_levels(history: pl.DataFrame | None, cfg: FlowConfig) -> pl.DataFrame | None:
+    """Per directed pair and route, its level over earlier windows (flow_pair_rates rows): the median of the
+    windows' medians, where they hold at least min_peer_flows flows. None without history."""
+    if history is None or history.height == 0:
+        return None
+    return history.group_by("src_ip", "dst_ip", "route").agg(lvl_prev=pl.col("log_rate").median(), n_prev=pl.col("n_flows").sum()) \
+        .filter(pl.col("n_prev") >= cfg.min_peer_flows)
+
+
+def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, slow_jobs: set | None = None,
+                   history: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per data flow (DP, PP and background): fid, job_id (null: background), unit (the collective it
-    belongs to: its job's DP group, or its pair), bin, start/end, src_ip, dst_ip, path, e_peer, e_hist."""
+    belongs to: its job's DP group, or its pair), bin, start/end, src_ip, dst_ip, path, route, e_peer,
+    e_hist, and lvl_win: the pair's healthy level in this window (its history for later windows)."""
     # background transfers (storage reads, checkpoint writes) are observations of their paths too: a
     # spine that only one job's rings cross is told from the other spine those rings cross by the
     # storage reads that go through each
@@ -43,17 +66,26 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
     f = f.filter((pl.col("end_ns") > pl.col("start_ns")) & (pl.col("bytes") >= cfg.min_data_bytes))
     if f.height == 0:
         return f
+    # a transfer: the records of one stream (pair, ports, queue pairs) that abut in time (an exporter
+    # cutting a long transfer by time writes pieces end to end; a slowed transfer is cut into more,
+    # smaller pieces, so the pieces' size would tell slowed from healthy flows and hide the fault)
+    stream = [c for c in ("src_ip", "dst_ip", "src_port", "dst_port", "src_qp", "dst_qp") if c in f.columns]
+    f = f.sort(*stream, "start_ns").with_columns(
+        tid=(pl.col("start_ns") > pl.col("end_ns").shift(1).over(stream)).fill_null(True).cum_sum())
     f = f.with_row_index("fid").with_columns(
         x=(pl.col("bytes").cast(pl.Float64) / (pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64)).log(),
-        size=pl.col("bytes").cast(pl.Float64).log(2).round(0).cast(pl.Int32),  # chunks of one size class
+        # transfers of one size class
+        size=pl.col("bytes").sum().over("tid").cast(pl.Float64).log(2).round(0).cast(pl.Int32),
         bin=(pl.col("start_ns") // cfg.diag_bin_ns),
     )
     key = ["job_id", "comm_type", "size"]
-    # history: the same pair in the same direction over the span (in a small ring most of a collective's
-    # flows may cross the faulty NIC, and then its peers are no baseline; a link slowed one way leaves
-    # the other way at its usual rate), whatever the flows' sizes (an exporter cutting records by time
-    # makes a slowed transfer's records smaller): pair_levels
-    f = f.with_columns(hid=pl.col("pid") * 2 + (pl.col("src_ip") > pl.col("dst_ip")).cast(pl.Int64))
+    # history: the same pair in the same direction on the same path over the span (in a small ring most
+    # of a collective's flows may cross the faulty NIC, and then its peers are no baseline; a link slowed
+    # one way leaves the other way at its usual rate; ECMP spreads one pair's flows over spines, and
+    # only those crossing a congested one slow), whatever the flows' sizes (an exporter cutting records
+    # by time makes a slowed transfer's records smaller): pair_levels
+    f = f.with_columns(route=_route())
+    f = f.with_columns(hid=pl.struct("src_ip", "dst_ip", "route").hash())
     f = f.with_columns(n_peer=pl.len().over(key + ["bin"]), base_peer=pl.col("x").median().over(key + ["bin"]),
                        n_hist=pl.len().over("hid"))
     lv = pair_levels(f)
@@ -62,6 +94,14 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
     stepped = pl.col("job_id").is_in(list(slow_jobs)) if slow_jobs is not None else pl.lit(True)
     f = f.join(lv, on="hid", how="left").with_columns(
         base_hist=pl.when(stepped.fill_null(False)).then("base_step").otherwise("base_med"))
+    f = f.with_columns(lvl_win=pl.col("base_hist"))
+    # the pair's level in earlier windows: a fault present through the whole window has its onset there
+    # (the level the pair had before, where that is higher than the window's own)
+    prev = history_levels(history, cfg)
+    if prev is not None:
+        f = f.join(prev, on=["src_ip", "dst_ip", "route"], how="left").with_columns(
+            base_hist=pl.max_horizontal("base_hist", "lvl_prev"),
+            n_hist=pl.max_horizontal("n_hist", pl.col("n_prev").fill_null(0)))
     return f.with_columns(
         # background transfers have no peers moving the same thing at the same time (two storage
         # servers serve at their own rates): only their own history is a baseline
@@ -70,7 +110,8 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
         e_hist=pl.when(pl.col("n_hist") >= cfg.min_peer_flows).then(pl.col("x") - pl.col("base_hist")),
         unit=pl.when(pl.col("comm_type") == "DP").then(pl.lit("dp:") + pl.col("job_id") + "/" + pl.col("dp_group").cast(pl.Utf8))
         .otherwise(pl.col("comm_type") + ":" + pl.col("pid").cast(pl.Utf8)),
-    ).select("fid", "job_id", "unit", "bin", "start_ns", "end_ns", "src_ip", "dst_ip", "path", "e_peer", "e_hist")
+    ).select("fid", "job_id", "unit", "bin", "start_ns", "end_ns", "src_ip", "dst_ip", "path", "route", "e_peer", "e_hist",
+             "lvl_win")
 
 
 def pair_levels(f: pl.DataFrame, min_side: int = 8) -> pl.DataFrame:
@@ -126,10 +167,12 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
 
     Additive tomography, greedy: each flow's standardized residual z (per kind of traffic: a ring's
     chunks move in lockstep, storage reads vary with the server's load) is explained by the elements
-    on its path. A candidate c, in a time bin, fits two levels: beta for the flows crossing it (the
-    mean z of its flows) and gamma, between beta and 0, for the other flows of the collectives it
-    carries (a ring paced by its slowest hop slows its other hops too). Its gain is the variance it
-    explains, n_direct x beta^2 + n_pacing x gamma^2. Candidates qualify in a bin when the median of
+    on its path. A candidate c, in a time bin, fits beta per job for the flows crossing it (their
+    mean log-rate residual weighted by 1/sigma: a job's flows measure the shift against the job's own
+    baselines) and, per collective it carries, gamma between its job's beta and 0 for that
+    collective's other flows (a ring paced by its slowest hop slows its other hops too). Its gain is
+    the variance it explains, sum W_direct x beta^2 + sum W_pacing x gamma^2 (W: the flows' summed
+    weights). Candidates qualify in a bin when the median of
     their own flows' z is significantly below zero (Bonferroni over every candidate and bin, the
     detector's false-alarm budget) and their flows lose more than min_bw_drop of their rate. The
     largest gain is named; its fitted slowness is taken off its flows and the rest re-tested. Elements
@@ -171,28 +214,34 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
     # the flows that matter: those of the collectives a suspect carries (the rest stay as they are)
     touched = x.join(f0, on=["kind", "cand"], how="semi").select("unit", "bin").unique()
     flows = r.join(touched, on=["unit", "bin"], how="semi").select("fid", "unit", "bin", "zf", "e", "start_ns", "end_ns",
-                                                                   "job_id")
+                                                                   "job_id", w=1.0 / pl.col("sig"))
     memb = x.join(f0, on=["kind", "cand"], how="semi").select("kind", "cand", "fid", "unit", "bin")
     tier = element_tier(r)
     accepted = []
+    jkey = ["job_id"]
     for _ in range(cfg.max_causes):
-        xm = memb.join(flows.select("fid", "zf", "e"), on="fid")
+        xm = memb.join(flows.select("fid", "zf", "e", "w", "job_id"), on="fid")
         fl = flag(cells(xm))
         if fl.height == 0:
             break
         fm = xm.join(fl.select("kind", "cand", "bin"), on=["kind", "cand", "bin"])
-        # direct level per (candidate, bin) and its share of each unit
-        d = fm.group_by("kind", "cand", "bin").agg(nd=pl.len(), sd=pl.col("zf").sum())
-        du = fm.group_by("kind", "cand", "unit", "bin").agg(n_cu=pl.len(), s_cu=pl.col("zf").sum())
-        ut = flows.group_by("unit", "bin").agg(n_u=pl.len(), s_u=pl.col("zf").sum())
-        pace = du.join(ut, on=["unit", "bin"]).group_by("kind", "cand", "bin").agg(
-            npc=(pl.col("n_u") - pl.col("n_cu")).sum(), spc=(pl.col("s_u") - pl.col("s_cu")).sum())
-        g = d.join(pace, on=["kind", "cand", "bin"], how="left").with_columns(pl.col("npc", "spc").fill_null(0)).with_columns(
-            beta=pl.min_horizontal(pl.col("sd") / pl.col("nd"), pl.lit(0.0)))
-        g = g.with_columns(gamma=pl.when(pl.col("npc") > 0).then(
-            pl.max_horizontal(pl.col("beta"), pl.min_horizontal(pl.col("spc") / pl.col("npc").clip(lower_bound=1), 0.0)))
-            .otherwise(0.0))
-        g = g.with_columns(gain=pl.col("nd") * pl.col("beta") ** 2 + pl.col("npc") * pl.col("gamma") ** 2)
+        # direct level per (candidate, bin, job): a weighted mean of its flows' log-rate residuals (a
+        # fault divides the rate of every flow crossing it; each job's baseline is its own, so each
+        # job's flows measure the shift afresh), weights 1/sigma of the flow's kind of traffic
+        dj = fm.group_by("kind", "cand", "bin", *jkey).agg(nd=pl.col("w").sum(), sd=(pl.col("w") * pl.col("e")).sum()) \
+            .with_columns(beta=pl.min_horizontal(pl.col("sd") / pl.col("nd"), pl.lit(0.0)))
+        g = dj.group_by("kind", "cand", "bin").agg(dgain=(pl.col("nd") * pl.col("beta") ** 2).sum(), nd=pl.col("nd").sum(),
+                                                   beta=pl.col("sd").sum() / pl.col("nd").sum())
+        # pacing per collective it carries: each ring waits on its own slowest hop, as much as that
+        # hop is slowed (between its job's beta and 0), and no more
+        du = fm.group_by("kind", "cand", "unit", "bin", *jkey).agg(n_cu=pl.col("w").sum(), s_cu=(pl.col("w") * pl.col("e")).sum())
+        ut = flows.group_by("unit", "bin").agg(n_u=pl.col("w").sum(), s_u=(pl.col("w") * pl.col("e")).sum())
+        pu = du.join(ut, on=["unit", "bin"]).with_columns(npc=pl.col("n_u") - pl.col("n_cu"), spc=pl.col("s_u") - pl.col("s_cu")) \
+            .join(dj.select("kind", "cand", "bin", *jkey, "beta"), on=["kind", "cand", "bin", *jkey], nulls_equal=True).with_columns(
+            gamma=pl.when(pl.col("npc") > 1e-9).then(pl.max_horizontal(
+                pl.col("beta"), pl.min_horizontal(pl.col("spc") / pl.col("npc").clip(lower_bound=1e-9), 0.0))).otherwise(0.0))
+        pace = pu.group_by("kind", "cand", "bin").agg(pgain=(pl.col("npc") * pl.col("gamma") ** 2).sum())
+        g = g.join(pace, on=["kind", "cand", "bin"], how="left").with_columns(gain=pl.col("dgain") + pl.col("pgain").fill_null(0.0))
         sev = g.group_by("kind", "cand").agg(gain=pl.col("gain").sum()).join(tier, on="cand", how="left") \
             .with_columns(tier=pl.when(pl.col("kind") == "host").then(1).otherwise(pl.col("tier").fill_null(0)))
         top = sev["gain"].max()
@@ -216,17 +265,21 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         accepted.append({
             "kind": best["kind"], "cand": best["cand"], "value": float(np.exp(mine["e"].median())),
             "n_slow": slow.height, "n": mine.height, "s": int(mine["start_ns"].min()), "e": int(mine["end_ns"].max()),
-            "bins": bins.n_unique(), "jobs": ",".join(sorted(mine["job_id"].drop_nulls().unique().to_list())), "z": float(zmin),
+            # the jobs it slowed: those whose flows across it lost more than min_bw_drop (typically)
+            "bins": bins.n_unique(), "z": float(zmin),
+            "jobs": ",".join(sorted(mine.filter(pl.col("job_id").is_not_null()).group_by("job_id").agg(m=pl.col("e").median())
+                                    .filter(pl.col("m") < floor)["job_id"].to_list())),
             "alts": ",".join(alts)})
         # take its fitted slowness off: beta from its flows, gamma from the rest of their collectives
-        direct = mine_ids.join(gb.select("bin", "beta"), on="bin").select("fid", fit="beta")
-        pacing = flows.join(mine_ids.select("unit", "bin").unique(), on=["unit", "bin"]).join(
-            mine_ids.select("fid"), on="fid", how="anti").join(gb.select("bin", "gamma"), on="bin").select("fid", fit="gamma")
+        dbest = dj.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])).select("bin", *jkey, "beta")
+        direct = mine_ids.join(flows.select("fid", "job_id"), on="fid").join(dbest, on=["bin", *jkey], nulls_equal=True) \
+            .select("fid", fit="beta")
+        pub = pu.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])).select("unit", "bin", "gamma")
+        pacing = flows.join(pub, on=["unit", "bin"]).join(mine_ids.select("fid"), on="fid", how="anti").select("fid", fit="gamma")
         fit = pl.concat([direct, pacing])
-        scale = (pl.col("e") / pl.col("zf")).fill_nan(1.0)
         flows = flows.join(fit, on="fid", how="left").with_columns(pl.col("fit").fill_null(0.0)).with_columns(
-            e=pl.min_horizontal(pl.col("e") - pl.col("fit") * scale, pl.lit(0.0)),
-            zf=pl.min_horizontal(pl.col("zf") - pl.col("fit"), pl.lit(0.0))).drop("fit")
+            e=pl.min_horizontal(pl.col("e") - pl.col("fit"), pl.lit(0.0))).with_columns(
+            zf=pl.col("e") * pl.col("w")).drop("fit")
     out = pl.DataFrame(accepted, schema=empty.schema) if accepted else empty
     return out, {"n_tests": n_tests, "z_bar": zb}
 
@@ -281,10 +334,14 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
 
 
 def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tuple[int, int], wid: str,
-                     cfg: FlowConfig, topology: pl.DataFrame | None = None, slow_jobs: set | None = None) -> list[dict]:
-    """slow_jobs: the jobs whose steps slowed in the window (their pairs' history may hold a fault's
-    onset); None: every job's."""
-    res = flow_residuals(flows, pairs, cfg, slow_jobs=slow_jobs)
+                     cfg: FlowConfig, topology: pl.DataFrame | None = None, slow_jobs: set | None = None,
+                     history: pl.DataFrame | None = None, levels_out: dict | None = None) -> list[dict]:
+    """slow_jobs: the jobs whose steps slowed in the window (their pairs' rate may step inside it at a
+    fault's onset); None: every job's. history: flow_pair_rates rows of earlier windows; levels_out, a
+    dict, receives this window's rows ("levels")."""
+    res = flow_residuals(flows, pairs, cfg, slow_jobs=slow_jobs, history=history)
+    if levels_out is not None and res.height:
+        levels_out["levels"] = window_levels(res, wid, window[0])
     cand = _candidates(res, topology) if res.height else None
     causes, st = localize(res, n_jobs, window, cfg, cand=cand)
     out = []

@@ -89,6 +89,19 @@ STEP_TIMELINES = pa.DataFrameSchema(
 )
 
 # traffic that is not a job's: addresses outside the topology, aperiodic pairs (evidence, not dropped)
+# per directed GPU pair, route and window: its healthy level (ln bytes/ns; the median of its data flows, or
+# the faster side of a step in its rate inside a slowed job), the history
+# later windows compare the pair with (a fault that lasts a whole window leaves no healthy level in it)
+FLOW_PAIR_RATES = pa.DataFrameSchema({
+    "window_id": pa.Column(pl.Utf8),
+    "window_start_ns": pa.Column(pl.Int64),
+    "src_ip": pa.Column(pl.Utf8),
+    "dst_ip": pa.Column(pl.Utf8),
+    "route": pa.Column(pl.Utf8),   # the switches crossed, '>'-joined ('' when the records name none)
+    "n_flows": pa.Column(pl.Int64, pa.Check.ge(1)),
+    "log_rate": pa.Column(pl.Float64),
+})
+
 FLOW_BACKGROUND = pa.DataFrameSchema({
     "window_id": pa.Column(pl.Utf8),
     "src_ip": pa.Column(pl.Utf8),

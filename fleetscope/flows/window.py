@@ -13,21 +13,24 @@ from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.diagnosis import flow_verdicts
 from fleetscope.flows.jobs import pair_summary, recognize_jobs
 from fleetscope.flows.prepare import add_pairs, check_flows, check_topology, empty_topology, segment
-from fleetscope.flows.schemas import COMM_PAIRS, FLOW_BACKGROUND, JOB_CLUSTERS, JOBS, STEP_TIMELINES
+from fleetscope.flows.schemas import COMM_PAIRS, FLOW_BACKGROUND, FLOW_PAIR_RATES, JOB_CLUSTERS, JOBS, STEP_TIMELINES
 from fleetscope.flows.timelines import ip_flows, perfetto_trace, reconstruct_steps
 from fleetscope.schemas.base import conform
 from fleetscope.windows import window_id_for
 
 def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_start_ns: int, window_end_ns: int,
                    config: FlowConfig | None = None, window_id: str | None = None,
-                   timings: dict | None = None, export_timelines: bool = False) -> Analysis:
+                   timings: dict | None = None, export_timelines: bool = False,
+                   history: pl.DataFrame | None = None) -> Analysis:
     """flows: normalized flows (docs/CONTRACT.md 1.2) starting in [window_start_ns - margin, window_end_ns);
     the margin (recommended: >= 2 step periods + edge_guard_ns; 30 s is plenty) lets the first
     steps of the window be delimited. Jobs and comm types come from the flows inside the window,
     step timelines from all of them. Returns the Analysis with tables jobs, job_clusters, comm_pairs,
     step_timelines, flow_background, the flow verdicts, what was skipped as notes and what needs a
     person (no topology, flows but no job) as warnings; with export_timelines, one Perfetto trace per job as artifact
-    `perfetto/<window>/<job>.json`. `timings`, when a dict, receives per-stage seconds."""
+    `perfetto/<window>/<job>.json`. `timings`, when a dict, receives per-stage seconds. `history`: the
+    flow_pair_rates rows of earlier windows (the pairs' levels before this window), optional; the
+    window's own rows are the table flow_pair_rates."""
     cfg = config or FlowConfig()
     if window_end_ns <= window_start_ns:
         raise ValueError(f"empty window [{window_start_ns}, {window_end_ns})")
@@ -143,7 +146,9 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
     verdicts = flow_verdicts(tables, inside.filter(pl.col("start_ns") >= window_start_ns),
                              topo, wid, cfg, ipf=ipf.filter(pl.col("start_ns") >= window_start_ns),
                              pairs=labeled, steps_all=steps_all, ipf_all=ipf, bg_ip=bg_ip,
-                             data_span=data_span, window=(window_start_ns, window_end_ns))
+                             data_span=data_span, window=(window_start_ns, window_end_ns), history=history,
+                             levels_out=(levels := {}))
+    tables["flow_pair_rates"] = FLOW_PAIR_RATES.validate(conform(levels.get("levels", pl.DataFrame()), FLOW_PAIR_RATES))
     tm["verdicts"] = time.perf_counter() - t
     notes += no_job_notes(win, outside.filter(pl.col("start_ns") >= window_start_ns), pairs, tables["jobs"])
     artifacts = {}

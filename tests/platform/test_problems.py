@@ -69,7 +69,7 @@ def test_a_slow_rank_is_one_problem_on_its_machine_with_the_job_slowdown_and_ker
            evidence=json.dumps({"ranks": [3]}), start_ns=12 * 3600 * S, end_ns=12 * 3600 * S + 60 * S),
         _v(detector="flows.cross_step", scope="job", subject="jobA", job_id="jobA", team="infrastructure",
            start_ns=12 * 3600 * S + 10 * S, end_ns=12 * 3600 * S + 50 * S),
-        _v(detector="flows.switch_bandwidth", scope="switch", subject="leaf-1", evidence=json.dumps({"jobs": ["jobA", "jobB"]}),
+        _v(detector="flows.switch_bandwidth", scope="switch", subject="leaf-1", evidence=json.dumps({"jobs": ["jobA"]}),
            start_ns=12 * 3600 * S, end_ns=12 * 3600 * S + 60 * S),
     ])
     problems, members = group_problems(v, topo, jc, ranks)
@@ -133,3 +133,17 @@ def test_a_problem_keeps_its_id_while_its_cause_stays():
     assert set(m2["problem_id"]) == {p1["problem_id"][0]}
     p3, _ = group_problems(pl.concat([first, more, later]), topo, jc)
     assert p3.height == 2 and p1["problem_id"][0] in p3["problem_id"].to_list()
+
+
+def test_a_switch_that_slowed_another_jobs_flows_is_its_own_problem_beside_a_slow_rank():
+    """A congested switch that slows flows without slowing steps (communication overlapped with
+    compute) is still a fault of its own when it slowed a job that no other cause touches."""
+    topo, jc, ranks = _fleet()
+    v = make_verdicts([
+        _v(detector="prism.stragglers", scope="rank", subject="3", capture_id="capA", job_id="capA-job", severity="critical"),
+        _v(detector="flows.switch_bandwidth", scope="switch", subject="leaf-1", severity="critical",
+           evidence=json.dumps({"jobs": ["jobA", "jobB"]})),
+    ])
+    problems, _ = group_problems(v, topo, jc, ranks)
+    assert sorted(problems["cause"].to_list()) == ["gpu", "switch"], problems.select("cause", "title")
+    assert problems.filter(pl.col("cause") == "switch")["switch"][0] == "leaf-1"
