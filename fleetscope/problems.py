@@ -129,10 +129,21 @@ def _gpu_col(topology: pl.DataFrame) -> pl.Expr:
 
 
 def link_captures_to_jobs(capture_ranks: pl.DataFrame, job_clusters: pl.DataFrame) -> dict[str, str]:
-    """capture_id -> the job recognized from flows on the same hosts (the flow job holding most of
-    the capture's hosts, when it holds all of them)."""
-    if capture_ranks.height == 0 or job_clusters.height == 0 or "host" not in job_clusters.columns:
+    """capture_id -> the job recognized from flows on the same GPUs (capture_ranks resolved to
+    addresses: the flow job holding most of them, when it holds most of them), else on the same hosts
+    (the flow job holding all of the capture's hosts; two jobs on one host's two halves tie there)."""
+    if capture_ranks.height == 0 or job_clusters.height == 0:
         return {}
+    out = {}
+    if "ip" in capture_ranks.columns and "ip" in job_clusters.columns:
+        caps = capture_ranks.filter(pl.col("ip").is_not_null()).select("capture_id", "ip").unique()
+        j = caps.join(job_clusters.select("job_id", "ip").unique(), on="ip").group_by("capture_id", "job_id").agg(
+            shared=pl.len()).join(caps.group_by("capture_id").agg(n=pl.len()), on="capture_id")
+        best = j.filter(2 * pl.col("shared") > pl.col("n")).sort(["shared", "job_id"], descending=[True, False]) \
+            .unique("capture_id", keep="first", maintain_order=True)
+        out = dict(best.select("capture_id", "job_id").iter_rows())
+    if "host" not in job_clusters.columns:
+        return out
     caps = capture_ranks.filter(pl.col("host").is_not_null()).select("capture_id", "host").unique()
     jobs = job_clusters.filter(pl.col("host").is_not_null()).select("job_id", "host").unique()
     j = caps.join(jobs, on="host").group_by("capture_id", "job_id").agg(pl.len().alias("shared"))
@@ -141,7 +152,7 @@ def link_captures_to_jobs(capture_ranks: pl.DataFrame, job_clusters: pl.DataFram
     # id, so the same tables give the same answer whatever order they were read in
     best = j.join(need, on="capture_id").filter(pl.col("shared") == pl.col("hosts")) \
         .sort(["shared", "job_id"], descending=[True, False]).unique("capture_id", keep="first", maintain_order=True)
-    return dict(best.select("capture_id", "job_id").iter_rows())
+    return {**dict(best.select("capture_id", "job_id").iter_rows()), **out}
 
 
 def resolve_ranks(capture_ranks: pl.DataFrame, topology: pl.DataFrame) -> pl.DataFrame:
@@ -153,9 +164,15 @@ def resolve_ranks(capture_ranks: pl.DataFrame, topology: pl.DataFrame) -> pl.Dat
     cr = capture_ranks.with_columns(pl.col("rank").cast(pl.Int64))
     if topology.height == 0 or "device" not in cr.columns:
         return cr.with_columns(gpu=pl.lit(None, pl.Utf8), ip=pl.lit(None, pl.Utf8)).select(list(schema))
-    order = ["rail", "gpu", "ip"] if "rail" in topology.columns else ["gpu", "ip"]
-    t = topology.select("host", "ip", _gpu_col(topology), *(["rail"] if "rail" in topology.columns else []))
-    t = t.sort(*order).with_columns(device=pl.int_range(pl.len()).over("host").cast(pl.Int64))
+    # the host's GPUs in device order: by rail, else by the number in the GPU's name (gpu10 after gpu9),
+    # else as the topology lists them (an address sorts by no device order: 10.0.0.6 after 10.0.0.58)
+    # (the number in the GPU's own name, not in the address standing in for a missing one)
+    gi = pl.when(pl.col("gpu") != pl.col("ip")).then(pl.col("gpu").str.extract(r"(\d+)\D*$", 1).cast(pl.Int64, strict=False)) \
+        if "gpu" in topology.columns else pl.lit(None, pl.Int64)
+    t = topology.with_row_index("_row").select("host", "ip", _gpu_col(topology), "_row", _gi=gi,
+                                               *(["rail"] if "rail" in topology.columns else []))
+    order = ["rail", "_gi", "_row"] if "rail" in topology.columns else ["_gi", "_row"]
+    t = t.sort(*order, nulls_last=True).with_columns(device=pl.int_range(pl.len()).over("host").cast(pl.Int64))
     out = cr.with_columns(pl.col("device").cast(pl.Int64)).join(t.select("host", "device", "gpu", "ip"), on=["host", "device"], how="left")
     return out.select(list(schema))
 
@@ -265,7 +282,9 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
         if c not in v.columns:
             v = v.with_columns(pl.lit(None, pl.Utf8).alias(c))
     ranks = resolve_ranks(capture_ranks, topology)
-    cap_job = link_captures_to_jobs(capture_ranks, job_clusters)
+    with_ip = capture_ranks.with_columns(pl.col("rank").cast(pl.Int64)).join(
+        ranks.select("capture_id", "rank", "ip"), on=["capture_id", "rank"], how="left") if ranks.height else capture_ranks
+    cap_job = link_captures_to_jobs(with_ip, job_clusters)
     rows = _resolve(v.sort("verdict_id"), topology, ranks, cap_job)
     ips_of_job = {}
     if job_clusters.height:

@@ -63,7 +63,10 @@ def capture_ranks(capture_id: str, timings: pl.DataFrame | None, trace_events: p
         df = df.with_columns(device=pl.lit(None, pl.Int32))
     df = df.with_columns(_pos=pl.col("rank").rank("ordinal").over("host").cast(pl.Int32) - 1)
     # a job on GPUs 4-7 of a host: its traced rank on device 4 at position 0 shifts the others by 4
-    df = df.with_columns(_off=(pl.col("device") - pl.col("_pos")).median().over("host").fill_null(0).round().cast(pl.Int32))
+    # (a host with no traced rank takes the capture's usual shift: schedulers give a job the same GPU slots
+    # on every host)
+    df = df.with_columns(_off=(pl.col("device") - pl.col("_pos")).median().over("host")
+                         .fill_null((pl.col("device") - pl.col("_pos")).median()).fill_null(0).round().cast(pl.Int32))
     df = df.with_columns(
         device_source=pl.when(pl.col("device").is_not_null()).then(pl.lit("trace"))
         .when(pl.col("host").is_not_null()).then(pl.lit("local rank")),

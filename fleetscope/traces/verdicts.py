@@ -7,7 +7,7 @@
                                  CPU runs: CPU- or input-bound loop (team algorithm)
   detector traces.exposed_comm   communication not overlapped with compute takes more than
                                  EXPOSED_COMM_SHARE of the iterations (team infrastructure: overlap,
-                                 bucket sizes, fabric)
+                                 bucket sizes, fabric); about the job, a symptom, never a rank's fault
   detector traces.replay_error   the replay misses the measured iterations by more than 5 %: the
                                  graph does not explain this capture (info only)
 
@@ -49,11 +49,16 @@ def trace_verdicts(replays: pl.DataFrame, whatif: pl.DataFrame | None = None, jo
                          "evidence": json.dumps({"ranks_over": int((per["idle"] > IDLE_SHARE).sum())})})
         worst = per.sort("comm", descending=True).row(0, named=True)
         if worst["comm"] > EXPOSED_COMM_SHARE:
-            rows.append({**base, "detector": "traces.exposed_comm", "scope": "rank", "subject": str(worst["rank"]),
+            # a symptom of the job (its communication waits: a slow link or switch, too little overlap),
+            # not a fault of the rank that shows it most
+            rows.append({**base, "detector": "traces.exposed_comm", "scope": "job", "subject": job_id or cid,
                          "metric": "exposed_comm_share", "value": worst["comm"], "baseline": EXPOSED_COMM_SHARE,
                          "severity": "warning", "team": "infrastructure",
-                         "explanation": f"rank {worst['rank']}: communication not overlapped with compute takes "
-                                        f"{worst['comm']:.0%} of the iteration time."})
+                         "evidence": json.dumps({"worst_rank": int(worst["rank"]),
+                                                 "ranks_over": int((per["comm"] > EXPOSED_COMM_SHARE).sum())}),
+                         "explanation": f"communication not overlapped with compute takes {worst['comm']:.0%} of the "
+                                        f"iteration time (rank {worst['rank']}, the worst): the job waits on its "
+                                        "collectives (a slow link or switch on their path, or too little overlap)."})
         worst = per.sort("err", descending=True).row(0, named=True)
         if worst["err"] > REPLAY_ERROR_PCT:
             rows.append({**base, "detector": "traces.replay_error", "scope": "rank", "subject": str(worst["rank"]),
