@@ -320,6 +320,26 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
         c["start_ns"] = min((d.get("start_ns") for d in c["members"] if d.get("start_ns") is not None), default=None)
         c["end_ns"] = max((d.get("end_ns") for d in c["members"] if d.get("end_ns") is not None), default=c["start_ns"])
 
+    # a host the flows single out (its rings slowed, which a slow GPU does too) while a GPU of it, or of
+    # a host the flows cannot tell it from, is a cause at the same time: evidence of that GPU's problem
+    def _flow_hosts(c: dict) -> set:
+        if c["family"] != "host" or not all(d["detector"] == "flows.host_slow" for d in c["members"]):
+            return set()
+        return {c["lead"]["host"], *(c["lead"]["ev"].get("or_equally") or [])}
+
+    absorbed = set()
+    for i, c in enumerate(causes):
+        hosts = _flow_hosts(c)
+        g = next((o for o in causes if o["family"] == "gpu" and o["lead"].get("host") in hosts and _overlaps(o, c)), None) \
+            if hosts else None
+        if g is not None:
+            for d in c["members"]:
+                d["evidence_only"] = True
+            g["members"] += c["members"]
+            g["jobs"] |= c["jobs"]
+            absorbed.add(i)
+    causes = [c for i, c in enumerate(causes) if i not in absorbed]
+
     # a GPU or NIC finding on a host that is itself flagged at the same time: the host is the cause
     host_cause = {c["lead"]["host"]: c for c in causes if c["family"] == "host"}
     merged = []
@@ -351,7 +371,10 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
         if c["family"] != "switch":
             continue
         slow_jobs = {s["flow_job"] for s in symptoms if s["flow_job"] in c["jobs"] and _overlaps(s, c)}
+        # (the flows' own localization already weighed the switch against NICs and hosts: only another
+        # source's cause, a slow GPU in the traces, can take its place)
         others = [k for k, o in enumerate(causes) if k != i and o["family"] not in ("switch", "code")
+                  and not all(d["detector"].startswith("flows.") for d in o["members"])
                   and o["jobs"] & c["jobs"] and _overlaps(o, c)]
         # ... and a switch that slowed the flows of a job no other cause touches has evidence of its own
         covered = set().union(*(causes[k]["jobs"] for k in others)) if others else set()

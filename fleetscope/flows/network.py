@@ -270,10 +270,10 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
             "jobs": ",".join(sorted(mine.filter(pl.col("job_id").is_not_null()).group_by("job_id").agg(m=pl.col("e").median())
                                     .filter(pl.col("m") < floor)["job_id"].to_list())),
             "alts": ",".join(alts)})
-        # take its fitted slowness off: beta from its flows, gamma from the rest of their collectives
-        dbest = dj.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])).select("bin", *jkey, "beta")
-        direct = mine_ids.join(flows.select("fid", "job_id"), on="fid").join(dbest, on=["bin", *jkey], nulls_equal=True) \
-            .select("fid", fit="beta")
+        # take its slowness off: all of its own flows' (named, it explains them; a fit per time bin would
+        # leave the flows after an onset inside the bin slow, to be pinned on their NICs), and gamma from
+        # the rest of their collectives
+        direct = mine_ids.join(flows.select("fid", "e"), on="fid").select("fid", fit="e")
         pub = pu.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])).select("unit", "bin", "gamma")
         pacing = flows.join(pub, on=["unit", "bin"]).join(mine_ids.select("fid"), on="fid", how="anti").select("fid", fit="gamma")
         fit = pl.concat([direct, pacing])
