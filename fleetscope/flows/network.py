@@ -33,11 +33,13 @@ from fleetscope.flows.stats import bonferroni_z, window_alpha
 
 
 def window_levels(res: pl.DataFrame, wid: str, window_start_ns: int) -> pl.DataFrame:
-    """The window's contribution to the pairs' history (table flow_pair_rates): per directed pair and
-    route (the switches its flows crossed, '>'-joined; empty when the records give none), its flows
-    and its healthy level in the window (flow_residuals' lvl_win)."""
-    return res.group_by("src_ip", "dst_ip", "route").agg(n_flows=pl.len().cast(pl.Int64), log_rate=pl.col("lvl_win").first()) \
-        .with_columns(window_id=pl.lit(wid), window_start_ns=pl.lit(window_start_ns, dtype=pl.Int64)).sort("src_ip", "dst_ip", "route")
+    """The window's contribution to the pairs' history (table flow_pair_rates): per directed pair, route
+    (the switches its flows crossed, '>'-joined; empty when the records give none) and size class of
+    its transfers, its flows and its healthy level in the window (flow_residuals' lvl_win)."""
+    return res.group_by("src_ip", "dst_ip", "route", size_class="size").agg(n_flows=pl.len().cast(pl.Int64),
+                                                                         log_rate=pl.col("lvl_win").first()) \
+        .with_columns(window_id=pl.lit(wid), window_start_ns=pl.lit(window_start_ns, dtype=pl.Int64)) \
+        .sort("src_ip", "dst_ip", "route", "size_class")
 
 
 def _route() -> pl.Expr:
@@ -45,11 +47,11 @@ def _route() -> pl.Expr:
 
 
 def history_levels(history: pl.DataFrame | None, cfg: FlowConfig) -> pl.DataFrame | None:
-    """Per directed pair and route, its level over earlier windows (flow_pair_rates rows): the median of the
+    """Per directed pair, route and size class, its level over earlier windows (flow_pair_rates rows): the median of the
     windows' medians, where they hold at least min_peer_flows flows. None without history."""
     if history is None or history.height == 0:
         return None
-    return history.group_by("src_ip", "dst_ip", "route").agg(lvl_prev=pl.col("log_rate").median(), n_prev=pl.col("n_flows").sum()) \
+    return history.group_by("src_ip", "dst_ip", "route", size="size_class").agg(lvl_prev=pl.col("log_rate").median(), n_prev=pl.col("n_flows").sum()) \
         .filter(pl.col("n_prev") >= cfg.min_peer_flows)
 
 
@@ -79,13 +81,13 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
         bin=(pl.col("start_ns") // cfg.diag_bin_ns),
     )
     key = ["job_id", "comm_type", "size"]
-    # history: the same pair in the same direction on the same path over the span (in a small ring most
-    # of a collective's flows may cross the faulty NIC, and then its peers are no baseline; a link slowed
-    # one way leaves the other way at its usual rate; ECMP spreads one pair's flows over spines, and
-    # only those crossing a congested one slow), whatever the flows' sizes (an exporter cutting records
-    # by time makes a slowed transfer's records smaller): pair_levels
+    # history: the same pair in the same direction on the same path moving transfers of the same size
+    # over the span (in a small ring most of a collective's flows may cross the faulty NIC, and then its
+    # peers are no baseline; a link slowed one way leaves the other way at its usual rate; ECMP spreads
+    # one pair's flows over spines, and only those crossing a congested one slow; a pair's small
+    # messages move slower than its large ones): pair_levels
     f = f.with_columns(route=_route())
-    f = f.with_columns(hid=pl.struct("src_ip", "dst_ip", "route").hash())
+    f = f.with_columns(hid=pl.struct("src_ip", "dst_ip", "route", "size").hash())
     f = f.with_columns(n_peer=pl.len().over(key + ["bin"]), base_peer=pl.col("x").median().over(key + ["bin"]),
                        n_hist=pl.len().over("hid"))
     lv = pair_levels(f)
@@ -99,7 +101,7 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
     # (the level the pair had before, where that is higher than the window's own)
     prev = history_levels(history, cfg)
     if prev is not None:
-        f = f.join(prev, on=["src_ip", "dst_ip", "route"], how="left").with_columns(
+        f = f.join(prev, on=["src_ip", "dst_ip", "route", "size"], how="left").with_columns(
             base_hist=pl.max_horizontal("base_hist", "lvl_prev"),
             n_hist=pl.max_horizontal("n_hist", pl.col("n_prev").fill_null(0)))
     return f.with_columns(
@@ -110,8 +112,8 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
         e_hist=pl.when(pl.col("n_hist") >= cfg.min_peer_flows).then(pl.col("x") - pl.col("base_hist")),
         unit=pl.when(pl.col("comm_type") == "DP").then(pl.lit("dp:") + pl.col("job_id") + "/" + pl.col("dp_group").cast(pl.Utf8))
         .otherwise(pl.col("comm_type") + ":" + pl.col("pid").cast(pl.Utf8)),
-    ).select("fid", "job_id", "unit", "bin", "start_ns", "end_ns", "src_ip", "dst_ip", "path", "route", "e_peer", "e_hist",
-             "lvl_win")
+    ).select("fid", "job_id", "unit", "bin", "start_ns", "end_ns", "src_ip", "dst_ip", "path", "route", "size", "e_peer",
+             "e_hist", "lvl_win")
 
 
 def pair_levels(f: pl.DataFrame, min_side: int = 8) -> pl.DataFrame:

@@ -98,6 +98,7 @@ FLOW_PAIR_RATES = pa.DataFrameSchema({
     "src_ip": pa.Column(pl.Utf8),
     "dst_ip": pa.Column(pl.Utf8),
     "route": pa.Column(pl.Utf8),   # the switches crossed, '>'-joined ('' when the records name none)
+    "size_class": pa.Column(pl.Int32),   # log2 of its transfers' bytes, rounded
     "n_flows": pa.Column(pl.Int64, pa.Check.ge(1)),
     "log_rate": pa.Column(pl.Float64),
 })
