@@ -1,4 +1,6 @@
 """Schemas of the ingested landing tables (docs/CONTRACT.md section 1), normalized."""
+import ipaddress
+
 import pandera.polars as pa
 import polars as pl
 
@@ -6,8 +8,28 @@ import polars as pl
 _ID = pa.Column(pl.Utf8)
 _OPT_STR = dict(nullable=True)
 
+
+def _is_address(v: str | None) -> bool:
+    try:
+        ipaddress.ip_address(v)
+        return True
+    except ValueError:
+        return False
+
+
+def _addresses(data) -> pl.LazyFrame:
+    """Per row: the column parses as an IPv4 or IPv6 address (each distinct value parsed once)."""
+    def ok(s: pl.Series) -> pl.Series:
+        good = {v: _is_address(v) for v in s.unique().drop_nulls().to_list()}
+        return s.replace_strict(good, default=False, return_dtype=pl.Boolean)
+    return data.lazyframe.select(pl.col(data.key).map_batches(ok, return_dtype=pl.Boolean))
+
+
+# an address that is not one (a name, a typo, a shifted column) is quarantined with this reason
+_ADDRESS = pa.Check(_addresses, error="not an IPv4 or IPv6 address")
+
 TOPOLOGY = pa.DataFrameSchema({
-    "ip": pa.Column(pl.Utf8, pa.Check.str_length(min_value=1)),
+    "ip": pa.Column(pl.Utf8, [pa.Check.str_length(min_value=1), _ADDRESS]),
     "host": pa.Column(pl.Utf8, pa.Check.str_length(min_value=1)),
     "gpu": pa.Column(pl.Utf8, nullable=True),
     "leaf": pa.Column(pl.Utf8, nullable=True),
@@ -22,8 +44,8 @@ FLOWS = pa.DataFrameSchema({
     "start_ns": pa.Column(pl.Int64, pa.Check.ge(0)),
     "end_ns": pa.Column(pl.Int64),
     "duration_ns": pa.Column(pl.Int64, pa.Check.ge(0, error="duration must be >= 0 (end before start)")),
-    "src_ip": pa.Column(pl.Utf8, pa.Check.str_length(min_value=1)),
-    "dst_ip": pa.Column(pl.Utf8, pa.Check.str_length(min_value=1)),
+    "src_ip": pa.Column(pl.Utf8, [pa.Check.str_length(min_value=1), _ADDRESS]),
+    "dst_ip": pa.Column(pl.Utf8, [pa.Check.str_length(min_value=1), _ADDRESS]),
     "bytes": pa.Column(pl.Int64, pa.Check.gt(0, error="bytes must be > 0")),
     "packets": pa.Column(pl.Int64, pa.Check.ge(0), nullable=True),
     "src_port": pa.Column(pl.Int32, nullable=True),

@@ -38,7 +38,7 @@ def bad_landing(fleet_env):
         "300,400,10.0.0.1,10.0.0.2,10,a>b,surplus\n"            # row 6 extra field
         "500,600,10.0.0.3,10.0.0.4,8192,leaf3\n")               # row 7 ok
     (landing / "flows" / "no_bytes_column.csv").write_text("start_ns,end_ns,src_ip,dst_ip\n1,2,a,b\n")
-    (landing / "flows" / "extra_column.csv").write_text("start_ns,duration_ns,src_ip,dst_ip,bytes,vlan\n1,2,a,b,3,77\n")
+    (landing / "flows" / "extra_column.csv").write_text("start_ns,duration_ns,src_ip,dst_ip,bytes,vlan\n1,2,10.0.0.5,10.0.0.6,3,77\n")
     (landing / "flows" / "empty.csv").write_text("")
     (landing / "flows" / "still_copying.csv.part").write_text("start_ns,end_ns,src_ip,dst_ip,bytes\n1,2,a,")
     raw = gzip.compress(b"start_ns,end_ns,src_ip,dst_ip,bytes\n" + b"1,2,a,b,3\n" * 2000)
@@ -231,7 +231,7 @@ def test_damaged_gzip_is_quarantined_as_truncated(tmp_path, damage):
     from fleetscope.ingest.flows import read_flows
     from fleetscope.ingest.tabular import IngestError
 
-    body = b"start_ns,end_ns,src_ip,dst_ip,bytes\n" + b"".join(b"%d,%d,a,b,3\n" % (i, i + 1) for i in range(5000))
+    body = b"start_ns,end_ns,src_ip,dst_ip,bytes\n" + b"".join(b"%d,%d,10.0.0.1,10.0.0.2,3\n" % (i, i + 1) for i in range(5000))
     raw = gzip.compress(body)
     bad = {
         "no_trailer": raw[:-8],
@@ -269,8 +269,21 @@ def test_parquet_timestamps_are_nanoseconds(tmp_path):
     from fleetscope.ingest.flows import read_flows
 
     t0 = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
-    df = pl.DataFrame({"start_ns": [t0, t0], "duration_ns": [10, 20], "src_ip": ["a", "a"], "dst_ip": ["b", "b"],
+    df = pl.DataFrame({"start_ns": [t0, t0], "duration_ns": [10, 20], "src_ip": ["10.0.0.1"] * 2, "dst_ip": ["10.0.0.2"] * 2,
                        "bytes": [1, 2]}).with_columns(pl.col("start_ns").dt.cast_time_unit("us"))
     df.write_parquet(tmp_path / "ts.parquet")
     r = read_flows(tmp_path / "ts.parquet")
     assert r.kept["start_ns"].to_list() == [int(t0.timestamp()) * 1_000_000_000] * 2
+
+
+def test_rows_whose_addresses_are_not_addresses_are_quarantined(tmp_path):
+    """src_ip "a", an octet of 300, a host name: quarantined with the reason; IPv4 and IPv6 rows kept."""
+    from fleetscope.ingest.flows import read_flows
+
+    p = tmp_path / "flows.csv"
+    p.write_text("start_ns,end_ns,src_ip,dst_ip,bytes\n1000,2000,10.0.0.1,10.0.0.2,5000\n1000,2000,a,b,5000\n"
+                 "1000,2000,fd00::1,fd00::2,5000\n1000,2000,10.0.0.300,10.0.0.2,5000\n1000,2000,10.0.0.1,host-7,5000\n")
+    r = read_flows(p)
+    assert r.kept["src_ip"].to_list() == ["10.0.0.1", "fd00::1"]
+    assert r.rejected["row_number"].sort().to_list() == [2, 4, 5]
+    assert all("not an IPv4 or IPv6 address" in x for x in r.rejected["reason"].to_list())
