@@ -43,8 +43,10 @@ def first_mismatches(ev: pl.DataFrame, members: dict[str, list[int]], dumped: li
         span = g.group_by("rank").agg(pl.col("seq").min().alias("lo"), pl.col("seq").max().alias("hi"))
         last = dict(zip(span["rank"].to_list(), span["hi"].to_list()))
         lo = max([int(x) for x in span["lo"].to_list()] + [1])
+        # a collective's time: when the last of the ranks that issued it did (groups' first mismatches are
+        # ordered by it: a rank's program order then decides, not which rank raced ahead into the next call)
         per = (g.filter(pl.col("seq") >= lo).group_by("seq").agg(
-            pl.col("rank"), pl.col("collective"), pl.col("sizes"), pl.col("state"), pl.col("created_ns").min())
+            pl.col("rank"), pl.col("collective"), pl.col("sizes"), pl.col("state"), pl.col("created_ns").max())
             .sort("seq"))
         found = None
         for r in per.iter_rows(named=True):
