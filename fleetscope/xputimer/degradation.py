@@ -46,7 +46,18 @@ def _candidates(names: list[str]):
 def _rank_degradation(names, starts, ends, n_identical, recent, threshold, redetect_after, block_factor, now_ns, min_idle_ns,
                       reference_q=0.1):
     iters, events = [], []
-    cands, _tail = _candidates(names)
+    cands, tail = _candidates(names)
+
+    def _blocked_gaps(a, b):
+        if not durs:
+            return
+        mean = float(np.mean(durs[-recent:]))
+        prev = np.concatenate([[last_end if last_end is not None else starts[a]], ends[a:b]])
+        gaps = starts[a:b + 1] - prev
+        for j in np.nonzero(gaps > max(block_factor * mean, min_idle_ns))[0]:
+            events.append(("blocked", int(prev[j]), len(iters) - 1, mean, float(min(durs[-recent:])),
+                           float(gaps[j]) / mean, int(gaps[j])))
+
     pattern, run_seq, run_len, unmatched = None, None, 0, 0
     durs: list[int] = []
     degraded = False
@@ -56,13 +67,7 @@ def _rank_degradation(names, starts, ends, n_identical, recent, threshold, redet
         complete = seq[0] == LOADER and seq[-1] == OPT
         # blocked: no event for longer than block_factor mean iterations, between any two events
         # (a rank waiting in a collective inside the iteration blocks between its own API events)
-        if durs:
-            mean = float(np.mean(durs[-recent:]))
-            prev = np.concatenate([[last_end if last_end is not None else starts[a]], ends[a:b]])
-            gaps = starts[a:b + 1] - prev
-            for j in np.nonzero(gaps > max(block_factor * mean, min_idle_ns))[0]:
-                events.append(("blocked", int(prev[j]), len(iters) - 1, mean, float(min(durs[-recent:])),
-                               float(gaps[j]) / mean, int(gaps[j])))
+        _blocked_gaps(a, b)
         last_end = int(max(ends[a:b + 1]))
         if pattern is None:
             if not complete:
@@ -89,6 +94,11 @@ def _rank_degradation(names, starts, ends, n_identical, recent, threshold, redet
             if now_bad and not degraded:
                 events.append(("degraded", int(ends[b]), len(iters) - 1, mean, mn, mean / mn, None))
             degraded = now_bad
+    # the unfinished last iteration: a stall before it (or inside it, when the job went on) counts too
+    # (a capture that ends one step after a stall, e.g. when a profile took the steps around it)
+    if tail < len(names):
+        _blocked_gaps(tail, len(names) - 1)
+        last_end = int(max(ends[tail:])) if last_end is None else max(last_end, int(max(ends[tail:])))
     if now_ns is not None and durs and last_end is not None:
         mean = float(np.mean(durs[-recent:]))
         if now_ns - last_end > max(block_factor * mean, min_idle_ns):
