@@ -15,7 +15,7 @@ from dagster import AssetSpec, AutomationCondition, MaterializeResult, MetadataV
 from fleetscope.analysis import Analysis
 from fleetscope.schemas.base import conform
 from fleetscope.tables import TABLES
-from fleetscope.verdicts import VERDICTS
+from fleetscope.findings.verdicts import VERDICTS
 from fleetscope.warehouse import Warehouse
 
 

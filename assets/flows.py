@@ -8,7 +8,7 @@ from fleetscope.assets.partitions import flow_windows
 from fleetscope.flows import FlowConfig, analyze_window
 from fleetscope.ingest.topology import latest_topology
 from fleetscope.resources import AnalysisSettings, WarehouseResource
-from fleetscope.windows import parse_window_id
+from fleetscope.ingest.windows import parse_window_id
 
 TABLES = {
     "jobs": "Training jobs recognized from flows alone (union-find over communicating NICs, same-host-set merge).",

@@ -17,7 +17,7 @@ from fleetscope.ingest.trace_timings import trace_gaps
 from fleetscope.schemas.landing import CAPTURES, COLLECTIVE_PROGRESS, FLOWS, HW, INCIDENTS, RING, STACKS, TIMINGS, TOPOLOGY
 from fleetscope.schemas.landing import TRACE_EVENTS, TRACE_FILES
 from fleetscope.traces.layout import COMM_EVENT_COLUMNS, capture_layout, layout_events
-from fleetscope.windows import windows_touched
+from fleetscope.ingest.windows import windows_touched
 from fleetscope.resources import AnalysisSettings, LandingResource, WarehouseResource
 
 

@@ -9,12 +9,12 @@ from dagster import (AllPartitionMapping, AssetCheckResult, AssetCheckSeverity, 
                      AssetSpec, MaterializeResult, MetadataValue, asset, multi_asset)
 
 from fleetscope.assets._tables import analysis_specs, materialize_analysis, table_schema_metadata, write_table
-from fleetscope.exports import job_timeline_trace
+from fleetscope.findings.exports import job_timeline_trace
 from fleetscope.assets.partitions import incidents
-from fleetscope.incidents import scoped_verdicts
+from fleetscope.findings.incidents import scoped_verdicts
 from fleetscope.ingest.topology import latest_topology
-from fleetscope.problems import group_problems
-from fleetscope.reports import fleet_report, incident_report, md_table, problems_markdown
+from fleetscope.findings.problems import group_problems
+from fleetscope.findings.reports import fleet_report, incident_report, md_table, problems_markdown
 from fleetscope.resources import LandingResource, WarehouseResource
 from fleetscope.tables import TABLES
 from fleetscope.xputimer import analyze_hang

@@ -60,9 +60,9 @@ def analyze_span(flows: pl.DataFrame, topo: pl.DataFrame | None, span: tuple[int
                  margin_s: int = MARGIN_S, config=None, timings: dict | None = None) -> dict[str, pl.DataFrame]:
     """The wiring's way over a span: one analyze_window per window in time order (its flows plus a
     margin before it, the pair rates of the earlier windows as history), tables concatenated; window
-    ids as fleetscope.windows names them."""
+    ids as fleetscope.ingest.windows names them."""
     from fleetscope.flows import analyze_window
-    from fleetscope.windows import NS, window_id
+    from fleetscope.ingest.windows import NS, window_id
 
     w = window_s * NS
     first = span[0] // w * w

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from benchmarks.memory import PeakTreeRSS
 from fleetscope.ingest.partitions import ingest_file
-from fleetscope.registry import register_landing
+from fleetscope.ingest.registry import register_landing
 from fleetscope.warehouse import Warehouse
 
 

@@ -17,7 +17,7 @@ def main() -> None:
     a = ap.parse_args()
     work = Path(a.workdir)
     shutil.rmtree(work, ignore_errors=True)
-    from fleetscope.real_data import layout_real_landing
+    from fleetscope.ingest.real_data import layout_real_landing
     placed = layout_real_landing(Path(a.real), work / "landing")
     from fleetscope.jobs.runner import run_all
     from fleetscope.warehouse import Warehouse

@@ -2,7 +2,7 @@
 
     tables     warehouse table name -> validated frame (each name is a table in fleetscope.tables,
                and a Dagster asset of the same name)
-    verdicts   anomaly_verdicts rows (fleetscope.verdicts.make_verdicts), possibly empty
+    verdicts   anomaly_verdicts rows (fleetscope.findings.verdicts.make_verdicts), possibly empty
     notes      sentences for people: what was skipped and why, where the data came from
     warnings   what makes the answer incomplete and needs a person (no topology landed, flows but
                no job found): shown loudly in the run summary, the asset metadata and the UI
@@ -30,7 +30,7 @@ class Analysis:
 
     def __post_init__(self) -> None:
         if self.verdicts is None:
-            from fleetscope.verdicts import make_verdicts
+            from fleetscope.findings.verdicts import make_verdicts
             self.verdicts = make_verdicts([])
 
     def __getitem__(self, name: str) -> pl.DataFrame:

@@ -9,7 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from fleetscope.queries import saved_queries, variables_used
+from fleetscope.findings.queries import saved_queries, variables_used
 
 DEFAULT_LANDING, DEFAULT_WAREHOUSE = "data/landing", "data/warehouse.duckdb"
 LANDING_KINDS = ("topology", "flows", "traces", "timings", "hw", "stacks", "incidents")
@@ -71,7 +71,7 @@ def _summary(landing: Path, warehouse: Path, report, seconds: float) -> int:
         for (key, note), assets in sorted(report.notes.items()):
             print(_wrap(f"[{key}] {note}", "  ") + f"\n      (assets: {', '.join(sorted(set(assets)))})")
     if counts.get("problems"):
-        from fleetscope.reports import problems_text
+        from fleetscope.findings.reports import problems_text
         print("\n" + problems_text(wh.read("problems"), limit=10))
     elif counts.get("anomaly_verdicts") is not None:
         print("\nno warning or critical findings.")

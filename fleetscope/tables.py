@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandera.polars as pa
 
-from fleetscope import problems, verdicts
+from fleetscope.findings import problems, verdicts
 from fleetscope.flows import schemas as flows
 from fleetscope.ingest.captures import CAPTURE_RANKS
 from fleetscope.perftracker import schemas as perftracker

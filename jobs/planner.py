@@ -32,11 +32,11 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
-from fleetscope.incidents import incident_scope
+from fleetscope.findings.incidents import incident_scope
 from fleetscope.ingest.timings import read_capture_layout
-from fleetscope.registry import Registration, register_landing
+from fleetscope.ingest.registry import Registration, register_landing
 from fleetscope.warehouse import EMPTY, Warehouse
-from fleetscope.windows import windows_touched
+from fleetscope.ingest.windows import windows_touched
 
 INGEST_JOBS = {"topology_files": "ingest_topology", "flow_files": "ingest_flows", "hw_files": "ingest_hw"}
 CAPTURE_JOB, WINDOW_JOB, INCIDENT_JOB = "capture_analysis", "flow_window_analysis", "incident_analysis"

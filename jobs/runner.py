@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetscope.project import INSTANCE_YAML
-from fleetscope.registry import Registration
+from fleetscope.ingest.registry import Registration
 
 
 def prepare_environment(landing: str | Path, warehouse: str | Path) -> Path:

@@ -8,7 +8,7 @@ from fleetscope.jobs.jobs import fleet_analysis, flow_window_analysis
 from fleetscope.jobs.planner import flow_windows, window_seconds
 from fleetscope.resources import WAREHOUSE_TAG, warehouse_id, warehouse_path
 from fleetscope.warehouse import Warehouse
-from fleetscope.windows import day_of
+from fleetscope.ingest.windows import day_of
 
 
 def _yesterday(context: ScheduleEvaluationContext) -> str:

@@ -87,7 +87,7 @@ def test_a_job_runs_through_the_multiprocess_executor_in_a_real_instance(tmp_pat
     # the run and its steps import the code location afresh, with FLEETSCOPE_EXECUTOR set
     monkeypatch.delitem(sys.modules, "fleetscope.definitions", raising=False)
 
-    from fleetscope.registry import register_landing
+    from fleetscope.ingest.registry import register_landing
     from fleetscope.warehouse import Warehouse
 
     wh = Warehouse(warehouse)

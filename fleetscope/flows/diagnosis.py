@@ -1,5 +1,5 @@
 """Flow verdicts (LLMPrism IV-D): cross-step, cross-group, switch-level and per-NIC diagnosis,
-plus late GPUs, all through fleetscope.verdicts.make_verdicts.
+plus late GPUs, all through fleetscope.findings.verdicts.make_verdicts.
 
 k-sigma as in the paper (k = 3), made robust: baseline = median, sigma = 1.4826 * MAD, so the
 straggler being judged cannot inflate the deviation it is judged by; a relative floor
@@ -18,7 +18,7 @@ from fleetscope.common import robust_sigma
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.job_health import job_health
 from fleetscope.flows.network import network_verdicts
-from fleetscope.verdicts import make_verdicts
+from fleetscope.findings.verdicts import make_verdicts
 
 
 

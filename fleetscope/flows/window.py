@@ -16,7 +16,7 @@ from fleetscope.flows.prepare import add_pairs, check_flows, check_topology, emp
 from fleetscope.flows.schemas import COMM_PAIRS, FLOW_BACKGROUND, FLOW_PAIR_RATES, JOB_CLUSTERS, JOBS, STEP_TIMELINES
 from fleetscope.flows.timelines import ip_flows, perfetto_trace, reconstruct_steps
 from fleetscope.schemas.base import conform
-from fleetscope.windows import window_id_for
+from fleetscope.ingest.windows import window_id_for
 
 def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_start_ns: int, window_end_ns: int,
                    config: FlowConfig | None = None, window_id: str | None = None,

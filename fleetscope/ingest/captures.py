@@ -1,7 +1,7 @@
 """Which machine each rank of a capture ran on, so a finding about "rank 14" can name its host and
 GPU. From the timings' host column (docs/CONTRACT.md 1.4) and, for profiler traces, the device the
 rank's kernels ran on plus the host in Kineto's default file name (`<host>_<pid>.<ts>.pt.trace.json`);
-fleetscope.problems maps host + device to the topology's GPU and address."""
+fleetscope.findings.problems maps host + device to the topology's GPU and address."""
 from __future__ import annotations
 
 import pandera.polars as pa

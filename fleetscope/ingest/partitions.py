@@ -16,7 +16,7 @@ from fleetscope.ingest.hw import read_hw
 from fleetscope.ingest.tabular import IngestError, IngestResult
 from fleetscope.ingest.timings import read_capture_layout, read_timings_file
 from fleetscope.ingest.topology import read_topology
-from fleetscope.landing import LandedFile, dedupe_folder_files, folder_files
+from fleetscope.ingest.landing import LandedFile, dedupe_folder_files, folder_files
 from fleetscope.schemas.base import conform
 from fleetscope.schemas.landing import (
     CAPTURES, COLLECTIVE_PROGRESS, FLOWS, HW, INCIDENTS, REJECTED, RING, STACKS, TIMINGS, TOPOLOGY, TRACE_FILES)
@@ -230,7 +230,7 @@ def ingest_incident(wh: Warehouse, landing: Path, key: str) -> IngestSummary:
     rejected: list[pl.DataFrame] = []
     req = None
     for p in sorted((Path(landing) / "incidents").glob("*.json")) if (Path(landing) / "incidents").is_dir() else []:
-        from fleetscope.landing import file_key, sha256_file
+        from fleetscope.ingest.landing import file_key, sha256_file
         sha = sha256_file(p)
         if file_key(p, sha) == key or p.stem == key:
             req = (p, sha)

@@ -39,7 +39,7 @@ import polars as pl
 from fleetscope.common import robust_sigma
 from fleetscope.perftracker.schemas import BEHAVIOR_PATTERNS, CATEGORIES, DIMENSIONS, finish_patterns
 from fleetscope.schemas.base import conform
-from fleetscope.verdicts import make_verdicts
+from fleetscope.findings.verdicts import make_verdicts
 
 CATEGORY_CODES = {c: i for i, c in enumerate(CATEGORIES)}
 # PerfTracker's production boxes per category, for a user who wants them

@@ -46,7 +46,7 @@ from fleetscope.prism.schemas import SCENARIO_DETAILS, STEP_FORECASTS
 from fleetscope.prism.stragglers import SEQ_OPS, SLOW_GROUP, StragglerAnalysis, analyze_stragglers, op_types, slot_is_comm
 from fleetscope.prism.structure import JobGraph, build_job_graph, replay_job_graph, subset_steps
 from fleetscope.prism.variability import Dist, fit_families, hw_correlation, scaled_slots, select, temporal_ratios, variability_models
-from fleetscope.verdicts import make_verdicts
+from fleetscope.findings.verdicts import make_verdicts
 
 MAX_PLACEMENTS = 256   # per-rank what-ifs evaluated at most (larger jobs: a representative / suspect subset)
 IRREGULAR_SPREAD = 3.0  # a slot whose residual IQR exceeds this many times its op's median IQR is erratic

@@ -16,7 +16,7 @@ anomaly_verdicts) against a simulation's ground truth, counting misses AND false
   alarms are reported per job-hour.
 
 Nothing here is seen by the analyses; tests and benchmarks call it. Tables may come from a
-warehouse (one or several windows, `window_id` as fleetscope.windows writes it) or straight from an
+warehouse (one or several windows, `window_id` as fleetscope.ingest.windows writes it) or straight from an
 analysis call (no window_id: the whole simulated window).
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ def load_truth(gt_dir: str | Path) -> dict:
 
 def _windows(df: pl.DataFrame, default: tuple[int, int] | None) -> dict[str, tuple[int, int]]:
     """window_id -> (start, end) for the windows a table names ("" when it has no window_id)."""
-    from fleetscope.windows import parse_window_id
+    from fleetscope.ingest.windows import parse_window_id
 
     if "window_id" not in df.columns or df.height == 0:
         return {"": default or (-(2**62), 2**62)}

@@ -1,4 +1,4 @@
-"""Verdicts from a replay and its what-ifs (through fleetscope.verdicts.make_verdicts).
+"""Verdicts from a replay and its what-ifs (through fleetscope.findings.verdicts.make_verdicts).
 
   detector traces.sync_cost      removing the synchronizing calls would speed the iteration up by
                                  more than SYNC_GAIN (info only: pipelines legitimately synchronize,
@@ -18,7 +18,7 @@ import json
 
 import polars as pl
 
-from fleetscope.verdicts import make_verdicts
+from fleetscope.findings.verdicts import make_verdicts
 
 SYNC_GAIN = 0.05
 IDLE_SHARE = 0.10

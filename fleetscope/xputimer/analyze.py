@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from fleetscope.analysis import Analysis, skipped
-from fleetscope.verdicts import make_verdicts
+from fleetscope.findings.verdicts import make_verdicts
 from fleetscope.xputimer.degradation import degradation_verdicts, detect_degradation
 from fleetscope.xputimer.detectors import analyze
 from fleetscope.xputimer.flight import dump_files

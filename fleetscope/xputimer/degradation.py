@@ -26,7 +26,7 @@ import numpy as np
 import polars as pl
 
 from fleetscope.schemas.base import conform
-from fleetscope.verdicts import make_verdicts
+from fleetscope.findings.verdicts import make_verdicts
 from fleetscope.xputimer import schemas as S
 from fleetscope.xputimer.detectors import TEAM_FOR_CAUSE
 

@@ -13,7 +13,7 @@ import polars as pl
 from scipy import stats
 
 from fleetscope.common import MAD_TO_SIGMA, stage_imbalance
-from fleetscope.verdicts import make_verdicts
+from fleetscope.findings.verdicts import make_verdicts
 from fleetscope.xputimer import metrics as M
 
 DETECTOR = "xputimer"

@@ -24,7 +24,7 @@ import polars as pl
 from typing import NamedTuple
 
 from fleetscope.schemas.base import conform
-from fleetscope.verdicts import make_verdicts
+from fleetscope.findings.verdicts import make_verdicts
 from fleetscope.xputimer import schemas as S
 from fleetscope.xputimer.detectors import TEAM_FOR_CAUSE
 from fleetscope.xputimer.flight import analyze_dumps

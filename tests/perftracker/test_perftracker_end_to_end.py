@@ -44,7 +44,7 @@ def platform(tmp_path_factory):
         from fleetscope.definitions import defs
         from fleetscope.jobs.jobs import JOB_FOR_SET
         from fleetscope.jobs.runner import QUIET
-        from fleetscope.registry import register_landing
+        from fleetscope.ingest.registry import register_landing
 
         wh = Warehouse(warehouse)
         wh.init()

@@ -15,7 +15,7 @@ def test_derived_assets_rerun_when_inputs_change(fleet_env):
     (landing / "incidents").mkdir()
     (landing / "incidents" / "hang1.json").write_text(json.dumps({"kind": "hang", "job_id": "j"}))
     os.utime(landing / "incidents" / "hang1.json", (time.time() - 60,) * 2)
-    from fleetscope.registry import register_landing
+    from fleetscope.ingest.registry import register_landing
     from fleetscope.warehouse import Warehouse
     wh = Warehouse(warehouse)
     wh.init()

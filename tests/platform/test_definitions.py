@@ -126,7 +126,7 @@ def test_imports_run_one_way():
                 bad.append(f"library {mod} imports the wiring {dep}")
             if _area(mod) in ANALYSES and _area(dep) in ANALYSES + ("sim",) and _area(dep) != _area(mod):
                 bad.append(f"analysis {mod} imports another analysis or the simulator: {dep}")
-            if _area(mod) in ("ingest", "landing", "registry", "warehouse", "schemas", "verdicts", "common", "windows") \
+            if _area(mod) in ("ingest", "warehouse", "schemas", "common", "findings") \
                     and _area(dep) in ANALYSES:
                 bad.append(f"{mod} (below the analyses) imports the analysis {dep}")
             # what runs inside training jobs imports nothing of the platform; the real-fleet recorder (a

@@ -1,7 +1,7 @@
 """The one markdown table writer of reports and the UI: every cell whole, and the rows left out counted."""
 import polars as pl
 
-from fleetscope.reports import md_table
+from fleetscope.findings.reports import md_table
 
 
 def test_cells_stay_whole_and_left_out_rows_are_counted():

@@ -11,7 +11,7 @@ import polars as pl
 from fleetscope.jobs.planner import FLEET_JOB, INCIDENT_JOB, REPORT_JOB, WINDOW_JOB, LastRun, Timing, plan
 from fleetscope.schemas.base import conform
 from fleetscope.tables import TABLES
-from fleetscope.verdicts import VERDICTS, make_verdicts
+from fleetscope.findings.verdicts import VERDICTS, make_verdicts
 from fleetscope.warehouse import Warehouse
 
 S = 1_000_000_000

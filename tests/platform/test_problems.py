@@ -3,8 +3,8 @@ import json
 
 import polars as pl
 
-from fleetscope.problems import group_problems
-from fleetscope.verdicts import make_verdicts
+from fleetscope.findings.problems import group_problems
+from fleetscope.findings.verdicts import make_verdicts
 
 S = 1_000_000_000
 
@@ -110,7 +110,7 @@ def test_a_slow_job_nothing_explains_is_its_own_problem():
 
 
 def test_kernel_names_are_short_in_titles():
-    from fleetscope.problems import short_name
+    from fleetscope.findings.problems import short_name
     assert short_name("void cutlass::Kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int>>>(Params)") == "cutlass::Kernel"
     assert short_name("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)") == \
         "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"

@@ -6,7 +6,7 @@ import polars as pl
 import pytest
 
 from tests.paths import REAL
-from fleetscope.real_data import layout_real_landing
+from fleetscope.ingest.real_data import layout_real_landing
 from fleetscope.warehouse import Warehouse
 from fleetscope.jobs.runner import run_all
 

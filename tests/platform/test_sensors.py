@@ -165,7 +165,7 @@ def test_flow_window_sensor_leaves_windows_the_run_already_analysed(fleet_env):
         assert not res.run_requests, [r.partition_key for r in res.run_requests]
         # new flows in another minute: ingested (as the landing sensor's run would), then exactly that window
         _flow_file(landing / "flows" / "b.parquet", 1_700_000_300_000_000_000)
-        from fleetscope.registry import register_landing
+        from fleetscope.ingest.registry import register_landing
         from fleetscope.warehouse import Warehouse
         reg = register_landing(landing, Warehouse(warehouse), settle_s=0)
         key = reg.to_run["flow_files"][0]

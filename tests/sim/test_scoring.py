@@ -6,7 +6,7 @@ import pytest
 
 from fleetscope.sim.scoring import comm_type_accuracy, job_sets_exact
 from fleetscope.sim.scoring import score_jobs, score_pairs, score_steps, score_tables, score_verdicts
-from fleetscope.windows import window_id
+from fleetscope.ingest.windows import window_id
 
 S = 1_000_000_000
 W = (1_800_000_000 * S, 1_800_000_060 * S)

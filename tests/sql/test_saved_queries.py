@@ -87,7 +87,7 @@ def _planted_steps(real: pl.DataFrame) -> tuple[pl.DataFrame, dict]:
 
 
 def _planted_verdicts(t_now: int, topo: pl.DataFrame, crit_switch: str) -> tuple[pl.DataFrame, dict]:
-    from fleetscope.verdicts import make_verdicts
+    from fleetscope.findings.verdicts import make_verdicts
 
     h0 = topo["host"].sort()[0]
     ips_h0 = topo.filter(pl.col("host") == h0)["ip"].sort().to_list()

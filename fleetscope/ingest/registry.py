@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from fleetscope.landing import ScanResult, scan_landing
+from fleetscope.ingest.landing import ScanResult, scan_landing
 from fleetscope.schemas.landing import LANDED, REJECTED
 from fleetscope.schemas.base import conform
 from fleetscope.warehouse import Warehouse

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from fleetscope.windows import parse_window_id
+from fleetscope.ingest.windows import parse_window_id
 
 
 def incident_scope(request: dict, windows: list[str], jobs_seen: pl.DataFrame, captures: pl.DataFrame) -> tuple[list[str], list[str]]:
