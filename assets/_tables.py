@@ -13,10 +13,15 @@ import polars as pl
 from dagster import AssetSpec, AutomationCondition, MaterializeResult, MetadataValue, TableColumn, TableSchema
 
 from fleetscope.analysis import Analysis
-from fleetscope.schemas.base import conform
+from fleetscope.schemas.base import conform, empty_frame
 from fleetscope.tables import TABLES
 from fleetscope.findings.verdicts import VERDICTS
 from fleetscope.warehouse import Warehouse
+
+
+def table_of(result: Analysis, name: str) -> pl.DataFrame:
+    """The analysis' table by name, or an empty frame of its schema when it did not produce it."""
+    return result.tables[name] if name in result.tables else empty_frame(TABLES[name])
 
 
 def table_schema_metadata(schema: pa.DataFrameSchema) -> TableSchema:
@@ -114,7 +119,7 @@ def materialize_analysis(wh: Warehouse, key: str, result: Analysis, tables, verd
         for rel in files if rel.endswith(".png")})
     artifacts_on = artifacts_on or next(iter(tables))
     for name in tables:
-        _, md = write_table(wh, name, key, result.table(name))
+        _, md = write_table(wh, name, key, table_of(result, name))
         if notes is not None:
             md["notes"] = notes
         if warnings is not None:

@@ -3,7 +3,7 @@ step_timelines, flow_background and the flow verdicts. (One Perfetto timeline pe
 window is written with the fleet health page.)"""
 from dagster import AllPartitionMapping, AssetDep, AssetExecutionContext, MetadataValue, multi_asset
 
-from fleetscope.assets._tables import analysis_specs, materialize_analysis
+from fleetscope.assets._tables import analysis_specs, materialize_analysis, table_of
 from fleetscope.assets.partitions import flow_windows
 from fleetscope.flows import FlowConfig, analyze_window
 from fleetscope.ingest.topology import latest_topology
@@ -50,7 +50,7 @@ def flows_window(context: AssetExecutionContext, warehouse: WarehouseResource, s
     history = read_pair_history(wh, start, settings.pair_history_seconds)
     result = analyze_window(flows, topo, start, end, config=FlowConfig(k_sigma=settings.k_sigma), window_id=key,
                             timings=seconds, history=history)
-    jobs = result.table("jobs")
+    jobs = table_of(result, "jobs")
     extra = {"jobs": {"jobs": MetadataValue.json(jobs.select("job_id", "n_gpus", "n_hosts").to_dicts())} if jobs.height else {},
              "step_timelines": {f"seconds/{k}": MetadataValue.float(round(v, 3)) for k, v in seconds.items()}}
     yield from materialize_analysis(wh, key, result, TABLES, "flows_verdicts", "flows", extra=extra)

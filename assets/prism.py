@@ -3,7 +3,7 @@ forecasts (baseline, no_stragglers and the what-if scenarios), CDF plots and ver
 from dagster import AssetExecutionContext, multi_asset
 
 from fleetscope.assets._capture import capture_frames, capture_hw, capture_info
-from fleetscope.assets._tables import analysis_specs, materialize_analysis
+from fleetscope.assets._tables import analysis_specs, materialize_analysis, table_of
 from fleetscope.assets.partitions import captures
 from fleetscope.prism import analyze_capture
 from fleetscope.resources import WarehouseResource
@@ -38,7 +38,7 @@ def prism_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     result = analyze_capture(t, hw=capture_hw(wh, t, "start_ns", "end_ns") if t.height else None, capture_id=key,
                              layout=info["layout"], job_id=info["job_id"], trace_events=ev)
     result.notes[:0] = notes
-    if info["n_trace_files"] and result.table("step_forecasts").height == 0:  # a trace-only capture it could not analyse: said loudly
+    if info["n_trace_files"] and table_of(result, "step_forecasts").height == 0:  # a trace-only capture it could not analyse: said loudly
         result.warnings.extend(n for n in result.notes if n not in result.warnings)
     yield from materialize_analysis(wh, key, result, TABLES, "prism_verdicts", "prism", capture_id=key, artifacts_on="step_forecasts")
 

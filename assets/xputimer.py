@@ -3,7 +3,7 @@ percentages, stage metrics, degradation (PerfTracker 4.1) and their verdicts."""
 from dagster import AssetExecutionContext, multi_asset
 
 from fleetscope.assets._capture import capture_frames, capture_info, job_history
-from fleetscope.assets._tables import analysis_specs, materialize_analysis
+from fleetscope.assets._tables import analysis_specs, materialize_analysis, table_of
 from fleetscope.assets.partitions import captures
 from fleetscope.resources import WarehouseResource
 from fleetscope.xputimer import analyze_capture
@@ -36,7 +36,7 @@ def xputimer_capture(context: AssetExecutionContext, warehouse: WarehouseResourc
     # the job's own baseline: timings of its earlier captures
     result = analyze_capture(t, history=job_history(wh, key, job, info["start_ns"], "timings"), job_id=job)
     result.notes[:0] = notes
-    if info["n_trace_files"] and result.table("xputimer_step_throughput").height == 0:  # a trace-only capture it could not analyse: said loudly
+    if info["n_trace_files"] and table_of(result, "xputimer_step_throughput").height == 0:  # a trace-only capture it could not analyse: said loudly
         result.warnings.extend(n for n in result.notes if n not in result.warnings)
     yield from materialize_analysis(wh, key, result, TABLES, "xputimer_verdicts", "xputimer", capture_id=key)
 

@@ -85,7 +85,8 @@ def rss_mb() -> float:
 
 
 def child(path: str) -> None:
-    from fleetscope.perftracker.localize import localize, patterns_verdicts, stage_differential
+    from fleetscope.perftracker.localize import localize, stage_differential
+    from fleetscope.perftracker.verdicts import patterns_verdicts
     from fleetscope.perftracker.ranks import straggling_ranks
 
     df = pl.read_parquet(path)

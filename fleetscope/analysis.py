@@ -1,7 +1,7 @@
 """The one shape every analysis returns (flows, traces, perftracker, xputimer, prism, hang):
 
     tables     warehouse table name -> validated frame (each name is a table in fleetscope.tables,
-               and a Dagster asset of the same name)
+               and a Dagster asset of the same name; the analysis knows nothing of that list)
     verdicts   anomaly_verdicts rows (fleetscope.findings.verdicts.make_verdicts), possibly empty
     notes      sentences for people: what was skipped and why, where the data came from
     warnings   what makes the answer incomplete and needs a person (no topology landed, flows but
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from fleetscope.schemas.base import empty_frame
+from fleetscope.findings.verdicts import make_verdicts
 
 
 @dataclass
@@ -30,7 +30,6 @@ class Analysis:
 
     def __post_init__(self) -> None:
         if self.verdicts is None:
-            from fleetscope.findings.verdicts import make_verdicts
             self.verdicts = make_verdicts([])
 
     def __getitem__(self, name: str) -> pl.DataFrame:
@@ -41,13 +40,6 @@ class Analysis:
 
     def get(self, name: str, default=None):
         return self[name] if name in self else default
-
-    def table(self, name: str) -> pl.DataFrame:
-        """The table by name, or an empty frame of its schema when this analysis did not produce it."""
-        if name in self.tables:
-            return self.tables[name]
-        from fleetscope.tables import TABLES
-        return empty_frame(TABLES[name])
 
 
 def skipped(note: str, warn: bool = False) -> Analysis:

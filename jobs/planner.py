@@ -37,6 +37,7 @@ from fleetscope.ingest.timings import read_capture_layout
 from fleetscope.ingest.registry import Registration, register_landing
 from fleetscope.warehouse import EMPTY, Warehouse
 from fleetscope.ingest.windows import windows_touched
+from fleetscope.jobs import settings
 
 INGEST_JOBS = {"topology_files": "ingest_topology", "flow_files": "ingest_flows", "hw_files": "ingest_hw"}
 CAPTURE_JOB, WINDOW_JOB, INCIDENT_JOB = "capture_analysis", "flow_window_analysis", "incident_analysis"
@@ -81,6 +82,12 @@ class Timing:
     max_wait_s: float = math.inf  # ... or this long after their first unanswered change
     hold_s: float = math.inf      # a stage waits for earlier stages at most this long after its own input changed
     loops_hold_s: float = math.inf  # incident requests wait for quiet answers at most this long
+
+
+def daemon_timing() -> Timing:
+    """The daemon's waits, from its settings (FLEETSCOPE_* environment variables)."""
+    return Timing(quiet_s=settings.ANSWERS_QUIET_S, max_wait_s=settings.ANSWERS_MAX_WAIT_S, hold_s=settings.HOLD_S,
+                  loops_hold_s=settings.HOLD_S)
 
 
 @dataclass
@@ -337,13 +344,12 @@ def sensor_result(context, jobs: set[str], trigger: str, register: bool = False,
     added to the instance), or why there is nothing to do."""
     from dagster import AddDynamicPartitionsRequest, RunRequest, SensorResult, SkipReason
 
-    from fleetscope.jobs.sensors import settings
     from fleetscope.resources import landing_path, warehouse_id, warehouse_path
 
     wh = Warehouse(warehouse_path())
     wh.init()
     tag = warehouse_id()
-    p = plan(wh, landing_path(), run_history(context.instance, tag), timing or settings.daemon_timing(),
+    p = plan(wh, landing_path(), run_history(context.instance, tag), timing or daemon_timing(),
              settle_s=settings.SETTLE_S, register=register, file_requests=file_requests)
     mine = [r for r in p.runs if r.job in jobs]
     adds: dict[str, list[str]] = {}

@@ -8,7 +8,7 @@ Fleet: hosts in network namespaces on two leaf bridges joined through a spine br
 (services.py). Job A: PP2 x DP2 (1F1B, synchronous per-tensor gradient all-reduce), its DP pairs
 across the leaves, its PP pairs inside one; job B: DP2 DDP with ~0.33 s steps, launched a little
 after the capture starts, loading a checkpoint from the store, and finishing before it stops.
-Scenarios add one fault at a seeded time and place (FAULTS below). Each leaf is captured with
+Scenarios add one fault at a seeded time and place (truth.FAULTS says what each is). Each leaf is captured with
 tcpdump (headers only, ns stamps; each packet once, at its ingress leaf), converted to flow
 records (collectors/flowcap) and the pcap deleted.
 """
@@ -32,10 +32,6 @@ import polars as pl
 from fleetscope.collectors.recorder.fabric import Fabric, Host, clean_stale
 
 SCENARIOS = ("healthy", "straggler", "slow_link", "congested_uplink")
-# what each scenario injects: (kind, scope, team) in the simulator's vocabulary (docs/CONTRACT.md 3)
-FAULTS = {"straggler": ("straggler", "gpu", "operations"),
-          "slow_link": ("degraded_nic", "link", "operations"),
-          "congested_uplink": ("congested_switch", "switch", "operations")}
 STORE_PORT = 7070
 now = time.time_ns
 

@@ -22,6 +22,12 @@ from itertools import combinations
 import polars as pl
 
 
+# what each scenario injects: (kind, scope, team) in the simulator's vocabulary (docs/CONTRACT.md 3)
+FAULTS = {"straggler": ("straggler", "gpu", "operations"),
+          "slow_link": ("degraded_nic", "link", "operations"),
+          "congested_uplink": ("congested_switch", "switch", "operations")}
+
+
 def _logs(rec) -> pl.DataFrame:
     rows = []
     for j in rec.jobs:
@@ -191,8 +197,6 @@ def fault_impact(fault: dict, steps: pl.DataFrame) -> float | None:
 def _fault(rec, log: pl.DataFrame, st: pl.DataFrame) -> dict | None:
     if rec.scenario == "healthy":
         return None
-    from fleetscope.collectors.recorder.record import FAULTS
-
     kind, scope, team = FAULTS[rec.scenario]
     A = rec.jobs[0]
     f = {k: None for k in _FAULT_SCHEMA} | {"fault_id": f"{rec.scenario}-1", "kind": kind, "scope": scope, "team": team,

@@ -6,9 +6,10 @@ from __future__ import annotations
 import polars as pl
 
 from fleetscope.analysis import Analysis, skipped
-from fleetscope.perftracker.localize import LocalizeConfig, localize, patterns_verdicts, stage_differential
+from fleetscope.perftracker.localize import LocalizeConfig, localize, stage_differential
 from fleetscope.perftracker.patterns import PatternConfig, behavior_patterns, op_patterns, workers_from_capture
 from fleetscope.perftracker.ranks import straggling_ranks
+from fleetscope.perftracker.verdicts import patterns_verdicts
 
 
 def _finish(pats: pl.DataFrame, workers: pl.DataFrame | None, job_id: str | None, config: LocalizeConfig,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import polars as pl
 
 from fleetscope.common import robust_sigma
+from fleetscope.perftracker.localize import LocalizeConfig
 
 # Python code (user code) rather than operators, runtime calls or annotations: a file in the name
 _USER_CODE = r"\.py\b"
@@ -30,8 +31,6 @@ def straggling_ranks(patterns: pl.DataFrame, config=None, workers: pl.DataFrame 
     peers (their ranks), top (list of {function, category, container, excess_ns} where the excess
     sits), user_code_share (share of the excess in one user-code Python function), waiting (ranks
     whose communication share exceeds the straggler's by min_impact: they wait for it)."""
-    from fleetscope.perftracker.localize import LocalizeConfig
-
     config = config or LocalizeConfig()
     schema = {"capture_id": pl.Utf8, "rank": pl.Int32, "stage": pl.Int32, "host": pl.Utf8, "own_ns": pl.Float64, "ref_ns": pl.Float64,
               "ratio": pl.Float64, "excess_ns": pl.Float64, "window_ns": pl.Int64, "impact": pl.Float64, "n_peers": pl.Int64,
@@ -108,48 +107,3 @@ def straggling_ranks(patterns: pl.DataFrame, config=None, workers: pl.DataFrame 
         out = out.with_columns(host=pl.lit(None, pl.Utf8))
     return out.with_columns(waiting=pl.col("waiting").fill_null(pl.lit([], pl.List(pl.Int32)))).select(list(schema)).cast(
         {k: v for k, v in schema.items() if k not in ("top",)}).sort("capture_id", "rank")
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:,.0f} ms" if abs(ns) < 1e10 else f"{ns / 1e9:,.1f} s"
-
-
-def rank_verdict_rows(ranks: pl.DataFrame, job_id: str | None, config) -> list[dict]:
-    """One anomaly_verdicts row per straggling rank: scope rank, subject the rank number, team
-    operations (a slower GPU or host) unless the evidence says user code (half or more of the
-    excess in one Python function of the user's)."""
-    import json
-
-    from fleetscope.perftracker.localize import _ranks_text, _short
-
-    rows = []
-    for r in ranks.iter_rows(named=True):
-        top = r["top"] or []
-        where = "; ".join(f"{_short(t['function'], 60)}{' (self time: untraced work inside it)' if t['container'] else ''} "
-                          f"[{t['category']}] +{_ms(t['excess_ns'])}" for t in top[:3])
-        user = (r["user_code_share"] or 0) >= 0.5
-        team = "algorithm" if user else "operations"
-        why = ("most of the extra time is in one Python function of the job's code: a data- or rank-dependent code path (user code)"
-               if user else "the same work takes longer on this rank: a slower or throttled GPU / host, or a noisy neighbour on it")
-        peers = f"ranks {_ranks_text(r['peers'])}" if r["peers"] else f"{r['n_peers']} peers"
-        where_rank = f"rank {r['rank']}" + (f" (host {r['host']})" if r["host"] else "") + (f", stage {r['stage']}" if r["stage"] is not None else "")
-        consequence = ""
-        if r["waiting"]:
-            consequence = (f" Ranks {_ranks_text(r['waiting'])} spend {100 * (r['others_wait_share'] or 0):.0f} % of their window in "
-                           f"communication vs {100 * r['wait_share']:.0f} % on this rank: they wait for it (pipeline successors, "
-                           f"data-parallel peers): a consequence, not a cause.")
-        rows.append(dict(
-            detector="perftracker.rank", scope="rank", subject=str(r["rank"]), job_id=job_id, capture_id=r["capture_id"],
-            metric="own_time_vs_stage_peers", value=float(r["own_ns"]), baseline=float(r["ref_ns"]),
-            severity="critical" if r["impact"] >= config.critical_impact else "warning", team=team,
-            explanation=(f"{where_rank} is a straggler: its own work (everything but communication) takes {_ms(r['own_ns'])} of its "
-                         f"{_ms(r['window_ns'])} window vs {_ms(r['ref_ns'])} on its same-stage peers ({peers}): {r['ratio']:.2f}x, "
-                         f"+{100 * r['impact']:.0f} % of the window. Where: {where or 'spread over many functions'}. {why}."
-                         f"{consequence}"),
-            evidence=json.dumps({"ranks": [int(r["rank"])], "stage": r["stage"], "host": r["host"], "peers": r["peers"],
-                                 "own_ns": r["own_ns"], "ref_ns": r["ref_ns"], "ratio": r["ratio"], "impact": r["impact"],
-                                 "functions": [{**t, "excess_ns": float(t["excess_ns"])} for t in top],
-                                 "user_code_share": r["user_code_share"], "waiting_ranks": r["waiting"],
-                                 "wait_share": r["wait_share"], "others_wait_share": r["others_wait_share"]}),
-        ))
-    return rows

@@ -4,7 +4,7 @@ the landing sensor then ingests it, and its analyses and report follow (fleetsco
 from dagster import DefaultSensorStatus, SensorEvaluationContext, sensor
 
 from fleetscope.jobs.planner import sensor_result
-from fleetscope.jobs.sensors.settings import ANSWERS_INTERVAL_S
+from fleetscope.jobs.settings import ANSWERS_INTERVAL_S
 
 
 @sensor(name="critical_verdict_sensor", minimum_interval_seconds=ANSWERS_INTERVAL_S, default_status=DefaultSensorStatus.RUNNING,

@@ -9,8 +9,8 @@ import time
 
 from dagster import DefaultSensorStatus, SensorEvaluationContext, SensorResult, SkipReason, sensor
 
-from fleetscope.jobs.sensors import settings
-from fleetscope.jobs.sensors.settings import INTERVAL_S
+from fleetscope.jobs import settings
+from fleetscope.jobs.settings import INTERVAL_S
 from fleetscope.resources import landing_path, warehouse_path
 from fleetscope.warehouse import Warehouse
 from fleetscope.xputimer.degradation import blocked_jobs, write_hang_incident, write_profile_request

@@ -4,7 +4,7 @@ from dagster import DefaultSensorStatus, SensorEvaluationContext, sensor
 
 from fleetscope.jobs.jobs import flow_window_analysis
 from fleetscope.jobs.planner import WINDOW_JOB, sensor_result
-from fleetscope.jobs.sensors.settings import INTERVAL_S
+from fleetscope.jobs.settings import INTERVAL_S
 
 
 @sensor(name="flow_window_sensor", minimum_interval_seconds=INTERVAL_S, default_status=DefaultSensorStatus.RUNNING,

@@ -4,7 +4,7 @@ from dagster import DefaultSensorStatus, SensorEvaluationContext, sensor
 
 from fleetscope.jobs.jobs import incident_report_job
 from fleetscope.jobs.planner import REPORT_JOB, sensor_result
-from fleetscope.jobs.sensors.settings import ANSWERS_INTERVAL_S
+from fleetscope.jobs.settings import ANSWERS_INTERVAL_S
 
 
 @sensor(name="incident_sensor", minimum_interval_seconds=ANSWERS_INTERVAL_S, default_status=DefaultSensorStatus.RUNNING,

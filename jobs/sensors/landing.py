@@ -5,7 +5,7 @@ from dagster import DefaultSensorStatus, SensorEvaluationContext, sensor
 
 from fleetscope.jobs.jobs import JOB_FOR_SET, flow_window_analysis
 from fleetscope.jobs.planner import CAPTURE_JOB, INCIDENT_JOB, INGEST_JOBS, sensor_result
-from fleetscope.jobs.sensors.settings import INTERVAL_S
+from fleetscope.jobs.settings import INTERVAL_S
 
 
 @sensor(name="landing_sensor", minimum_interval_seconds=INTERVAL_S, default_status=DefaultSensorStatus.RUNNING,

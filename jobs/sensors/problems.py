@@ -6,7 +6,7 @@ from dagster import DefaultSensorStatus, SensorEvaluationContext, sensor
 
 from fleetscope.jobs.jobs import fleet_analysis
 from fleetscope.jobs.planner import FLEET_JOB, sensor_result
-from fleetscope.jobs.sensors.settings import ANSWERS_INTERVAL_S
+from fleetscope.jobs.settings import ANSWERS_INTERVAL_S
 
 
 @sensor(name="problems_sensor", minimum_interval_seconds=ANSWERS_INTERVAL_S, default_status=DefaultSensorStatus.RUNNING,

@@ -23,7 +23,8 @@ def test_a_job_hung_right_now_gets_an_incident(fleet_env, monkeypatch):
 
     from fleetscope.definitions import defs
     from fleetscope.jobs.runner import run_all
-    from fleetscope.jobs.sensors import degradation_sensor, settings
+    from fleetscope.jobs import settings
+    from fleetscope.jobs.sensors import degradation_sensor
     from fleetscope.xputimer.hang import diagnose_hang
 
     landing, warehouse, _ = fleet_env

@@ -13,9 +13,9 @@ from fleetscope.perftracker.localize import (
     _group_median_mad,
     differential_counts,
     localize,
-    patterns_verdicts,
     stage_differential,
 )
+from fleetscope.perftracker.verdicts import patterns_verdicts
 
 REAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "real"
 

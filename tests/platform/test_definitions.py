@@ -1,6 +1,6 @@
 """The code location as a whole: the definitions load, every job resolves, every asset key is the
 table it writes, every asset materializes on empty inputs, and the imports run one way
-(landing -> ingest -> analyses -> verdicts -> wiring)."""
+(landing -> ingest -> analyses -> findings -> wiring), with no import cycle between any two files."""
 from __future__ import annotations
 
 import ast
@@ -86,29 +86,118 @@ WIRING = ("fleetscope.assets", "fleetscope.jobs", "fleetscope.resources", "fleet
 ANALYSES = ("flows", "traces", "perftracker", "xputimer", "prism")
 
 
-def _module_imports() -> dict[str, set[str]]:
-    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    dirs = pyproject["tool"]["setuptools"]["package-dir"]
+def module_files(root: Path, package_dirs: dict[str, str]) -> dict[str, Path]:
+    """Every module installed from the checkout, by its import name (a folder mapped to a package
+    of its own, like assets/ -> fleetscope.assets, counts under that package only)."""
     out = {}
-    for pkg, folder in dirs.items():
-        for p in (REPO / folder).glob("*.py"):
-            name = pkg if p.stem == "__init__" else f"{pkg}.{p.stem}"
-            mods = set()
-            for n in ast.walk(ast.parse(p.read_text())):
-                if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
-                    mods.add(n.module)
-                elif isinstance(n, ast.Import):
-                    mods.update(a.name for a in n.names)
-            out[name] = {m for m in mods if m.startswith("fleetscope")}
-    for p in (REPO / "fleetscope").rglob("*.py"):  # subpackages under the library folder
-        rel = p.relative_to(REPO).with_suffix("")
-        name = ".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)
-        if name not in out:
-            tree = ast.parse(p.read_text())
-            out[name] = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and n.level == 0
-                         and n.module.startswith("fleetscope")} | \
-                {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names if a.name.startswith("fleetscope")}
+    for pkg, folder in package_dirs.items():
+        nested = [f for p, f in package_dirs.items() if p != pkg and f != folder]
+        for p in (root / folder).rglob("*.py"):
+            rel = p.relative_to(root / folder)
+            if any(p.is_relative_to(root / f) for f in nested):
+                continue
+            parts = list(rel.with_suffix("").parts)
+            out[".".join([pkg, *(parts[:-1] if parts[-1] == "__init__" else parts)])] = p
     return out
+
+
+def import_graph(files: dict[str, Path], prefix: str = "fleetscope") -> dict[str, set[str]]:
+    """module -> the modules it imports, at any depth of the file (an import inside a function is
+    still an import: deferring one only hides a cycle), plus the packages whose __init__ that import
+    runs (except the module's own, which ran before it)."""
+    mods = set(files)
+
+    def resolve(name: str) -> str:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for name, p in files.items():
+        deps = set()
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module and n.module.startswith(prefix):
+                for a in n.names:
+                    full = f"{n.module}.{a.name}"
+                    deps.add(full if full in mods else resolve(n.module))
+            elif isinstance(n, ast.Import):
+                deps.update(resolve(a.name) for a in n.names if a.name.startswith(prefix))
+        own = {name.rsplit(".", i)[0] for i in range(name.count(".") + 1)}
+        inits = {".".join(d.split(".")[:i]) for d in deps for i in range(1, d.count(".") + 1)}
+        graph[name] = ((deps | (inits & mods)) - own - {""}) | (deps & own - {name})
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next((w for w in it if w in graph), None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def _module_imports() -> dict[str, set[str]]:
+    dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return import_graph(module_files(REPO, dirs))
+
+
+def test_no_module_imports_itself_through_others():
+    """No import cycle between any two files of the library, the wiring or the collectors."""
+    graph = _module_imports()
+    assert len(graph) > 100 and "fleetscope.jobs.sensors.landing" in graph and "fleetscope.collectors.recorder.truth" in graph
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_check_sees_deferred_and_package_cycles(tmp_path):
+    """The checker itself: a cycle closed by an import inside a function, and one closed through a
+    package's __init__, are both found; a package importing its own submodules is not a cycle."""
+    pkg = tmp_path / "fleetscope"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "__init__.py").write_text("from fleetscope.a.x import f\n")
+    (pkg / "a" / "x.py").write_text("from fleetscope.a import y\ndef f():\n    return y\n")
+    (pkg / "a" / "y.py").write_text("X = 1\n")
+    files = module_files(tmp_path, {"fleetscope": "fleetscope"})
+    assert import_cycles(import_graph(files)) == []
+    (pkg / "a" / "y.py").write_text("def g():\n    from fleetscope.a.x import f\n    return f\n")
+    assert import_cycles(import_graph(files)) == [["fleetscope.a.x", "fleetscope.a.y"]]
+    (pkg / "a" / "y.py").write_text("X = 1\n")
+    (pkg / "b.py").write_text("from fleetscope.a.y import X\n")
+    (pkg / "a" / "x.py").write_text("from fleetscope.b import X\ndef f():\n    return X\n")
+    files = module_files(tmp_path, {"fleetscope": "fleetscope"})
+    assert import_cycles(import_graph(files)) == [["fleetscope.a", "fleetscope.a.x", "fleetscope.b"]]
 
 
 def _area(module: str) -> str:
@@ -130,9 +219,10 @@ def test_imports_run_one_way():
                     and _area(dep) in ANALYSES:
                 bad.append(f"{mod} (below the analyses) imports the analysis {dep}")
             # what runs inside training jobs imports nothing of the platform; the real-fleet recorder (a
-            # harness a person runs as root) writes ground truth with the simulator's schemas
+            # harness a person runs as root, not inside a job) writes ground truth with the simulator's
+            # schemas and reads its recorded timings with the platform's reader
             if mod.startswith("fleetscope.collectors") and not dep.startswith("fleetscope.collectors") \
-                    and not (mod.startswith("fleetscope.collectors.recorder") and dep == "fleetscope.sim"):
+                    and not (mod.startswith("fleetscope.collectors.recorder") and dep.startswith(("fleetscope.sim", "fleetscope.ingest"))):
                 bad.append(f"collector {mod} (runs inside training jobs) imports the platform: {dep}")
     assert not bad, "\n".join(bad)
 

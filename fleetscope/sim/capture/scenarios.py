@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from fleetscope.sim.capture import SCENARIOS, CaptureJob
+from fleetscope.sim.capture.job import SCENARIOS, CaptureJob
 from fleetscope.sim.capture.hang import render_hang
 from fleetscope.sim.capture.hw import render_hw
 from fleetscope.sim.capture.render import activity_frame, render_sim, simulate_job, truth_rows

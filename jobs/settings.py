@@ -1,4 +1,4 @@
-"""Sensor settings from the environment (the code location reads files where it runs, with the
+"""The daemon's settings (sensor intervals, waits) from the environment (the code location reads files where it runs, with the
 same environment as the CLI)."""
 import os
 
@@ -13,8 +13,3 @@ ANSWERS_QUIET_S = float(os.environ.get("FLEETSCOPE_ANSWERS_QUIET_SECONDS", "20")
 ANSWERS_MAX_WAIT_S = float(os.environ.get("FLEETSCOPE_ANSWERS_MAX_WAIT_SECONDS", "60"))
 # how long a stage waits for the stages it reads from, on a fleet that never goes quiet
 HOLD_S = float(os.environ.get("FLEETSCOPE_STAGE_HOLD_SECONDS", "300"))
-
-
-def daemon_timing():
-    from fleetscope.jobs.planner import Timing
-    return Timing(quiet_s=ANSWERS_QUIET_S, max_wait_s=ANSWERS_MAX_WAIT_S, hold_s=HOLD_S, loops_hold_s=HOLD_S)
