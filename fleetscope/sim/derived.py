@@ -146,6 +146,9 @@ def derive_case(source: pl.DataFrame, kind: str, seed: int, dp: int = 4, n_steps
                     dur[sel & (stage2 == s)] *= target / v
     base = dur.copy()
     truth: dict = {"kind": kind, "seed": seed, "dp": dp, "pp": n_st, "tp": tp, "n_steps": n_steps, "balanced": balance}
+    if not balance:  # the source's own imbalance stays: its heaviest stage (compute per step, measured here) is a true cause
+        per_stage = {int(s): float(dur[compute & (stage2 == s)].sum()) for s in np.unique(stage2)}
+        truth["source_heavy_stage"] = max(per_stage, key=per_stage.get)
 
     # 4. the fault
     mb2 = g2.slots["microbatch"].cast(pl.Float64).to_numpy()  # NaN: no microbatch

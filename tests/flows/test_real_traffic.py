@@ -127,11 +127,13 @@ def test_fleetscope_recovers_job_pairs_and_steps(capture):
     flows = packets_to_flows(packets, idle_gap_ns=1_000_000, switch=fab.br)
     assert (flows["bytes"] > 0).all() and (flows["end_ns"] >= flows["start_ns"]).all()
     topo = pl.DataFrame({"ip": fab.ips, "host": fab.ns, "gpu": [f"{n}/cpu0" for n in fab.ns], "leaf": [fab.br] * len(fab.ns)})
-    ws, we = int(flows["start_ns"].min()), int(flows["end_ns"].max()) + 1
-    # a step is claimed by the window where end + guard falls: a guard shorter than the run's tail
+    # the platform's default configuration; the window runs on past the capture as a fixed-length
+    # window does when a job stops inside it (its last steps are claimed once end + two guards passed)
     from fleetscope.flows import FlowConfig
 
-    out = analyze_window(flows, topo, ws, we, config=FlowConfig(edge_guard_ns=200_000_000))
+    ws = int(flows["start_ns"].min())
+    we = int(flows["end_ns"].max()) + 2 * FlowConfig().edge_guard_ns + 1
+    out = analyze_window(flows, topo, ws, we)
 
     # the job: exactly the four ranks
     jc = out["job_clusters"]

@@ -1,7 +1,7 @@
 """PerfTracker through the platform, scored against ground truth the pipeline never reads.
 
 The simulator's seven PerfTracker scenarios land in one landing folder; fault places are drawn from
-the seed (seed 1: thresholds were set looking at seed 0, so this is out-of-sample) and every job has
+the seed (seed 1: thresholds were set looking at seed 0; held out, same generator) and every job has
 an earlier healthy capture, its history. The real Dagster jobs register the files, ingest the hw
 samples, and for each capture (oldest first) ingest its traces and timings and run the PerfTracker
 assets into the warehouse; the test reads `trace_events`, `captures`, `behavior_patterns` and
@@ -85,7 +85,11 @@ def test_warehouse_holds_what_the_assets_wrote(platform):
         pats = wh.read("behavior_patterns", partitions=[job["capture_id"]])
         assert pats["rank"].n_unique() == job["tp"] * job["pp"] * job["dp"]
         assert pats["expected_beta_hi"].null_count() < pats.height  # expectations from the job's history
-        assert pats.filter(pl.col("abnormal")).height == 0 or truth[sc]
+        # none abnormal on the healthy job; on a faulty one, the fault's ranks among the abnormal (a
+        # fault's symptoms, e.g. the other end of a down NVLink, may be abnormal too: info, not a verdict)
+        abnormal = set(pats.filter(pl.col("abnormal").fill_null(False))["rank"].to_list())
+        want = {r["rank"] for r in truth[sc]}
+        assert (abnormal & want) if want else not abnormal, (sc, sorted(abnormal), sorted(want))
 
 
 def test_healthy_captures_raise_nothing(platform):
@@ -108,7 +112,7 @@ def test_the_fault_is_named_on_its_ranks_for_its_team(platform, scenario):
     for v in loud.iter_rows(named=True):
         ev = json.loads(v["evidence"])
         fns = [f["function"] for f in ev.get("functions", [])[:3]] if v["scope"] == "rank" else [v["subject"]]
-        if any(n in f or f in n for n in names for f in fns):
+        if names & set(fns):  # the truth's function or kernel, by its exact name
             named.append((v, set(ev["ranks"])))
         # no verdict blames a rank outside the fault
         assert set(ev["ranks"]) <= want_ranks, (scenario, v["explanation"])

@@ -99,7 +99,7 @@ def test_slow_worker_on_the_real_imbalanced_pipeline(derived):
     a = analyze_stragglers(t)
     c = a.causes
     assert set(c.filter(pl.col("cause") == "worker")["rank"].to_list()) == {truth["slow_rank"]}
-    assert c.filter(pl.col("cause") == "stage_partitioning")["stage"].to_list() == [3]
+    assert c.filter(pl.col("cause") == "stage_partitioning")["stage"].to_list() == [truth["source_heavy_stage"]]
 
 
 @pytest.mark.parametrize("seed", [11, 12])
@@ -120,8 +120,8 @@ def test_a_heavier_stage_is_named(derived):
     t, truth = derived("heavy_stage", 13)  # stage factor 1.5 on a balanced pipeline
     a = analyze_stragglers(t)
     assert abs(a.ideal_ns / truth["ideal_ns"] - 1) < IDEAL_TOL_TRUTH
-    if a.S >= 1.10:
-        assert a.causes.filter(pl.col("cause") == "stage_partitioning")["stage"].to_list() == [truth["heavy_stage"]]
+    assert a.S > 1.0  # the case slows the job ...
+    assert a.causes.filter(pl.col("cause") == "stage_partitioning")["stage"].to_list() == [truth["heavy_stage"]]  # ... and is named
     assert a.causes.filter(pl.col("cause") == "worker").height == 0
 
 
