@@ -3,6 +3,7 @@ robust statistics and stage imbalance. A collective, a robust sigma or an imbala
 means the same thing in traces, timings, flows and verdicts."""
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 # -- collectives ------------------------------------------------------------------------------------
@@ -81,3 +82,20 @@ def stage_imbalance(per_rank: pl.DataFrame, value: str = "compute_ns", by: tuple
     out = st.join(others, on=[*by, "stage"], how="left").with_columns(
         (pl.col("value") / pl.col("others")).alias("ratio"))
     return out.select(list(schema)).cast({k: v for k, v in schema.items() if k not in by}).sort(*by, "stage")
+
+
+# -- intervals --------------------------------------------------------------------------------------
+def union_intervals(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of intervals [s, e) -> sorted disjoint (starts, ends); empty intervals dropped."""
+    keep = e > s
+    s, e = s[keep], e[keep]
+    if s.size == 0:
+        return s, e
+    o = np.argsort(s, kind="stable")
+    s, e = s[o], e[o]
+    run = np.maximum.accumulate(e)
+    # a new block starts where the start lies beyond every earlier end; a block ends at the running end
+    new = np.empty(s.size, bool)
+    new[0] = True
+    new[1:] = s[1:] > run[:-1]
+    return s[new], np.append(run[np.flatnonzero(new)[1:] - 1], run[-1])

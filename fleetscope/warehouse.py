@@ -44,10 +44,6 @@ def partition_filename(key: str) -> str:
     return f"{clean}~{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
-class WarehouseLocked(RuntimeError):
-    pass
-
-
 def _registry() -> dict:
     # the table list names every analysis' schemas; imported when needed so that the warehouse
     # (storage) does not depend on the analyses at import time

@@ -8,9 +8,7 @@ alpha / m). The baseline and scale of every test come from the data: a job's own
 or NIC's peers in the same collective, never from nominal bandwidths."""
 from __future__ import annotations
 
-import math
 
-import numpy as np
 from scipy.stats import norm
 
 def window_alpha(fa_per_job_hour: float, n_jobs: int, window_ns: int) -> float:
@@ -23,27 +21,5 @@ def bonferroni_z(alpha: float, n_tests: int) -> float:
     return float(norm.isf(alpha / max(int(n_tests), 1)))
 
 
-def bh_mask(p: np.ndarray, q: float) -> np.ndarray:
-    """Benjamini-Hochberg at level q: which p-values are discoveries."""
-    p = np.asarray(p, dtype=float)
-    m = len(p)
-    if m == 0:
-        return np.zeros(0, dtype=bool)
-    order = np.argsort(p)
-    ok = p[order] <= q * np.arange(1, m + 1) / m
-    k = int(np.flatnonzero(ok).max()) + 1 if ok.any() else 0
-    out = np.zeros(m, dtype=bool)
-    out[order[:k]] = True
-    return out
-
-
-def z_to_p(z: np.ndarray | float) -> np.ndarray | float:
-    return norm.sf(z)
-
-
 def fmt_ms(ns: float) -> str:
     return f"{ns / 1e6:.1f} ms" if ns < 10e9 else f"{ns / 1e9:.1f} s"
-
-
-def safe_ratio(a: float, b: float) -> float:
-    return a / b if b and not math.isnan(b) else float("nan")

@@ -31,6 +31,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from fleetscope.common import union_intervals
+
 PRIORITY = {"compute": 0, "memory": 1, "collective": 2, "python": 3}
 CATEGORIES = list(PRIORITY)
 
@@ -67,27 +69,7 @@ def _check_columns(df: pl.DataFrame, required: list[str], what: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# interval arithmetic (numpy, one worker at a time)
-
-
-def union_intervals(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Union of intervals [s, e) -> sorted disjoint (starts, ends)."""
-    keep = e > s
-    s, e = s[keep], e[keep]
-    if s.size == 0:
-        return s, e
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], e[o]
-    run_end = np.maximum.accumulate(e)
-    # a new merged block starts where the start lies beyond every earlier end
-    new = np.empty(s.size, bool)
-    new[0] = True
-    new[1:] = s[1:] > run_end[:-1]
-    block = np.cumsum(new) - 1
-    starts = s[new]
-    ends = np.zeros(starts.size, dtype=e.dtype)
-    np.maximum.at(ends, block, e)
-    return starts, ends
+# interval arithmetic (numpy, one worker at a time; the union is fleetscope.common.union_intervals)
 
 
 def subtract_union(s: np.ndarray, e: np.ndarray, us: np.ndarray, ue: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

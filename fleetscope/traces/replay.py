@@ -27,6 +27,7 @@ import numpy as np
 from numba import njit
 import polars as pl
 
+from fleetscope.common import union_intervals
 from fleetscope.schemas.base import conform
 from fleetscope.traces.graph import Graph
 from fleetscope.traces.schemas import REPLAY_SM_UTIL, REPLAYS
@@ -291,35 +292,8 @@ def _kahn_order(n, src, dst, fs, is_wait, has_w, ev_key, ev_node, ev_phase, gid)
 
 # ---------------------------------------------------------------- interval helpers
 def _union_len(s: np.ndarray, e: np.ndarray, w0: int, w1: int) -> int:
-    s = np.clip(s, w0, w1)
-    e = np.clip(e, w0, w1)
-    k = e > s
-    if not k.any():
-        return 0
-    s, e = s[k], e[k]
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], e[o]
-    run = np.maximum.accumulate(e)
-    new = np.empty(s.size, bool)
-    new[0] = True
-    new[1:] = s[1:] > run[:-1]
-    seg_start = s[new]
-    seg_end = np.append(run[np.flatnonzero(new)[1:] - 1], run[-1])
-    return int((seg_end - seg_start).sum())
-
-
-def _merged(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    k = e > s
-    s, e = s[k], e[k]
-    if s.size == 0:
-        return s, e
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], e[o]
-    run = np.maximum.accumulate(e)
-    new = np.empty(s.size, bool)
-    new[0] = True
-    new[1:] = s[1:] > run[:-1]
-    return s[new], np.append(run[np.flatnonzero(new)[1:] - 1], run[-1])
+    us, ue = union_intervals(np.clip(s, w0, w1), np.clip(e, w0, w1))
+    return int((ue - us).sum())
 
 
 def _coverage_at(ms: np.ndarray, me: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -422,7 +396,7 @@ def sm_utilization(t: pl.DataFrame, bucket_ns: int = SM_BUCKET_NS) -> pl.DataFra
         res = {}
         for name, sc, ec in (("actual_util", "ts_ns", "end_ns"), ("simulated_util", "sim_start_ns", "sim_end_ns")):
             s, e = g[sc].to_numpy(), g[ec].to_numpy()
-            ms, me = _merged(s - s.min(), e - s.min())
+            ms, me = union_intervals(s - s.min(), e - s.min())
             nb = int(me.max() // bucket_ns) + 1 if me.size else 0
             edges = np.arange(nb + 1, dtype=np.int64) * bucket_ns
             res[name] = np.diff(_coverage_at(ms, me, edges)) / bucket_ns

@@ -91,15 +91,6 @@ def collective_frame(frames: list[tuple[str, str]]) -> str | None:
     return None
 
 
-def stack_ranks(incident_dir: str | Path) -> pl.DataFrame:
-    """xputimer_hang_ranks: one row per rank<R>.txt of an incident folder."""
-    d = Path(incident_dir)
-    files = sorted(d.glob("rank*.txt"))
-    if not files:
-        raise FileNotFoundError(f"no rank<R>.txt stack dumps in {d}")
-    return _stack_frame(d, files)
-
-
 def _stack_frame(d: Path, files: list[Path]) -> pl.DataFrame:
     if not files:
         return S.HANG_RANKS.validate(conform(pl.DataFrame(), S.HANG_RANKS))

@@ -11,8 +11,8 @@ from fleetscope.perftracker.critical_path import (
     critical_pieces,
     subtract_union,
     training_threads,
-    union_intervals,
 )
+from fleetscope.common import union_intervals
 
 REAL = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "real"
 

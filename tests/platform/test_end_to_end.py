@@ -118,6 +118,19 @@ def test_run_names_the_slow_gpu_first_and_writes_reports(simulated, ran, monkeyp
         assert len(sched["nightly_fleet_schedule"].evaluate_tick(ctx).run_requests) == 1
 
 
+def test_score_warehouse_scores_the_run_against_the_truth(simulated, ran):
+    """The simulator's scoring API over a warehouse (docs/SIMULATOR.md) gives what scoring its
+    tables gives, and sees the run's jobs and its congested switch."""
+    from fleetscope.sim.scoring import score_tables, score_warehouse
+
+    s = score_warehouse(ran["warehouse"], simulated / "ground_truth")
+    wh = ran["wh"]
+    direct = score_tables({n: wh.read(n) for n in ("job_clusters", "comm_pairs", "step_timelines", "anomaly_verdicts")},
+                          simulated / "ground_truth")
+    assert s.keys() == direct.keys() and all(s[k] == direct[k] or (s[k] != s[k] and direct[k] != direct[k]) for k in s)
+    assert s["jobs_exact"] > 0 and s["faults"] == 2 and s["faults_exact"] >= 1, s
+
+
 def test_cli_errors_are_clear(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     p = subprocess.run(FLEETSCOPE + ["run", "--landing", str(tmp_path / "nope"), "--warehouse", str(tmp_path / "w.duckdb")],

@@ -59,10 +59,6 @@ def _as_list(v) -> list[str]:
     return [s]
 
 
-def _rack_of(host: str) -> str:
-    return host
-
-
 @dataclass
 class RankEffects:
     """Per-rank multipliers / extra seconds (arrays indexed by rank)."""
