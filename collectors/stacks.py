@@ -131,12 +131,18 @@ def install(landing_dir, rank: int, job_id: str | None = None, poll_s: float = 0
     return w
 
 
+def write_json(path: Path, obj) -> None:
+    """Write JSON so that a reader never sees half a file (a temporary file renamed over it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, default=str, sort_keys=True))
+    os.replace(tmp, path)
+
+
 def request(landing_dir, job_id: str, incident: str) -> Path:
+    """Ask the job's ranks (their watchers) for stacks and collective progress into stacks/<incident>/."""
     p = Path(landing_dir) / "requests" / f"{job_id}.stacks.json"
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"incident": incident, "created_ns": time.time_ns()}))
-    os.replace(tmp, p)
+    write_json(p, {"incident": incident, "created_ns": time.time_ns()})
     return p
 
 

@@ -53,6 +53,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from fleetscope.collectors import stacks as _stacks
+from fleetscope.collectors.incidents import file_incident, incident_id
+from fleetscope.collectors.stacks import write_json
+
 ENV_TRACED_API = "FLEETSCOPE_TRACED_PYTHON_API"
 COLUMNS = ["rank", "host", "kind", "name", "issue_ns", "start_ns", "end_ns", "stream", "flops", "bytes",
            "group", "group_size", "shape", "step", "microbatch", "model_chunk"]
@@ -245,16 +249,14 @@ class _Tracer:
         return None
 
     def file_hang(self, c: _Coll, now_ns: int, bound_ns: float) -> str:
-        from fleetscope.collectors import stacks as _stacks
-
         inc = _claim_incident(self.landing, self.job_id, now_ns)
         if inc is not None:  # this rank saw it first: the incident request and every rank's dumps
             what = f"{c.fn} #{c.seq} of group {c.gid}" + (f" with peer {c.peer}" if c.peer is not None else "")
-            _write_json(self.landing / "incidents" / f"{inc}.json", {
+            file_incident(self.landing, inc, {
                 "kind": "hang", "job_id": self.job_id, "capture": self.capture, "from_ns": c.issue,
                 "note": f"fleetscope tracer watchdog on rank {self.rank} ({self.host}): {what} outstanding for "
-                        f"{(now_ns - c.issue) / 1e9:.1f} s, past the bound of {bound_ns / 1e9:.1f} s learned from the job"})
-            _stacks.request(self.landing, self.job_id, inc)
+                        f"{(now_ns - c.issue) / 1e9:.1f} s, past the bound of {bound_ns / 1e9:.1f} s learned from the job"},
+                stacks_of=self.job_id)
         else:
             inc = _current_incident(self.landing, self.job_id)
         if inc:
@@ -393,13 +395,6 @@ def _work_duration_ns(work) -> int | None:
         return None
 
 
-def _write_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, default=str))
-    os.replace(tmp, path)
-
-
 _INCIDENT_REUSE_S = 600.0
 
 
@@ -408,7 +403,7 @@ def _claim_incident(landing: Path, job_id: str, now_ns: int) -> str | None:
     rank that finds a lock younger than _INCIDENT_REUSE_S joins that incident (returns None)."""
     lock = landing / "requests" / f"{job_id}.hang.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
-    inc = f"{job_id}-hang-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now_ns / 1e9))}-{now_ns % 1_000_000_000 // 1_000_000:03d}"
+    inc = incident_id(job_id, "hang", now_ns)
     for _ in range(2):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -849,7 +844,6 @@ def start(landing_dir: str | os.PathLike | None = None, capture: str | None = No
     tr._thread.start()
     atexit.register(stop)
     _TRACER = tr
-    from fleetscope.collectors import stacks as _stacks
     _stacks.add_dumper(_progress_dumper)
     if profiler:
         from fleetscope.collectors import profiler_capture
@@ -864,7 +858,7 @@ def _progress_dumper(out_dir: Path, rank: int) -> None:
     Flight Recorder (TORCH_FR_BUFFER_SIZE) wrote it already."""
     tr = _TRACER
     if tr is not None and not (out_dir / f"fr_rank{rank}.json").exists():
-        _write_json(out_dir / f"fr_rank{rank}.json", tr.progress_dump())
+        write_json(out_dir / f"fr_rank{rank}.json", tr.progress_dump())
 
 
 def stop() -> dict | None:

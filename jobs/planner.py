@@ -18,11 +18,10 @@ complete inputs (in the daemon a wait ends after its hold time, so a busy fleet 
   3 answers    fleet_analysis (anomaly_verdicts, problems, problem_members, fleet_health) when any
                verdict changed, and incident_report_job for the incidents whose scope's verdicts
                changed; debounced: after the verdicts were quiet a while, at most max_wait late
-  4 loops      a critical problem files an incident request, once (landing/incidents/auto-<problem>.json)
+  4 loops      a critical problem files an incident request, once (landing/incidents/<job or host>-critical-<problem>.json)
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
+from fleetscope.collectors.incidents import file_incident, incident_id
 from fleetscope.findings.incidents import incident_scope
 from fleetscope.ingest.timings import read_capture_layout
 from fleetscope.ingest.registry import Registration, register_landing
@@ -45,7 +45,6 @@ FLEET_JOB, REPORT_JOB = "fleet_analysis", "incident_report_job"
 PARTITION_SET = {**{j: s for s, j in INGEST_JOBS.items()}, CAPTURE_JOB: "captures", WINDOW_JOB: "flow_windows",
                  INCIDENT_JOB: "incidents", REPORT_JOB: "incidents", FLEET_JOB: None}
 STAGE = {**{j: 0 for j in INGEST_JOBS.values()}, CAPTURE_JOB: 1, WINDOW_JOB: 1, INCIDENT_JOB: 2, FLEET_JOB: 3, REPORT_JOB: 3}
-FILED_PREFIX = "auto-"
 
 
 @dataclass(frozen=True)
@@ -289,13 +288,10 @@ def file_incident_requests(wh: Warehouse, landing: Path) -> list[str]:
     if "problems" not in wh.table_names():
         return []
     crit = wh.read("problems", where="severity = 'critical'")
-    folder = Path(landing) / "incidents"
     filed = []
     for r in crit.sort("problem_id").iter_rows(named=True):
-        target = folder / f"{FILED_PREFIX}{r['problem_id']}.json"
-        if target.exists():
-            continue
         jobs = [j for j in (r["job_ids"] or "").split(",") if j]
+        inc = incident_id(jobs[0] if len(jobs) == 1 else r["host"] or r["ip"] or "fleet", "critical", r["problem_id"])
         req = {"kind": "slow", "from_ns": r["start_ns"], "to_ns": r["end_ns"],
                "note": f"filed by fleetscope for critical problem {r['problem_id']}: {r['title'][:300]}"}
         if len(jobs) == 1:
@@ -304,11 +300,8 @@ def file_incident_requests(wh: Warehouse, landing: Path) -> list[str]:
             req["hosts"] = [r["host"]]
         elif r["ip"]:
             req["ips"] = [r["ip"]]
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{target.name}.tmp"
-        tmp.write_text(json.dumps(req, sort_keys=True))
-        tmp.rename(target)
-        filed.append(target.name)
+        if file_incident(landing, inc, req):  # once per problem: an existing request is kept
+            filed.append(f"{inc}.json")
     return filed
 
 

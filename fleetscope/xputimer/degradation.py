@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from fleetscope.collectors.incidents import file_incident, incident_id
 from fleetscope.schemas.base import conform
 from fleetscope.findings.verdicts import make_verdicts
 from fleetscope.xputimer import schemas as S
@@ -215,14 +216,7 @@ def write_hang_incident(landing_dir: str | os.PathLike, job_id: str, capture: st
     """File a hang incident (landing/incidents/<id>.json, docs/CONTRACT.md 1.7) and ask the job's
     ranks for their stacks and collective progress into landing/stacks/<id>/ (the request file
     the collectors' stack watchers serve, collectors/stacks.py). Returns the incident id."""
-    now_ns = now_ns or time.time_ns()
-    inc = f"{job_id}-blocked-{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now_ns / 1e9))}"
-    land = Path(landing_dir)
-    for path, obj in ((land / "incidents" / f"{inc}.json", {"kind": "hang", "job_id": job_id, "capture": capture,
-                                                              "from_ns": int(from_ns), "note": note}),
-                      (land / "requests" / f"{job_id}.stacks.json", {"incident": inc, "created_ns": now_ns})):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(obj))
-        os.replace(tmp, path)
+    inc = incident_id(job_id, "hang", now_ns or time.time_ns())
+    file_incident(landing_dir, inc, {"kind": "hang", "job_id": job_id, "capture": capture, "from_ns": int(from_ns), "note": note},
+                  stacks_of=job_id)
     return inc

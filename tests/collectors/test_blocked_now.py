@@ -43,7 +43,7 @@ def test_a_job_hung_right_now_gets_an_incident(fleet_env, monkeypatch):
         with DagsterInstance.get() as instance:
             res = degradation_sensor(build_sensor_context(instance=instance, cursor=None, definitions=defs))
             assert p.poll() is None, "the job finished before the check: the hang was not caught while it lasted"
-            incs = list((landing / "incidents").glob("bn-blocked-*.json"))
+            incs = list((landing / "incidents").glob("bn-hang-*.json"))
             assert len(incs) == 1
             body = json.loads(incs[0].read_text())
             assert body["kind"] == "hang" and body["job_id"] == "bn" and body["capture"] == "bn"
@@ -61,7 +61,7 @@ def test_a_job_hung_right_now_gets_an_incident(fleet_env, monkeypatch):
             assert not run_all(landing, warehouse, settle_s=0, log=lambda *_: None).failed
             degradation_sensor(build_sensor_context(instance=instance, cursor=res.cursor, definitions=defs))
             degradation_sensor(build_sensor_context(instance=instance, cursor=None, definitions=defs))
-            assert len(list((landing / "incidents").glob("bn-blocked-*.json"))) == 1
+            assert len(list((landing / "incidents").glob("bn-hang-*.json"))) == 1
     finally:
         if p.poll() is None:
             p.kill()
