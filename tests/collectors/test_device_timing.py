@@ -15,7 +15,7 @@ MS = 1_000_000
 
 @pytest.fixture()
 def gpu_tracer(tmp_path):
-    from fleetscope.collectors.tracer import _Tracer
+    from fleetscope.collectors.tracer_rows import _Tracer
 
     gpu = FakeCuda()
     tr = _Tracer(tmp_path, "cap", 0, "h", max_rows=1000, flush_interval_s=1e9, poll_interval_s=1e9, use_cuda=True, cuda=gpu)
@@ -42,7 +42,7 @@ def test_async_collective_timed_on_its_communication_stream(gpu_tracer):
     """An async all-reduce overlapping compute (DDP's bucket reduction during backward): the
     collective runs 30-40 ms on the communication stream while the current stream computes until
     60 ms. Events around the enqueue on the current stream measure nothing (both at 30 ms)."""
-    from fleetscope.collectors.tracer import _timed_collective
+    from fleetscope.collectors.tracer_hooks import _timed_collective
 
     gpu, tr = gpu_tracer
     all_reduce = _timed_collective(tr, "all_reduce", backend="nccl")(collective(gpu, 10.0))
@@ -68,7 +68,7 @@ def test_async_collective_timed_on_its_communication_stream(gpu_tracer):
 def test_back_to_back_collectives_start_after_the_previous_one(gpu_tracer):
     """Two async all-reduces issued together in one group run one after the other on the group's
     stream: the second starts when the first ends, not when it was enqueued."""
-    from fleetscope.collectors.tracer import _timed_collective
+    from fleetscope.collectors.tracer_hooks import _timed_collective
 
     gpu, tr = gpu_tracer
     all_reduce = _timed_collective(tr, "all_reduce", backend="nccl")(collective(gpu, 10.0))
@@ -90,7 +90,7 @@ def test_sync_collectives_and_nccl_timing(gpu_tracer):
     stream continues after the collective. With NCCL's own timing (Work._get_duration) the start is
     the end minus that duration: here the group's stream first waits for another stream's work the
     tracer cannot see, which only that duration reveals."""
-    from fleetscope.collectors.tracer import _timed_collective
+    from fleetscope.collectors.tracer_hooks import _timed_collective
 
     gpu, tr = gpu_tracer
     all_reduce = _timed_collective(tr, "all_reduce", backend="nccl")(collective(gpu, 7.0, timing=True))
@@ -113,7 +113,7 @@ def test_sync_collectives_and_nccl_timing(gpu_tracer):
 
 
 def test_in_flight_collective_is_what_the_watchdog_sees(gpu_tracer):
-    from fleetscope.collectors.tracer import _timed_collective
+    from fleetscope.collectors.tracer_hooks import _timed_collective
 
     gpu, tr = gpu_tracer
     all_reduce = _timed_collective(tr, "all_reduce", backend="nccl")(collective(gpu, 10.0))
@@ -132,10 +132,11 @@ def test_backward_and_ops_recorded_on_the_stream_current_when_they_run(gpu_trace
     tracer's node hooks record there (here a second stream stands for it), and an op marked with
     ft.op is bracketed by events on the current stream."""
     import fleetscope.collectors.tracer as ft
+    from fleetscope.collectors.tracer_hooks import _linear_info, _timed_kernel
 
     gpu, tr = gpu_tracer
     lin = torch.nn.Linear(16, 8)
-    linear = ft._timed_kernel(tr, "gemm", ft._linear_info)(torch.nn.functional.linear)
+    linear = _timed_kernel(tr, "gemm", _linear_info)(torch.nn.functional.linear)
     x = torch.randn(4, 16, requires_grad=True)
     y = linear(x, lin.weight, lin.bias)
     gpu.kernel(2.0, "fwd")

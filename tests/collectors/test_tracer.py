@@ -79,7 +79,7 @@ def test_gc_stall_is_timed_on_the_stalled_rank(real_runs):
 
 
 def test_buffer_is_bounded(tmp_path):
-    from fleetscope.collectors.tracer import _Tracer
+    from fleetscope.collectors.tracer_rows import _Tracer
 
     tr = _Tracer(tmp_path, "cap", 0, "h", max_rows=100, flush_interval_s=1e9, poll_interval_s=1e9, use_cuda=False)
     for i in range(5000):  # the writer thread is not running: the buffer must not grow without bound
@@ -90,7 +90,7 @@ def test_buffer_is_bounded(tmp_path):
 
 
 def test_unknown_traced_api_is_a_clear_error():
-    from fleetscope.collectors.tracer import _resolve
+    from fleetscope.collectors.tracer_hooks import _resolve
 
     with pytest.raises(ValueError, match="FLEETSCOPE_TRACED_PYTHON_API: cannot resolve 'nosuchmodule.f'"):
         _resolve("nosuchmodule.f")
