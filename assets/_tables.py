@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pandera.polars as pa
 import polars as pl
 from dagster import AssetSpec, AutomationCondition, MaterializeResult, MetadataValue, TableColumn, TableSchema
 
 from fleetscope.analysis import Analysis
-from fleetscope.schemas.base import conform, empty_frame
-from fleetscope.tables import TABLES
+from fleetscope.assets.partitions import BY_NAME
+from fleetscope.schemas.base import Table, conform, empty_frame
+from fleetscope.tables import DECLARED, TABLES
 from fleetscope.findings.verdicts import VERDICTS
 from fleetscope.warehouse import Warehouse
 
@@ -86,17 +87,25 @@ def write_verdicts(wh: Warehouse, detector: str, key: str, verdicts: pl.DataFram
     return md
 
 
-def analysis_specs(tables: dict[str, str], verdicts_asset: str, verdicts_description: str, *, partitions_def, group: str,
+def table_spec(name: str, *, group: str, deps=(), automation_condition=None) -> AssetSpec:
+    """The asset of a declared table: its partitions and description from the declaration."""
+    t = DECLARED[name]
+    return AssetSpec(name, partitions_def=BY_NAME.get(t.partitions), group_name=group, deps=list(deps), kinds={"duckdb", "parquet"},
+                     automation_condition=automation_condition, description=t.description)
+
+
+def analysis_specs(tables: Sequence[Table], verdicts_asset: str, verdicts_description: str, *, group: str,
                    deps, eager: bool = True) -> list[AssetSpec]:
-    """One AssetSpec per table (name -> description) plus the analysis' verdicts asset (its slice
-    of anomaly_verdicts)."""
+    """One AssetSpec per declared table of the analysis, plus its verdicts asset (its slice of
+    anomaly_verdicts), all in the tables' one partition set."""
+    (partitions,) = {t.partitions for t in tables}
     cond = AutomationCondition.eager() if eager else None
-    return [AssetSpec(name, partitions_def=partitions_def, group_name=group, deps=deps, kinds={"duckdb", "parquet"},
-                      automation_condition=cond, description=desc)
-            for name, desc in {**tables, verdicts_asset: verdicts_description}.items()]
+    return [table_spec(t.name, group=group, deps=deps, automation_condition=cond) for t in tables] + [
+        AssetSpec(verdicts_asset, partitions_def=BY_NAME[partitions], group_name=group, deps=deps, kinds={"duckdb", "parquet"},
+                  automation_condition=cond, description=verdicts_description)]
 
 
-def materialize_analysis(wh: Warehouse, key: str, result: Analysis, tables, verdicts_asset: str, detector: str,
+def materialize_analysis(wh: Warehouse, key: str, result: Analysis, tables: Sequence[Table], verdicts_asset: str, detector: str,
                          capture_id: str | None = None, extra: dict | None = None,
                          artifacts_on: str | None = None) -> Iterator[MaterializeResult]:
     """Write every table of the analysis (an empty frame of its schema when it produced none), its
@@ -117,8 +126,8 @@ def materialize_analysis(wh: Warehouse, key: str, result: Analysis, tables, verd
     shown.update({f"plot/{rel.rsplit('/', 1)[-1][:-4]}": MetadataValue.md(
         f"![{rel}](data:image/png;base64,{base64.b64encode(result.artifacts[rel]).decode()})")
         for rel in files if rel.endswith(".png")})
-    artifacts_on = artifacts_on or next(iter(tables))
-    for name in tables:
+    artifacts_on = artifacts_on or tables[0].name
+    for name in (t.name for t in tables):
         _, md = write_table(wh, name, key, table_of(result, name))
         if notes is not None:
             md["notes"] = notes

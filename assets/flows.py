@@ -4,21 +4,13 @@ window is written with the fleet health page.)"""
 from dagster import AllPartitionMapping, AssetDep, AssetExecutionContext, MetadataValue, multi_asset
 
 from fleetscope.assets._tables import analysis_specs, materialize_analysis, table_of
-from fleetscope.assets.partitions import flow_windows
 from fleetscope.flows import FlowConfig, analyze_window
 from fleetscope.ingest.topology import latest_topology
+from fleetscope.flows.schemas import DECLARED
 from fleetscope.resources import AnalysisSettings, WarehouseResource
 from fleetscope.ingest.windows import parse_window_id
 
-TABLES = {
-    "jobs": "Training jobs recognized from flows alone (union-find over communicating NICs, same-host-set merge).",
-    "job_clusters": "Which GPU address (ip) and host belongs to which job, per window.",
-    "comm_pairs": "DP / PP / other label of every communicating GPU pair, with the evidence (LLMPrism Algorithm 2).",
-    "step_timelines": "Reconstructed step boundaries per GPU address (step ends where its DP traffic ends).",
-    "flow_background": "Traffic that is not a job's (outside the topology or aperiodic): evidence, not dropped.",
-    "flow_pair_rates": "Per directed GPU pair and window: its data flows' median log rate, the history later windows "
-                       "compare the pair with.",
-}
+TABLES = DECLARED  # the flows analysis' tables (fleetscope/flows/schemas.py)
 _ALL = AllPartitionMapping()
 
 
@@ -38,7 +30,7 @@ def read_pair_history(wh, start: int, history_s: int):
 
 
 @multi_asset(specs=analysis_specs(TABLES, "flows_verdicts", "Flow-based verdicts: slow steps, slow DP groups, degraded "
-                                  "switches and NICs (k-sigma, robust).", partitions_def=flow_windows, group="flows", eager=False,
+                                  "switches and NICs (k-sigma, robust).", group="flows", eager=False,
                                   deps=[AssetDep("flows", partition_mapping=_ALL), AssetDep("topology", partition_mapping=_ALL)]),
              can_subset=False)
 def flows_window(context: AssetExecutionContext, warehouse: WarehouseResource, settings: AnalysisSettings):

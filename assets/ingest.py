@@ -6,19 +6,20 @@ import json
 
 import polars as pl
 
-from dagster import AssetExecutionContext, AssetSpec, MaterializeResult, MetadataValue, asset, multi_asset
+from dagster import AssetExecutionContext, MaterializeResult, MetadataValue, asset, multi_asset
 
 from fleetscope.assets._capture import capture_events, remember_events
-from fleetscope.assets._tables import preview, table_schema_metadata, write_table
-from fleetscope.assets.partitions import captures, flow_files, hw_files, incidents, topology_files
+from fleetscope.assets._tables import preview, table_schema_metadata, table_spec, write_table
+from fleetscope.assets.partitions import captures, flow_files, hw_files, topology_files
 from fleetscope.ingest import partitions as ing
 from fleetscope.ingest.captures import capture_ranks
 from fleetscope.ingest.trace_timings import trace_gaps
-from fleetscope.schemas.landing import CAPTURES, COLLECTIVE_PROGRESS, FLOWS, HW, INCIDENTS, RING, STACKS, TIMINGS, TOPOLOGY
+from fleetscope.schemas.landing import CAPTURES, FLOWS, HW, TIMINGS, TOPOLOGY
 from fleetscope.schemas.landing import TRACE_EVENTS, TRACE_FILES
 from fleetscope.traces.layout import COMM_EVENT_COLUMNS, capture_layout, layout_events
 from fleetscope.ingest.windows import windows_touched
 from fleetscope.resources import AnalysisSettings, LandingResource, WarehouseResource
+from fleetscope.tables import DECLARED, TABLES
 
 
 def _metadata(s: ing.IngestSummary, schema=None) -> dict:
@@ -49,7 +50,7 @@ def _log(context: AssetExecutionContext, s: ing.IngestSummary) -> None:
 
 
 @asset(partitions_def=topology_files, group_name="ingest", kinds={"duckdb", "parquet"},
-       description="Cluster topology snapshots (docs/CONTRACT.md 1.1), one partition per landed file.")
+       description=DECLARED["topology"].description)
 def topology(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
     s = ing.ingest_file(warehouse.get(), landing.root, "topology", context.partition_key)
     _log(context, s)
@@ -57,8 +58,7 @@ def topology(context: AssetExecutionContext, warehouse: WarehouseResource, landi
 
 
 @asset(partitions_def=flow_files, group_name="ingest", kinds={"duckdb", "parquet"},
-       description="Switch-mirrored flow records (docs/CONTRACT.md 1.2), normalized; shows the time windows it touches (the "
-                   "planner analyses them).")
+       description=DECLARED["flows"].description)
 def flows(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource,
           settings: AnalysisSettings) -> MaterializeResult:
     s = ing.ingest_file(warehouse.get(), landing.root, "flows", context.partition_key)
@@ -72,7 +72,7 @@ def flows(context: AssetExecutionContext, warehouse: WarehouseResource, landing:
 
 
 @asset(partitions_def=hw_files, group_name="ingest", kinds={"duckdb", "parquet"},
-       description="GPU hardware samples (docs/CONTRACT.md 1.5), one partition per landed file.")
+       description=DECLARED["hw"].description)
 def hw(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
     s = ing.ingest_file(warehouse.get(), landing.root, "hw", context.partition_key)
     _log(context, s)
@@ -80,7 +80,7 @@ def hw(context: AssetExecutionContext, warehouse: WarehouseResource, landing: La
 
 
 @asset(partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
-       description="Lightweight tracer timings and StragglerAnalysis per-op traces of a capture (docs/CONTRACT.md 1.4).")
+       description=DECLARED["timings"].description)
 def timings(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource) -> MaterializeResult:
     wh = warehouse.get()
     s = ing.ingest_timings_capture(wh, landing.root, context.partition_key)
@@ -88,12 +88,7 @@ def timings(context: AssetExecutionContext, warehouse: WarehouseResource, landin
     return MaterializeResult(metadata=_metadata(s, TIMINGS))
 
 
-@multi_asset(specs=[AssetSpec("trace_events", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
-                              description="PyTorch profiler traces of a capture parsed into trace_events (one row per event, "
-                                          "per rank)."),
-                    AssetSpec("trace_files", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
-                              description="One row per trace file: its rank and what its distributedInfo says about the job "
-                                          "(world size, backend, the process groups the rank belongs to).")],
+@multi_asset(specs=[table_spec("trace_events", group="ingest"), table_spec("trace_files", group="ingest")],
              can_subset=True)  # a selection of trace_events alone (as before trace_files existed) still runs; both are written
 def trace_events(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource):
     wh = warehouse.get()
@@ -115,14 +110,8 @@ def trace_events(context: AssetExecutionContext, warehouse: WarehouseResource, l
             "dagster/column_schema": MetadataValue.table_schema(table_schema_metadata(TRACE_FILES))})
 
 
-@multi_asset(specs=[AssetSpec("captures", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
-                              deps=[timings, trace_events],
-                              description="One row per capture: job id, parallel layout (capture.json or StragglerAnalysis "
-                                          "meta), file counts."),
-                    AssetSpec("capture_ranks", partitions_def=captures, group_name="ingest", kinds={"duckdb", "parquet"},
-                              deps=[timings, trace_events],
-                              description="Which host and GPU device each rank of the capture ran on (timings' host, the "
-                                          "trace's device and file name), so findings about a rank name its machine.")],
+@multi_asset(specs=[table_spec("captures", group="ingest", deps=[timings, trace_events]),
+                    table_spec("capture_ranks", group="ingest", deps=[timings, trace_events])],
              can_subset=False)
 def captures_asset(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource):
     wh = warehouse.get()
@@ -151,23 +140,17 @@ def captures_asset(context: AssetExecutionContext, warehouse: WarehouseResource,
     yield MaterializeResult(asset_key="capture_ranks", metadata=md)
 
 
-_INCIDENT_TABLES = {
-    "incidents": ("Incident requests (docs/CONTRACT.md 1.7): what an SRE or a sensor asked to look at.", INCIDENTS),
-    "stacks": ("Stack dumps of every rank taken during a hang (docs/CONTRACT.md 1.6).", STACKS),
-    "ring_progress": ("The loop step each ring connection reached inside a hung collective (ring.json).", RING),
-    "collective_progress": ("Each rank's recent collectives during a hang (PyTorch Flight Recorder dumps or the fleetscope "
-                            "tracer's progress, fr_rank<R>.json).", COLLECTIVE_PROGRESS),
-}
+_INCIDENT_TABLES = ("incidents", "stacks", "ring_progress", "collective_progress")
 
 
-@multi_asset(specs=[AssetSpec(name, partitions_def=incidents, group_name="ingest", kinds={"duckdb", "parquet"}, description=desc)
-                    for name, (desc, _) in _INCIDENT_TABLES.items()], can_subset=False)
+@multi_asset(specs=[table_spec(name, group="ingest") for name in _INCIDENT_TABLES], can_subset=False)
 def incident_inputs(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource):
     """incidents/<key>.json (a request) and stacks/<key>/ (dumps of a hang), whichever exist."""
     wh = warehouse.get()
     s = ing.ingest_incident(wh, landing.root, context.partition_key)
     _log(context, s)
-    for name, (_, schema) in _INCIDENT_TABLES.items():
+    for name in _INCIDENT_TABLES:
+        schema = TABLES[name]
         if name == "incidents":
             md = _metadata(s, schema)
             if s.frame is not None and s.frame.height:

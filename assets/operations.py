@@ -6,9 +6,9 @@ from pathlib import Path
 
 import polars as pl
 from dagster import (AllPartitionMapping, AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetDep, AssetExecutionContext,
-                     AssetSpec, MaterializeResult, MetadataValue, asset, multi_asset)
+                     MaterializeResult, MetadataValue, asset, multi_asset)
 
-from fleetscope.assets._tables import analysis_specs, materialize_analysis, table_schema_metadata, write_table
+from fleetscope.assets._tables import analysis_specs, materialize_analysis, table_schema_metadata, table_spec, write_table
 from fleetscope.findings.exports import job_timeline_trace
 from fleetscope.assets.partitions import incidents
 from fleetscope.findings.incidents import scoped_verdicts
@@ -16,7 +16,8 @@ from fleetscope.ingest.topology import latest_topology
 from fleetscope.findings.problems import group_problems
 from fleetscope.findings.reports import fleet_report, incident_report, md_table, problems_markdown
 from fleetscope.resources import LandingResource, WarehouseResource
-from fleetscope.tables import TABLES
+from fleetscope.tables import DECLARED, TABLES
+from fleetscope.xputimer.schemas import DECLARED as XPUTIMER_TABLES
 from fleetscope.xputimer import analyze_hang
 
 _ALL = AllPartitionMapping()
@@ -40,17 +41,13 @@ def _write_report(folder: Path, stem: str, md: str, plots: dict[str, bytes]) -> 
     return path
 
 
-HANG_TABLES = {"xputimer_hang_ranks": "Per rank of a hung job: its main thread's top frame, whether it waits in a collective, "
-                                      "and the culprit.",
-               "xputimer_hang_collectives": "Per process group of a hung job: the first collective not the same on every member "
-                                            "(ranks missing from it, a different collective or sizes, not completed)."}
+HANG_TABLES = [t for t in XPUTIMER_TABLES if t.partitions == "incidents"]  # fleetscope/xputimer/schemas.py
 
 
 @multi_asset(specs=analysis_specs(HANG_TABLES, "hang_verdicts", "Hang diagnosis from the stack dumps of every rank, their "
                                   "collective progress (Flight Recorder) and ring progress (XPUTimer): the culprit rank, a "
                                   "diverged program or the faulty link.",
-                                  partitions_def=incidents, group="operations",
-                                  deps=["incidents", "stacks", "ring_progress", "collective_progress"]),
+                                  group="operations", deps=["incidents", "stacks", "ring_progress", "collective_progress"]),
              can_subset=False)
 def hang_diagnosis(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource):
     wh = warehouse.get()
@@ -97,9 +94,7 @@ _MORE = "_{n} more: `fleetscope sql` has them all_"
 
 
 @asset(name="anomaly_verdicts", group_name="operations", kinds={"duckdb", "parquet"},
-       deps=[AssetDep(k, partition_mapping=_ALL) for k in VERDICT_ASSETS],
-       description="Every finding of every detector in one table (docs/CONTRACT.md section 2): the analyses each write their "
-                   "slice (flows_verdicts, traces_verdicts, ...); this page shows them all, worst first.")
+       deps=[AssetDep(k, partition_mapping=_ALL) for k in VERDICT_ASSETS], description=DECLARED["anomaly_verdicts"].description)
 def anomaly_verdicts_asset(context: AssetExecutionContext, warehouse: WarehouseResource) -> MaterializeResult:
     wh = warehouse.get()
     v = wh.read("anomaly_verdicts")
@@ -117,12 +112,8 @@ def anomaly_verdicts_asset(context: AssetExecutionContext, warehouse: WarehouseR
     })
 
 
-@multi_asset(specs=[AssetSpec("problems", group_name="operations", kinds={"duckdb", "parquet"}, deps=["anomaly_verdicts"],
-                              description="One problem per cause: the findings of every detector about the same GPU, NIC, host, "
-                                          "switch, stage or code, with the job slowdowns they explain, named as people name "
-                                          "them (host and GPU), routed to the team that can fix the cause, with what to do."),
-                    AssetSpec("problem_members", group_name="operations", kinds={"duckdb", "parquet"}, deps=["problems"],
-                              description="Which verdicts make up which problem, and their role (cause, evidence, symptom).")],
+@multi_asset(specs=[table_spec("problems", group="operations", deps=["anomaly_verdicts"]),
+                    table_spec("problem_members", group="operations", deps=["problems"])],
              check_specs=[AssetCheckSpec("no_critical_problems", asset="problems",
                                          description="Fails while a critical problem is open: the catalog shows red where the fleet is sick."),
                           AssetCheckSpec("no_warning_problems", asset="problems",

@@ -4,16 +4,15 @@ from dagster import AssetExecutionContext, multi_asset
 
 from fleetscope.assets._capture import capture_events, capture_hw, capture_info, job_history
 from fleetscope.assets._tables import analysis_specs, materialize_analysis
-from fleetscope.assets.partitions import captures
 from fleetscope.perftracker import EVENT_COLUMNS, analyze_capture
+from fleetscope.perftracker.schemas import DECLARED
 from fleetscope.resources import WarehouseResource
 
-TABLES = {"behavior_patterns": "PerfTracker behaviour pattern (beta, mu, sigma) of every function on every worker, distances "
-                               "from expectation and from peers (stage-aware), abnormal flag."}
+TABLES = DECLARED  # fleetscope/perftracker/schemas.py
 
 
 @multi_asset(specs=analysis_specs(TABLES, "perftracker_verdicts", "The abnormal functions and the workers they are abnormal "
-                                  "on, how they differ, and the team.", partitions_def=captures, group="perftracker",
+                                  "on, how they differ, and the team.", group="perftracker",
                                   deps=["trace_events", "timings", "hw", "captures"]),
              can_subset=False)
 def perftracker_capture(context: AssetExecutionContext, warehouse: WarehouseResource):

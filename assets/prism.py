@@ -4,29 +4,15 @@ from dagster import AssetExecutionContext, multi_asset
 
 from fleetscope.assets._capture import capture_frames, capture_hw, capture_info
 from fleetscope.assets._tables import analysis_specs, materialize_analysis, table_of
-from fleetscope.assets.partitions import captures
 from fleetscope.prism import analyze_capture
+from fleetscope.prism.schemas import DECLARED
 from fleetscope.resources import WarehouseResource
 
-TABLES = {
-    "variability_models": "Per operation: latency distributions across ranks (spatial) and iterations (temporal), the fitted "
-                          "family with goodness of fit, quantiles.",
-    "variability_hw_correlation": "Correlation of op latencies with SM clock / power / throttling samples.",
-    "step_forecasts": "Predicted step-time distributions: baseline (vs measured, KS), no_stragglers (ideal), slow-node "
-                      "placement, scale-out; CDF plots.",
-    "step_forecast_details": "The scenario sweeps behind the forecasts (placement, sync group size, kernel sensitivity, "
-                             "attribution).",
-    "straggler_summary": "What-if straggler analysis per capture: measured vs ideal step (every op at its typical duration), "
-                         "slowdown S, and the share fixing the slowest workers (M_W) or the last stage (M_S) removes.",
-    "straggler_attribution": "Slowdown attributed by operation type, stage, data-parallel replica and worker.",
-    "straggler_slowdown": "Slowdown of every step on every worker (the heatmap's data).",
-    "straggler_causes": "The causes found (individual worker, stage partitioning, sequence length), each with its share of "
-                        "the slowdown and the team that can fix it.",
-}
+TABLES = DECLARED  # fleetscope/prism/schemas.py
 
 
 @multi_asset(specs=analysis_specs(TABLES, "prism_verdicts", "Jobs measurably slower than their no_stragglers forecast, "
-                                  "attributed to op type, stage and rank.", partitions_def=captures, group="prism",
+                                  "attributed to op type, stage and rank.", group="prism",
                                   deps=["timings", "trace_events", "hw", "captures"]),
              can_subset=False)
 def prism_capture(context: AssetExecutionContext, warehouse: WarehouseResource):

@@ -4,28 +4,16 @@ from dagster import AssetExecutionContext, multi_asset
 
 from fleetscope.assets._capture import capture_frames, capture_info, job_history
 from fleetscope.assets._tables import analysis_specs, materialize_analysis, table_of
-from fleetscope.assets.partitions import captures
+from fleetscope.xputimer.schemas import DECLARED
 from fleetscope.resources import WarehouseResource
 from fleetscope.xputimer import analyze_capture
 
-TABLES = {
-    "xputimer_step_throughput": "Samples (or steps) per second per rank and step.",
-    "xputimer_job_throughput": "Throughput of the whole capture.",
-    "xputimer_kernel_flops": "Achieved FLOP/s per compute kernel shape and rank, against the other ranks and shape expectations.",
-    "xputimer_comm_instances": "Each collective instance across ranks: its effective start (last rank in), duration, bus bandwidth.",
-    "xputimer_comm_bandwidth": "Bus bandwidth per process group, collective and message size.",
-    "xputimer_issue_latency": "Kernel issue latency (GPU start minus CPU launch) samples.",
-    "xputimer_issue_latency_summary": "Issue-latency distribution per capture, against the job's own history (KS).",
-    "xputimer_void": "Void percentages: V_inter (between steps) and V_minority (untraced kernels).",
-    "xputimer_stage_metrics": "Compute and communication per step per rank and pipeline stage.",
-    "xputimer_iterations": "Iterations found from the repeating API sequence (PerfTracker 4.1).",
-    "xputimer_degradations": "Iterations slower than the recent shortest by more than 5 %, or a blocked job.",
-}
+TABLES = [t for t in DECLARED if t.partitions == "captures"]  # per capture; the hang tables are per incident (operations)
 
 
 @multi_asset(specs=analysis_specs(TABLES, "xputimer_verdicts", "XPUTimer verdicts (slow GPUs, misaligned shapes, slow "
                                   "collectives, issue stalls from GC or synchronization, void time, stage imbalance, "
-                                  "degradation) routed to a team.", partitions_def=captures, group="xputimer", deps=["timings", "trace_events", "captures"]),
+                                  "degradation) routed to a team.", group="xputimer", deps=["timings", "trace_events", "captures"]),
              can_subset=False)
 def xputimer_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     wh = warehouse.get()

@@ -31,7 +31,7 @@ import re
 import pandera.polars as pa
 import polars as pl
 
-from fleetscope.schemas.base import conform
+from fleetscope.schemas.base import Table, conform
 
 PROBLEMS = pa.DataFrameSchema({
     "problem_id": pa.Column(pl.Utf8, unique=True),
@@ -460,3 +460,12 @@ def _problem(c: dict, members: list[dict], extra: list[dict], symptoms: list[dic
         end_ns=max((d["end_ns"] for d in all_members if d.get("end_ns") is not None), default=None),
         evidence=json.dumps(ev), verdict_ids=",".join(ids), teams=",".join(sorted({d["team"] for d in all_members})),
         subjects=",".join(sorted({f"{d['scope']}:{d['subject']}" for d in all_members})))
+
+
+DECLARED = (
+    Table("problems", PROBLEMS, "One problem per cause: the findings of every detector about the same GPU, NIC, host, switch, stage "
+          "or code, with the job slowdowns they explain, named as people name them (host and GPU), routed to the team that can "
+          "fix the cause, with what to do.", "all", ("anomaly_verdicts", "job_clusters", "capture_ranks", "topology")),
+    Table("problem_members", PROBLEM_MEMBERS, "Which verdicts make up which problem, and their role (cause, evidence, symptom).",
+          "all", ("problems",)),
+)

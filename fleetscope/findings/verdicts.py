@@ -9,7 +9,7 @@ import hashlib
 import pandera.polars as pa
 import polars as pl
 
-from fleetscope.schemas.base import conform
+from fleetscope.schemas.base import Table, conform
 
 SCOPES = ["job", "step", "stage", "dp_group", "switch", "link", "host", "gpu", "rank", "function", "kernel"]
 SEVERITIES = ["info", "warning", "critical"]
@@ -52,3 +52,9 @@ def make_verdicts(rows: list[dict] | pl.DataFrame) -> pl.DataFrame:
     ids = [hashlib.sha1("\x1f".join(k).encode()).hexdigest()[:16] for k in keys]
     df = df.with_columns(verdict_id=pl.Series(ids, dtype=pl.Utf8)).unique("verdict_id", keep="first", maintain_order=True)
     return VERDICTS.validate(df)
+
+
+DECLARED = (
+    Table("anomaly_verdicts", VERDICTS, "Every finding of every detector in one table (docs/CONTRACT.md section 2): the analyses "
+          "each write their slice (flows_verdicts, traces_verdicts, ...); this page shows them all, worst first.", "slices"),
+)

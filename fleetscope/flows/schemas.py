@@ -5,6 +5,8 @@ from __future__ import annotations
 import pandera.polars as pa
 import polars as pl
 
+from fleetscope.schemas.base import Table
+
 
 COMM_TYPES = ["DP", "PP", "other"]
 
@@ -111,3 +113,19 @@ FLOW_BACKGROUND = pa.DataFrameSchema({
     "n_flows": pa.Column(pl.Int64),
     "bytes": pa.Column(pl.Int64),
 })
+
+
+_READS = ("flows", "topology", "flow_pair_rates")
+DECLARED = (
+    Table("jobs", JOBS, "Training jobs recognized from flows alone (union-find over communicating NICs, same-host-set merge).",
+          "flow_windows", _READS),
+    Table("job_clusters", JOB_CLUSTERS, "Which GPU address (ip) and host belongs to which job, per window.", "flow_windows", _READS),
+    Table("comm_pairs", COMM_PAIRS, "DP / PP / other label of every communicating GPU pair, with the evidence (LLMPrism Algorithm 2).",
+          "flow_windows", _READS),
+    Table("step_timelines", STEP_TIMELINES, "Reconstructed step boundaries per GPU address (step ends where its DP traffic ends).",
+          "flow_windows", _READS),
+    Table("flow_background", FLOW_BACKGROUND, "Traffic that is not a job's (outside the topology or aperiodic): evidence, not dropped.",
+          "flow_windows", _READS),
+    Table("flow_pair_rates", FLOW_PAIR_RATES, "Per directed GPU pair and window: its data flows' median log rate, the history later "
+          "windows compare the pair with.", "flow_windows", _READS),
+)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandera.polars as pa
 import polars as pl
 
-from fleetscope.schemas.base import conform
+from fleetscope.schemas.base import Table, conform
 
 CAPTURE_RANKS = pa.DataFrameSchema({
     "capture_id": pa.Column(pl.Utf8),
@@ -72,3 +72,9 @@ def capture_ranks(capture_id: str, timings: pl.DataFrame | None, trace_events: p
         .when(pl.col("host").is_not_null()).then(pl.lit("local rank")),
         device=pl.coalesce(pl.col("device"), pl.when(pl.col("host").is_not_null()).then(pl.col("_pos") + pl.col("_off"))))
     return CAPTURE_RANKS.validate(conform(df.sort("rank"), CAPTURE_RANKS))
+
+
+DECLARED = (
+    Table("capture_ranks", CAPTURE_RANKS, "Which host and GPU device each rank of the capture ran on (timings' host, the trace's "
+          "device and file name), so findings about a rank name its machine.", "captures", ("timings", "trace_events")),
+)

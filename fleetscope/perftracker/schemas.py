@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandera.polars as pa
 import polars as pl
 
-from fleetscope.schemas.base import conform
+from fleetscope.schemas.base import Table, conform
 
 CATEGORIES = ["compute", "memory", "collective", "python"]
 MU_SOURCES = ["hw_alg1", "hw_nearest", "trace_bytes", "trace_speed", "none"]
@@ -55,3 +55,10 @@ BEHAVIOR_PATTERNS = pa.DataFrameSchema(
 def finish_patterns(df: pl.DataFrame) -> pl.DataFrame:
     """Conform to BEHAVIOR_PATTERNS (missing optional columns become null) and validate."""
     return BEHAVIOR_PATTERNS.validate(conform(df, BEHAVIOR_PATTERNS))
+
+
+DECLARED = (
+    Table("behavior_patterns", BEHAVIOR_PATTERNS, "PerfTracker behaviour pattern (beta, mu, sigma) of every function on every "
+          "worker, distances from expectation and from peers (stage-aware), abnormal flag.", "captures",
+          ("trace_events", "timings", "hw", "captures", "capture_ranks")),
+)

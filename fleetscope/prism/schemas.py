@@ -4,6 +4,8 @@ from __future__ import annotations
 import pandera.polars as pa
 import polars as pl
 
+from fleetscope.schemas.base import Table
+
 
 _DIMS = ["temporal", "spatial"]
 
@@ -145,3 +147,24 @@ STRAGGLER_CAUSES = pa.DataFrameSchema({
     "team": pa.Column(pl.Utf8, pa.Check.isin(["algorithm", "infrastructure", "operations"])),
     "evidence": pa.Column(pl.Utf8),                   # JSON
 }, strict=True)
+
+
+_READS = ("trace_events", "timings", "hw", "captures", "capture_ranks")
+DECLARED = (
+    Table("variability_models", VARIABILITY_MODELS, "Per operation: latency distributions across ranks (spatial) and iterations "
+          "(temporal), the fitted family with goodness of fit, quantiles.", "captures", _READS),
+    Table("variability_hw_correlation", HW_CORRELATION, "Correlation of op latencies with SM clock / power / throttling samples.",
+          "captures", _READS),
+    Table("step_forecasts", STEP_FORECASTS, "Predicted step-time distributions: baseline (vs measured, KS), no_stragglers (ideal), "
+          "slow-node placement, scale-out; CDF plots.", "captures", _READS),
+    Table("step_forecast_details", SCENARIO_DETAILS, "The scenario sweeps behind the forecasts (placement, sync group size, kernel "
+          "sensitivity, attribution).", "captures", _READS),
+    Table("straggler_summary", STRAGGLER_SUMMARY, "What-if straggler analysis per capture: measured vs ideal step (every op at its "
+          "typical duration), slowdown S, and the share fixing the slowest workers (M_W) or the last stage (M_S) removes.",
+          "captures", _READS),
+    Table("straggler_attribution", STRAGGLER_ATTRIBUTION, "Slowdown attributed by operation type, stage, data-parallel replica and "
+          "worker.", "captures", _READS),
+    Table("straggler_slowdown", STRAGGLER_SLOWDOWN, "Slowdown of every step on every worker (the heatmap's data).", "captures", _READS),
+    Table("straggler_causes", STRAGGLER_CAUSES, "The causes found (individual worker, stage partitioning, sequence length), each "
+          "with its share of the slowdown and the team that can fix it.", "captures", _READS),
+)

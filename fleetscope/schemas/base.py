@@ -1,11 +1,25 @@
-"""Helpers over pandera.polars schemas: conform a frame, make an empty one, validate row by row.
-The tables and their schemas are listed in fleetscope.tables."""
+"""Helpers over pandera.polars schemas: conform a frame, make an empty one, validate row by row;
+and `Table`, the one declaration of a warehouse table (each module that writes tables declares
+them beside their schemas; fleetscope.tables gathers them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pandera.polars as pa
 import polars as pl
+
+@dataclass(frozen=True)
+class Table:
+    """A warehouse table, declared once: its name, its schema, what it holds (the UI's and the docs'
+    description), the partitions it is written in (a partition set of the wiring, "slices" when
+    every writer of another table adds its own slice, "all" when one partition holds it) and the
+    tables its writer reads."""
+    name: str
+    schema: pa.DataFrameSchema
+    description: str
+    partitions: str
+    reads: tuple[str, ...] = ()
+
 
 def polars_schema(schema: pa.DataFrameSchema) -> dict[str, pl.DataType]:
     """Column name -> polars dtype, in schema order."""

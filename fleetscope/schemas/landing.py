@@ -4,6 +4,8 @@ import ipaddress
 import pandera.polars as pa
 import polars as pl
 
+from fleetscope.schemas.base import Table
+
 
 _ID = pa.Column(pl.Utf8)
 _OPT_STR = dict(nullable=True)
@@ -250,4 +252,30 @@ TRACE_EVENTS = pa.DataFrameSchema(
     "peer": _c(pl.Int32, True),  # point-to-point peer: Kineto's "Dst Rank" / "Src Rank" (global), else c10d::send / recv_'s argument (its group's rank)
     },
     strict=False,
+)
+
+
+DECLARED = (
+    Table("topology", TOPOLOGY, "Cluster topology snapshots (docs/CONTRACT.md 1.1), one partition per landed file.",
+          "topology_files"),
+    Table("flows", FLOWS, "Switch-mirrored flow records (docs/CONTRACT.md 1.2), normalized; shows the time windows it touches "
+          "(the planner analyses them).", "flow_files"),
+    Table("timings", TIMINGS, "Lightweight tracer timings and StragglerAnalysis per-op traces of a capture (docs/CONTRACT.md 1.4).",
+          "captures"),
+    Table("hw", HW, "GPU hardware samples (docs/CONTRACT.md 1.5), one partition per landed file.", "hw_files"),
+    Table("captures", CAPTURES, "One row per capture: job id, parallel layout (capture.json or StragglerAnalysis meta), file counts.",
+          "captures", ("timings", "trace_events", "trace_files")),
+    Table("stacks", STACKS, "Stack dumps of every rank taken during a hang (docs/CONTRACT.md 1.6).", "incidents"),
+    Table("ring_progress", RING, "The loop step each ring connection reached inside a hung collective (ring.json).", "incidents"),
+    Table("collective_progress", COLLECTIVE_PROGRESS, "Each rank's recent collectives during a hang (PyTorch Flight Recorder dumps "
+          "or the fleetscope tracer's progress, fr_rank<R>.json).", "incidents"),
+    Table("incidents", INCIDENTS, "Incident requests (docs/CONTRACT.md 1.7): what an SRE or a sensor asked to look at.", "incidents"),
+    Table("rejected_records", REJECTED, "Every row and file ingestion refused, with the reason (each ingest asset writes its slice).",
+          "slices"),
+    Table("landed_files", LANDED, "Every landed file, identified by content: its partition, size, hash (the landing registration "
+          "writes it; no asset).", "slices"),
+    Table("trace_events", TRACE_EVENTS, "PyTorch profiler traces of a capture parsed into trace_events (one row per event, per rank).",
+          "captures"),
+    Table("trace_files", TRACE_FILES, "One row per trace file: its rank and what its distributedInfo says about the job (world size, "
+          "backend, the process groups the rank belongs to).", "captures"),
 )

@@ -4,6 +4,8 @@ from __future__ import annotations
 import pandera.polars as pa
 import polars as pl
 
+from fleetscope.schemas.base import Table
+
 
 def _c(dtype, nullable=False, *checks):
     return pa.Column(dtype, list(checks) or None, nullable=nullable)
@@ -177,4 +179,20 @@ WHATIF = pa.DataFrameSchema(
         "rank": _c(pl.Int32, True),  # null: the whole capture (slowest rank)
     },
     strict=False,
+)
+
+
+_READS = ("trace_events", "timings", "hw", "captures", "capture_ranks")
+DECLARED = (
+    Table("graph_tasks", GRAPH_TASKS, "Execution-graph tasks per rank: CPU tasks on threads, GPU tasks on streams.", "captures", _READS),
+    Table("graph_edges", GRAPH_EDGES, "Execution-graph edges cpu_cpu, cpu_gpu, gpu_cpu, gpu_gpu and cross-rank collective links.",
+          "captures", _READS),
+    Table("trace_collectives", TRACE_COLLECTIVES, "Collectives seen in the traces (kind, size, group, duration) per rank.", "captures", _READS),
+    Table("trace_iterations", TRACE_ITERATIONS, "Iterations (ProfilerStep#) per rank with their spans.", "captures", _READS),
+    Table("trace_syncs", TRACE_SYNCS, "Host-device synchronization events per rank.", "captures", _READS),
+    Table("replays", REPLAYS, "Lumos replay per rank and iteration: actual vs simulated time, error, exposed compute / "
+          "communication, overlap, idle. The simulated timeline is exported as a Chrome trace.", "captures", _READS),
+    Table("replay_sm_util", REPLAY_SM_UTIL, "SM utilization per 1 ms, actual vs simulated.", "captures", _READS),
+    Table("whatif", WHATIF, "What-if predictions (GEMMs 2x, attention 1.5x, sync removed, DP degree, PP re-partition, layers) "
+          "re-simulated on the edited graph.", "captures", _READS),
 )

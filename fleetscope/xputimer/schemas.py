@@ -4,6 +4,8 @@ from __future__ import annotations
 import pandera.polars as pa
 import polars as pl
 
+from fleetscope.schemas.base import Table
+
 
 _S = pa.Column(pl.Utf8)
 _SN = pa.Column(pl.Utf8, nullable=True)
@@ -97,3 +99,28 @@ HANG_COLLECTIVES = pa.DataFrameSchema({
     "ranks_present": _S,    # JSON list: the ranks that issued that collective
     "issued_ns": _IN, "source": _S,
 })
+
+
+_READS = ("trace_events", "timings", "hw", "captures", "capture_ranks")
+_HANG_READS = ("incidents", "stacks", "ring_progress", "collective_progress")
+DECLARED = (
+    Table("xputimer_step_throughput", STEP_THROUGHPUT, "Samples (or steps) per second per rank and step.", "captures", _READS),
+    Table("xputimer_job_throughput", JOB_THROUGHPUT, "Throughput of the whole capture.", "captures", _READS),
+    Table("xputimer_kernel_flops", KERNEL_FLOPS, "Achieved FLOP/s per compute kernel shape and rank, against the other ranks and "
+          "shape expectations.", "captures", _READS),
+    Table("xputimer_comm_instances", COMM_INSTANCES, "Each collective instance across ranks: its effective start (last rank in), "
+          "duration, bus bandwidth.", "captures", _READS),
+    Table("xputimer_comm_bandwidth", COMM_BANDWIDTH, "Bus bandwidth per process group, collective and message size.", "captures", _READS),
+    Table("xputimer_issue_latency", ISSUE_LATENCY, "Kernel issue latency (GPU start minus CPU launch) samples.", "captures", _READS),
+    Table("xputimer_issue_latency_summary", ISSUE_LATENCY_SUMMARY, "Issue-latency distribution per capture, against the job's "
+          "own history (KS).", "captures", _READS),
+    Table("xputimer_void", VOID, "Void percentages: V_inter (between steps) and V_minority (untraced kernels).", "captures", _READS),
+    Table("xputimer_stage_metrics", STAGE_METRICS, "Compute and communication per step per rank and pipeline stage.", "captures", _READS),
+    Table("xputimer_iterations", ITERATIONS, "Iterations found from the repeating API sequence (PerfTracker 4.1).", "captures", _READS),
+    Table("xputimer_degradations", DEGRADATIONS, "Iterations slower than the recent shortest by more than 5 %, or a blocked job.",
+          "captures", _READS),
+    Table("xputimer_hang_ranks", HANG_RANKS, "Per rank of a hung job: its main thread's top frame, whether it waits in a "
+          "collective, and the culprit.", "incidents", _HANG_READS),
+    Table("xputimer_hang_collectives", HANG_COLLECTIVES, "Per process group of a hung job: the first collective not the same on "
+          "every member (ranks missing from it, a different collective or sizes, not completed).", "incidents", _HANG_READS),
+)

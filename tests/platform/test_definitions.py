@@ -45,6 +45,23 @@ def test_every_asset_is_the_table_it_writes():
     assert set(TABLES) - NO_ASSET <= keys, f"tables without an asset: {sorted(set(TABLES) - NO_ASSET - keys)}"
 
 
+def test_tables_are_declared_once_and_everything_follows():
+    """The registry, every table's asset (description, partitions) and docs/TABLES.md all come from
+    the one declaration of each table (fleetscope.tables.DECLARED)."""
+    from fleetscope.tables import DECLARED, markdown
+
+    assert set(DECLARED) == set(TABLES) and all(TABLES[n] is t.schema for n, t in DECLARED.items())
+    graph = defs.resolve_asset_graph()
+    for key in graph.get_all_asset_keys():
+        name = key.to_user_string()
+        if name in DECLARED:
+            node = graph.get(key)
+            assert node.description == DECLARED[name].description, name
+            parts = node.partitions_def.name if node.partitions_def is not None else None
+            assert parts == (DECLARED[name].partitions if DECLARED[name].partitions not in ("all", "slices") else None), name
+    assert (REPO / "docs" / "TABLES.md").read_text() == markdown(), "docs/TABLES.md is stale: python -m fleetscope.tables > docs/TABLES.md"
+
+
 def _empty_landing(landing: Path) -> None:
     """One file of every landing kind, each with a header and no rows (quarantined: nothing to
     ingest), a capture folder with only its capture.json, and an incident request with no stacks."""
