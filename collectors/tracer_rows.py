@@ -28,8 +28,6 @@ from pathlib import Path
 
 import torch
 
-
-
 from fleetscope.collectors.tracer_watchdog import Watchdog, _Coll, _work_duration_ns
 
 COLUMNS = ["rank", "host", "kind", "name", "issue_ns", "start_ns", "end_ns", "stream", "flops", "bytes",
