@@ -95,10 +95,13 @@ def table_spec(name: str, *, group: str, deps=(), automation_condition=None) -> 
 
 
 def analysis_specs(tables: Sequence[Table], verdicts_asset: str, verdicts_description: str, *, group: str,
-                   deps, eager: bool = True) -> list[AssetSpec]:
+                   deps=None, eager: bool = True) -> list[AssetSpec]:
     """One AssetSpec per declared table of the analysis, plus its verdicts asset (its slice of
-    anomaly_verdicts), all in the tables' one partition set."""
+    anomaly_verdicts), all in the tables' one partition set, depending on what the declarations say
+    the analysis reads (`deps` only where a dependency needs more, e.g. a partition mapping)."""
     (partitions,) = {t.partitions for t in tables}
+    (reads,) = {t.reads for t in tables}
+    deps = list(reads) if deps is None else deps
     cond = AutomationCondition.eager() if eager else None
     return [table_spec(t.name, group=group, deps=deps, automation_condition=cond) for t in tables] + [
         AssetSpec(verdicts_asset, partitions_def=BY_NAME[partitions], group_name=group, deps=deps, kinds={"duckdb", "parquet"},

@@ -10,7 +10,6 @@ from fleetscope.flows.schemas import DECLARED
 from fleetscope.resources import AnalysisSettings, WarehouseResource
 from fleetscope.ingest.windows import parse_window_id
 
-TABLES = DECLARED  # the flows analysis' tables (fleetscope/flows/schemas.py)
 _ALL = AllPartitionMapping()
 
 
@@ -29,8 +28,10 @@ def read_pair_history(wh, start: int, history_s: int):
     return wh.read("flow_pair_rates", where=f"window_start_ns >= {start - history_s * 1_000_000_000} AND window_start_ns < {start}")
 
 
-@multi_asset(specs=analysis_specs(TABLES, "flows_verdicts", "Flow-based verdicts: slow steps, slow DP groups, degraded "
+@multi_asset(specs=analysis_specs(DECLARED, "flows_verdicts", "Flow-based verdicts: slow steps, slow DP groups, degraded "
                                   "switches and NICs (k-sigma, robust).", group="flows", eager=False,
+                                  # every partition of the files (its window's flows), not the declared reads' own
+                                  # partitions; flow_pair_rates is its own earlier windows, no dependency
                                   deps=[AssetDep("flows", partition_mapping=_ALL), AssetDep("topology", partition_mapping=_ALL)]),
              can_subset=False)
 def flows_window(context: AssetExecutionContext, warehouse: WarehouseResource, settings: AnalysisSettings):
@@ -45,7 +46,7 @@ def flows_window(context: AssetExecutionContext, warehouse: WarehouseResource, s
     jobs = table_of(result, "jobs")
     extra = {"jobs": {"jobs": MetadataValue.json(jobs.select("job_id", "n_gpus", "n_hosts").to_dicts())} if jobs.height else {},
              "step_timelines": {f"seconds/{k}": MetadataValue.float(round(v, 3)) for k, v in seconds.items()}}
-    yield from materialize_analysis(wh, key, result, TABLES, "flows_verdicts", "flows", extra=extra)
+    yield from materialize_analysis(wh, key, result, DECLARED, "flows_verdicts", "flows", extra=extra)
 
 
 ASSETS = [flows_window]

@@ -47,7 +47,7 @@ HANG_TABLES = [t for t in XPUTIMER_TABLES if t.partitions == "incidents"]  # fle
 @multi_asset(specs=analysis_specs(HANG_TABLES, "hang_verdicts", "Hang diagnosis from the stack dumps of every rank, their "
                                   "collective progress (Flight Recorder) and ring progress (XPUTimer): the culprit rank, a "
                                   "diverged program or the faulty link.",
-                                  group="operations", deps=["incidents", "stacks", "ring_progress", "collective_progress"]),
+                                  group="operations"),
              can_subset=False)
 def hang_diagnosis(context: AssetExecutionContext, warehouse: WarehouseResource, landing: LandingResource):
     wh = warehouse.get()

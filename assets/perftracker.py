@@ -8,12 +8,9 @@ from fleetscope.perftracker import EVENT_COLUMNS, analyze_capture
 from fleetscope.perftracker.schemas import DECLARED
 from fleetscope.resources import WarehouseResource
 
-TABLES = DECLARED  # fleetscope/perftracker/schemas.py
 
-
-@multi_asset(specs=analysis_specs(TABLES, "perftracker_verdicts", "The abnormal functions and the workers they are abnormal "
-                                  "on, how they differ, and the team.", group="perftracker",
-                                  deps=["trace_events", "timings", "hw", "captures"]),
+@multi_asset(specs=analysis_specs(DECLARED, "perftracker_verdicts", "The abnormal functions and the workers they are abnormal "
+                                  "on, how they differ, and the team.", group="perftracker"),
              can_subset=False)
 def perftracker_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     wh = warehouse.get()
@@ -23,7 +20,7 @@ def perftracker_capture(context: AssetExecutionContext, warehouse: WarehouseReso
     hw = capture_hw(wh, events, "ts_ns", "end_ns") if events.height else None
     history = job_history(wh, key, info["job_id"], info["start_ns"], "behavior_patterns")  # expectations learned from the job
     result = analyze_capture(events, timings, hw=hw, capture_id=key, layout=info["layout"], job_id=info["job_id"], history=history)
-    yield from materialize_analysis(wh, key, result, TABLES, "perftracker_verdicts", "perftracker", capture_id=key)
+    yield from materialize_analysis(wh, key, result, DECLARED, "perftracker_verdicts", "perftracker", capture_id=key)
 
 
 ASSETS = [perftracker_capture]

@@ -8,12 +8,9 @@ from fleetscope.prism import analyze_capture
 from fleetscope.prism.schemas import DECLARED
 from fleetscope.resources import WarehouseResource
 
-TABLES = DECLARED  # fleetscope/prism/schemas.py
 
-
-@multi_asset(specs=analysis_specs(TABLES, "prism_verdicts", "Jobs measurably slower than their no_stragglers forecast, "
-                                  "attributed to op type, stage and rank.", group="prism",
-                                  deps=["timings", "trace_events", "hw", "captures"]),
+@multi_asset(specs=analysis_specs(DECLARED, "prism_verdicts", "Jobs measurably slower than their no_stragglers forecast, "
+                                  "attributed to op type, stage and rank.", group="prism"),
              can_subset=False)
 def prism_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     wh = warehouse.get()
@@ -26,7 +23,7 @@ def prism_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     result.notes[:0] = notes
     if info["n_trace_files"] and table_of(result, "step_forecasts").height == 0:  # a trace-only capture it could not analyse: said loudly
         result.warnings.extend(n for n in result.notes if n not in result.warnings)
-    yield from materialize_analysis(wh, key, result, TABLES, "prism_verdicts", "prism", capture_id=key, artifacts_on="step_forecasts")
+    yield from materialize_analysis(wh, key, result, DECLARED, "prism_verdicts", "prism", capture_id=key, artifacts_on="step_forecasts")
 
 
 ASSETS = [prism_capture]

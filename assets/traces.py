@@ -8,12 +8,9 @@ from fleetscope.traces.schemas import DECLARED
 from fleetscope.resources import WarehouseResource
 from fleetscope.traces import analyze_capture
 
-TABLES = DECLARED  # fleetscope/traces/schemas.py
 
-
-@multi_asset(specs=analysis_specs(TABLES, "traces_verdicts", "Verdicts from the replay and what-ifs (GPU idle, exposed "
-                                  "communication, costly synchronization).", group="traces",
-                                  deps=["trace_events", "captures"]),  # captures: the layout its what-ifs need
+@multi_asset(specs=analysis_specs(DECLARED, "traces_verdicts", "Verdicts from the replay and what-ifs (GPU idle, exposed "
+                                  "communication, costly synchronization).", group="traces"),
              can_subset=False)
 def traces_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     wh = warehouse.get()
@@ -21,7 +18,7 @@ def traces_capture(context: AssetExecutionContext, warehouse: WarehouseResource)
     info = capture_info(wh, key)
     result = analyze_capture(capture_events(wh, key), key, job_id=info["job_id"], export_replay=True,
                              parallel=info["layout"])
-    yield from materialize_analysis(wh, key, result, TABLES, "traces_verdicts", "traces", capture_id=key, artifacts_on="replays")
+    yield from materialize_analysis(wh, key, result, DECLARED, "traces_verdicts", "traces", capture_id=key, artifacts_on="replays")
 
 
 ASSETS = [traces_capture]

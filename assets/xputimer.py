@@ -8,12 +8,12 @@ from fleetscope.xputimer.schemas import DECLARED
 from fleetscope.resources import WarehouseResource
 from fleetscope.xputimer import analyze_capture
 
-TABLES = [t for t in DECLARED if t.partitions == "captures"]  # per capture; the hang tables are per incident (operations)
+CAPTURE_TABLES = [t for t in DECLARED if t.partitions == "captures"]  # per capture; the hang tables are per incident (operations)
 
 
-@multi_asset(specs=analysis_specs(TABLES, "xputimer_verdicts", "XPUTimer verdicts (slow GPUs, misaligned shapes, slow "
+@multi_asset(specs=analysis_specs(CAPTURE_TABLES, "xputimer_verdicts", "XPUTimer verdicts (slow GPUs, misaligned shapes, slow "
                                   "collectives, issue stalls from GC or synchronization, void time, stage imbalance, "
-                                  "degradation) routed to a team.", group="xputimer", deps=["timings", "trace_events", "captures"]),
+                                  "degradation) routed to a team.", group="xputimer"),
              can_subset=False)
 def xputimer_capture(context: AssetExecutionContext, warehouse: WarehouseResource):
     wh = warehouse.get()
@@ -26,7 +26,7 @@ def xputimer_capture(context: AssetExecutionContext, warehouse: WarehouseResourc
     result.notes[:0] = notes
     if info["n_trace_files"] and table_of(result, "xputimer_step_throughput").height == 0:  # a trace-only capture it could not analyse: said loudly
         result.warnings.extend(n for n in result.notes if n not in result.warnings)
-    yield from materialize_analysis(wh, key, result, TABLES, "xputimer_verdicts", "xputimer", capture_id=key)
+    yield from materialize_analysis(wh, key, result, CAPTURE_TABLES, "xputimer_verdicts", "xputimer", capture_id=key)
 
 
 ASSETS = [xputimer_capture]

@@ -76,5 +76,5 @@ def capture_ranks(capture_id: str, timings: pl.DataFrame | None, trace_events: p
 
 DECLARED = (
     Table("capture_ranks", CAPTURE_RANKS, "Which host and GPU device each rank of the capture ran on (timings' host, the trace's "
-          "device and file name), so findings about a rank name its machine.", "captures", ("timings", "trace_events")),
+          "device and file name), so findings about a rank name its machine.", "captures", ("timings", "trace_events", "trace_files")),
 )

@@ -60,5 +60,5 @@ def finish_patterns(df: pl.DataFrame) -> pl.DataFrame:
 DECLARED = (
     Table("behavior_patterns", BEHAVIOR_PATTERNS, "PerfTracker behaviour pattern (beta, mu, sigma) of every function on every "
           "worker, distances from expectation and from peers (stage-aware), abnormal flag.", "captures",
-          ("trace_events", "timings", "hw", "captures", "capture_ranks")),
+          ("trace_events", "timings", "hw", "captures")),
 )

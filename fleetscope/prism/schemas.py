@@ -149,7 +149,7 @@ STRAGGLER_CAUSES = pa.DataFrameSchema({
 }, strict=True)
 
 
-_READS = ("trace_events", "timings", "hw", "captures", "capture_ranks")
+_READS = ("timings", "trace_events", "hw", "captures")
 DECLARED = (
     Table("variability_models", VARIABILITY_MODELS, "Per operation: latency distributions across ranks (spatial) and iterations "
           "(temporal), the fitted family with goodness of fit, quantiles.", "captures", _READS),

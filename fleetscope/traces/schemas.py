@@ -182,7 +182,7 @@ WHATIF = pa.DataFrameSchema(
 )
 
 
-_READS = ("trace_events", "timings", "hw", "captures", "capture_ranks")
+_READS = ("trace_events", "captures")  # captures: the layout its what-ifs need
 DECLARED = (
     Table("graph_tasks", GRAPH_TASKS, "Execution-graph tasks per rank: CPU tasks on threads, GPU tasks on streams.", "captures", _READS),
     Table("graph_edges", GRAPH_EDGES, "Execution-graph edges cpu_cpu, cpu_gpu, gpu_cpu, gpu_gpu and cross-rank collective links.",

@@ -101,7 +101,7 @@ HANG_COLLECTIVES = pa.DataFrameSchema({
 })
 
 
-_READS = ("trace_events", "timings", "hw", "captures", "capture_ranks")
+_READS = ("timings", "trace_events", "captures")
 _HANG_READS = ("incidents", "stacks", "ring_progress", "collective_progress")
 DECLARED = (
     Table("xputimer_step_throughput", STEP_THROUGHPUT, "Samples (or steps) per second per rank and step.", "captures", _READS),

@@ -59,6 +59,10 @@ def test_tables_are_declared_once_and_everything_follows():
             assert node.description == DECLARED[name].description, name
             parts = node.partitions_def.name if node.partitions_def is not None else None
             assert parts == (DECLARED[name].partitions if DECLARED[name].partitions not in ("all", "slices") else None), name
+            # the asset waits for no table its declaration does not say it reads (the analyses'
+            # verdict slices that anomaly_verdicts gathers are its own rows)
+            upstream = {k.to_user_string() for k in node.parent_keys} - NOT_TABLES
+            assert upstream <= set(DECLARED[name].reads), (name, sorted(upstream - set(DECLARED[name].reads)))
     assert (REPO / "docs" / "TABLES.md").read_text() == markdown(), "docs/TABLES.md is stale: python -m fleetscope.tables > docs/TABLES.md"
 
 
