@@ -292,8 +292,8 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     duration, in episodes scattered over the window; no typical flow of it is slow. Per candidate
     (NIC or switch): its stalled flows (rate below stall_ratio of their peers') against the number
     its flows' jobs stall anyway (a Poisson test, Bonferroni over the candidates), in >= 2 episodes
-    (stalls more than a second apart). The most specific candidate explains the others: the NIC
-    whose stalls involve several peers, not each peer."""
+    (stalls more than a second apart) of several flows each. The most specific candidate explains the
+    others: the NIC whose stalls involve several peers, not each peer."""
     empty = pl.DataFrame(schema={"kind": pl.Utf8, "cand": pl.Utf8, "k": pl.Int64, "lam": pl.Float64,
                                  "episodes": pl.Int64, "s": pl.Int64, "e": pl.Int64, "jobs": pl.Utf8})
     if r.height == 0:
@@ -301,14 +301,19 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     from scipy.stats import poisson
 
     thr = float(np.log(cfg.stall_ratio))
-    r = r.with_columns(stall=(pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0)) < thr))
-    r = r.with_columns(p0=pl.col("stall").mean().over("job_id").clip(1e-5, 0.5))
+    # stalled against both baselines it has: slower than the flows moving the same thing at the same time
+    # (not a slow moment of its whole collective) and than its own pair's usual (not a pair that is
+    # always that slow, a channel or a message of its own kind)
+    r = r.with_columns(stall=(pl.max_horizontal("e_peer", "e_hist") < thr).fill_null(False))
     cand = _candidates(r) if cand is None else cand.filter(pl.col("kind") != "host")
-    x = cand.join(r.select("fid", "stall", "p0", "start_ns", "end_ns", "job_id", "src_ip", "dst_ip"), on="fid")
+    x = cand.join(r.select("fid", "stall", "start_ns", "end_ns", "job_id", "src_ip", "dst_ip"), on="fid")
     # only candidates with stalled flows can be causes (their other flows set the expectation)
     x = x.join(x.filter("stall").select("kind", "cand").unique(), on=["kind", "cand"], how="semi")
     if exclude:
-        x = x.filter(~pl.col("cand").is_in(list(exclude)))
+        # a named cause explains its flows' stalls too (the rate it moves at is its verdict): they are no
+        # evidence against its neighbours
+        mine = x.filter(pl.col("cand").is_in(list(exclude))).select("fid").unique()
+        x = x.join(mine, on="fid", how="anti")
     n_tests = max(cand.select(pl.struct("kind", "cand").n_unique()).item(), 1)
     alpha = window_alpha(cfg.fa_per_job_hour, n_jobs, window[1] - window[0]) / n_tests
     out = []
@@ -316,11 +321,22 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     for _ in range(cfg.max_causes):
         st = remaining.filter("stall").sort("start_ns").with_columns(
             ep=(pl.col("start_ns").diff().over("kind", "cand").fill_null(1 << 62) > 1_000_000_000).cast(pl.Int64))
+        # a link that is down stalls what it carries at that moment (both directions, every channel): an
+        # episode of one stalled flow while the rest of its traffic moved is that flow's, not the link's
+        st = st.with_columns(epid=pl.col("ep").cum_sum().over("kind", "cand")).with_columns(
+            ep=pl.when(pl.len().over("kind", "cand", "epid") >= 2).then("ep").otherwise(0))
         agg = st.group_by("kind", "cand").agg(k=pl.len(), episodes=pl.col("ep").sum(),
                                                peers=pl.concat([pl.col("src_ip"), pl.col("dst_ip")]).n_unique(),
                                                s=pl.col("start_ns").min(), e=pl.col("end_ns").max(),
                                                jobs=pl.col("job_id").drop_nulls().unique().sort().str.join(","))
-        lam = remaining.group_by("kind", "cand").agg(lam=pl.col("p0").sum())
+        # what its flows would stall anyway: each job's stall rate on its flows that do not cross the
+        # candidate (a degraded element's own stalls would otherwise raise the bar it is judged by)
+        fl = remaining.unique("fid")
+        tot = fl.group_by("job_id").agg(n_j=pl.len(), k_j=pl.col("stall").sum())
+        lam = remaining.group_by("kind", "cand", "job_id").agg(n_c=pl.len(), k_c=pl.col("stall").sum()) \
+            .join(tot, on="job_id", nulls_equal=True).with_columns(
+            p0=((pl.col("k_j") - pl.col("k_c")) / (pl.col("n_j") - pl.col("n_c")).clip(lower_bound=1)).clip(1e-5, 0.5)) \
+            .group_by("kind", "cand").agg(lam=(pl.col("n_c") * pl.col("p0")).sum())
         agg = agg.join(lam, on=["kind", "cand"]).filter(pl.col("episodes") >= 2)
         if agg.height == 0:
             break
@@ -328,7 +344,10 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
         agg = agg.with_columns(pv=pl.Series(pv)).filter(pl.col("pv") <= alpha)
         if agg.height == 0:
             break
-        best = agg.sort(["episodes", "peers", "k", "kind", "cand"], descending=[True, True, True, False, False]).row(0, named=True)
+        # equal evidence (a leaf and the spine on the same stalled paths): the one whose stalls are least
+        # expected from its other flows
+        best = agg.sort(["episodes", "peers", "k", "pv", "kind", "cand"],
+                        descending=[True, True, True, False, False, False]).row(0, named=True)
         out.append({k: best[k] for k in empty.columns})
         mine = remaining.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]) & pl.col("stall"))
         remaining = remaining.join(mine.select("fid").unique(), on="fid", how="anti")
