@@ -1,0 +1,86 @@
+"""The flapping-link detector (fleetscope.flows.network.stall_causes) on hand-built flow residuals: a
+link that goes down stalls what it carries at that moment, against both of a flow's baselines, far
+beyond what its job's other flows stall; single slow flows and flows slow only against one baseline
+are not a link."""
+import numpy as np
+import polars as pl
+
+from fleetscope.flows import FlowConfig
+from fleetscope.flows.network import stall_causes
+
+S = 1_000_000_000
+WINDOW = (0, 60 * S)
+LEAF = {"a": "leaf1", "b": "leaf1", "c": "leaf2", "d": "leaf2"}
+
+
+def flows(pairs: dict[tuple[str, str], float], seed: int = 0) -> pl.DataFrame:
+    """Residuals of one job's flows: per directed pair, one 50 ms flow every `every` seconds over the
+    window, healthy (both residuals around 0)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for (src, dst), every in pairs.items():
+        for t in np.arange(0, 60, every):
+            path = [LEAF[src]] if LEAF[src] == LEAF[dst] else [LEAF[src], "spine", LEAF[dst]]
+            rows.append((src, dst, int(t * S), int(t * S) + 50_000_000, path))
+    f = pl.DataFrame(rows, schema=["src_ip", "dst_ip", "start_ns", "end_ns", "path"], orient="row")
+    return f.with_row_index("fid").with_columns(
+        fid=pl.col("fid").cast(pl.Int64), job_id=pl.lit("job-1"), bin=pl.col("start_ns") // (10 * S),
+        e_peer=pl.Series(rng.normal(0, 0.05, f.height)), e_hist=pl.Series(rng.normal(0, 0.05, f.height)))
+
+
+def stall(f: pl.DataFrame, where: pl.Expr, e_peer: float | None = -4.0, e_hist: float | None = -4.0) -> pl.DataFrame:
+    return f.with_columns(e_peer=pl.when(where).then(pl.lit(e_peer, dtype=pl.Float64)).otherwise("e_peer"),
+                          e_hist=pl.when(where).then(pl.lit(e_hist, dtype=pl.Float64)).otherwise("e_hist"))
+
+
+def named(f: pl.DataFrame) -> list[tuple[str, str]]:
+    return stall_causes(f, 1, WINDOW, FlowConfig()).select("kind", "cand").rows()
+
+
+def through(ip: str) -> pl.Expr:
+    return (pl.col("src_ip") == ip) | (pl.col("dst_ip") == ip)
+
+
+def down(*spans: tuple[float, float]) -> pl.Expr:
+    return pl.any_horizontal([(pl.col("start_ns") >= a * S) & (pl.col("start_ns") < b * S) for a, b in spans])
+
+
+RING = {("a", "b"): 0.1, ("b", "c"): 0.1, ("c", "d"): 0.1, ("d", "a"): 0.1}
+
+
+def test_a_flapping_nic_is_named_and_nothing_else():
+    f = stall(flows(RING), through("b") & down((10, 10.5), (25, 25.5), (40, 40.5)))
+    assert named(f) == [("nic", "b")]
+    assert named(flows(RING)) == []
+
+
+def test_single_slow_flows_scattered_over_the_window_are_not_a_link():
+    # one flow of b's at a time, in eight places: every other flow through b moved meanwhile
+    f = flows(RING)
+    one = f.filter(through("b")).sort("start_ns").gather_every(60)["fid"]
+    assert named(stall(f, pl.col("fid").is_in(one.implode()))) == []
+
+
+def test_flows_slow_against_one_baseline_only_are_not_stalled():
+    at = through("b") & down((10, 10.5), (25, 25.5), (40, 40.5))
+    # as slow as the rest of their collective at that moment (its history says otherwise), or as slow
+    # as this pair always is (its peers say otherwise): neither is a link going down
+    assert named(stall(flows(RING), at, e_peer=0.0)) == []
+    assert named(stall(flows(RING), at, e_hist=0.0)) == []
+    # a flow with one baseline only (no history yet) is judged by that one
+    assert named(stall(flows(RING), at, e_hist=None)) == [("nic", "b")]
+
+
+def test_the_bar_comes_from_the_flows_that_do_not_cross_the_candidate():
+    # b is in nearly all of its job's traffic and is down half the time: measured against the job's
+    # stall rate with b's own stalls in it, b would look ordinary
+    pairs = {("b", "c"): 0.1, ("c", "b"): 0.1, ("b", "d"): 0.1, ("d", "b"): 0.1, ("c", "d"): 2.0}
+    f = stall(flows(pairs), through("b") & down((0, 6), (12, 18), (24, 30), (36, 42), (48, 54)))
+    assert named(f) == [("nic", "b")]
+
+
+def test_a_cause_named_by_the_rate_localization_explains_its_stalls_for_its_switches():
+    # b was named already (its flows move at a fraction of their peers' rate): its stalled flows are
+    # its own, not evidence against the leaf or spine they cross
+    f = stall(flows(RING), through("b") & down((10, 10.5), (25, 25.5), (40, 40.5)))
+    assert stall_causes(f, 1, WINDOW, FlowConfig(), exclude={"b"}).height == 0
