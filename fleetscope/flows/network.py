@@ -292,8 +292,8 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     duration, in episodes scattered over the window; no typical flow of it is slow. Per candidate
     (NIC or switch): its stalled flows (rate below stall_ratio of their peers') against the number
     its flows' jobs stall anyway (a Poisson test, Bonferroni over the candidates), in >= 2 episodes
-    (stalls more than a second apart) of several flows each. The most specific candidate explains the
-    others: the NIC whose stalls involve several peers, not each peer."""
+    (stalls more than a second apart) of more than one transfer each. The most
+    specific candidate explains the others: the NIC whose stalls involve several peers, not each peer."""
     empty = pl.DataFrame(schema={"kind": pl.Utf8, "cand": pl.Utf8, "k": pl.Int64, "lam": pl.Float64,
                                  "episodes": pl.Int64, "s": pl.Int64, "e": pl.Int64, "jobs": pl.Utf8})
     if r.height == 0:
@@ -321,10 +321,14 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     for _ in range(cfg.max_causes):
         st = remaining.filter("stall").sort("start_ns").with_columns(
             ep=(pl.col("start_ns").diff().over("kind", "cand").fill_null(1 << 62) > 1_000_000_000).cast(pl.Int64))
-        # a link that is down stalls what it carries at that moment (both directions, every channel): an
-        # episode of one stalled flow while the rest of its traffic moved is that flow's, not the link's
-        st = st.with_columns(epid=pl.col("ep").cum_sum().over("kind", "cand")).with_columns(
-            ep=pl.when(pl.len().over("kind", "cand", "epid") >= 2).then("ep").otherwise(0))
+        # a link that is down stalls what it carries while it is down, transfer after transfer: an
+        # episode of one stalled transfer (its queue pairs, concurrent flows of one pair, stall together)
+        # while the rest of the link's traffic moved is that transfer's, not the link's
+        grp = ["kind", "cand", "epid", "src_ip", "dst_ip"]
+        st = st.with_columns(epid=pl.col("ep").cum_sum().over("kind", "cand")).sort(*grp, "start_ns").with_columns(
+            new=(pl.col("start_ns") > pl.col("end_ns").cum_max().shift(1).over(grp)).fill_null(True))
+        st = st.with_columns(ep=pl.when(pl.col("new").sum().over("kind", "cand", "epid") >= 2).then("ep").otherwise(0)) \
+            .sort("start_ns")
         agg = st.group_by("kind", "cand").agg(k=pl.len(), episodes=pl.col("ep").sum(),
                                                peers=pl.concat([pl.col("src_ip"), pl.col("dst_ip")]).n_unique(),
                                                s=pl.col("start_ns").min(), e=pl.col("end_ns").max(),

@@ -84,3 +84,13 @@ def test_a_cause_named_by_the_rate_localization_explains_its_stalls_for_its_swit
     # its own, not evidence against the leaf or spine they cross
     f = stall(flows(RING), through("b") & down((10, 10.5), (25, 25.5), (40, 40.5)))
     assert stall_causes(f, 1, WINDOW, FlowConfig(), exclude={"b"}).height == 0
+
+
+def test_one_transfer_stalling_on_all_its_queue_pairs_is_not_a_link():
+    # the same b -> c transfer on four queue pairs stalls together, three times; b's other traffic
+    # (c -> b's reverse direction is a -> b here) moves meanwhile
+    f = flows(RING)
+    qp = f.filter((pl.col("src_ip") == "b") & (pl.col("dst_ip") == "c") & down((10, 10.1), (25, 25.1), (40, 40.1)))
+    copies = pl.concat([qp.with_columns(fid=pl.col("fid") + 100_000 * i) for i in range(1, 4)])
+    f = stall(pl.concat([f, copies]), (pl.col("src_ip") == "b") & (pl.col("dst_ip") == "c") & down((10, 10.1), (25, 25.1), (40, 40.1)))
+    assert named(f) == []
