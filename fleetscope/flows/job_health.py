@@ -26,11 +26,20 @@ from fleetscope.flows.stats import bonferroni_z, fmt_ms, window_alpha
 
 
 def job_steps(st_all: pl.DataFrame) -> pl.DataFrame:
-    """One row per job step (median duration over the job's ips), margin steps included."""
-    return st_all.filter("start_observed").group_by("job_id", "job_step").agg(
+    """One row per job step (median duration over the job's ips), margin steps included. `units`: how
+    many steps' worth of gradient traffic the reconstructed step carries (its DP bytes against the job's
+    usual step's, to the nearest whole number, at least 1; 1 where the job has no DP traffic): two steps
+    whose boundary the flows did not show are one row of twice the duration and twice the bytes, while
+    a slowed step moves its usual bytes. `dur` is per unit: the time of one step of training."""
+    js = st_all.filter("start_observed").group_by("job_id", "job_step").agg(
         dur=(pl.col("end_ns") - pl.col("start_ns")).median().cast(pl.Float64), s=pl.col("start_ns").min(),
         e=pl.col("end_ns").max(), claimed=pl.col("claimed").any(), n_ip=pl.len(),
+        dpb=pl.col("dp_bytes").median().cast(pl.Float64),
     ).sort("job_id", "job_step")
+    usual = pl.col("dpb").filter(pl.col("dpb") > 0).median().over("job_id")
+    return js.with_columns(units=pl.when(usual > 0).then((pl.col("dpb") / usual).round(0).clip(lower_bound=1.0))
+                           .otherwise(1.0).fill_null(1.0)) \
+        .with_columns(dur=pl.col("dur") / pl.col("units")).drop("dpb")
 
 
 def job_spans(ipf_all: pl.DataFrame) -> pl.DataFrame:
@@ -53,11 +62,16 @@ def job_health(st_all: pl.DataFrame, ipf_all: pl.DataFrame, bg_ip: pl.DataFrame,
     js = js.with_columns(k=pl.int_range(pl.len()).over("job_id"),
                          launched=(pl.col("f0") > data_span[0] + pl.max_horizontal(
                              pl.lit(cfg.launch_quiet_ns), 2 * pl.col("dur").median().over("job_id"))))
-    warm = pl.col("launched") & (pl.col("k") < cfg.warmup_steps)
+    # ... and last until its first step of typical duration (within max_rel_spread of the job's median):
+    # a warm-up can take many steps (compilation, allocator growth, a first pass over the data)
+    typical0 = (pl.col("dur") / pl.col("dur").median().over("job_id") - 1).abs() <= cfg.max_rel_spread
+    js = js.with_columns(first_typical=pl.col("k").filter(typical0).min().over("job_id").fill_null(0))
+    warm = pl.col("launched") & (pl.col("k") < pl.max_horizontal(pl.lit(cfg.warmup_steps), "first_typical"))
     js = js.with_columns(
         base=pl.col("dur").filter(~warm).median().over("job_id"),
         scale1=robust_sigma(pl.col("dur").filter(~warm)).over("job_id"),
-        roll=pl.col("dur").rolling_median(L).over("job_id"),
+        # warm-up steps never enter a rolling median of later steps
+        roll=pl.when(~warm).then("dur").rolling_median(L).over("job_id"),
     )
     js = js.with_columns(
         roll_base=pl.col("roll").filter(~warm).median().over("job_id"),

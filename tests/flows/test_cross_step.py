@@ -1,0 +1,54 @@
+"""The cross-step detector (fleetscope.flows.job_health) on hand-built step timelines: a sustained
+slowdown is a warning; two steps the flows did not split (one row, twice the time and twice the
+gradient bytes) and a long warm-up after a launch are not."""
+import polars as pl
+
+from fleetscope.flows import FlowConfig
+from fleetscope.flows.job_health import job_health
+
+S = 1_000_000_000
+GRAD = 64 << 20
+IPS = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
+
+
+def timeline(durations: list[float], units: list[int] | None = None, t0: float = 0.0) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Step rows of one 4-rank job (every rank the same step times) and its flows' span. durations in
+    seconds; units: how many steps of gradient traffic each row carries (1 each by default)."""
+    units = units or [1] * len(durations)
+    rows, t = [], t0
+    for k, (d, u) in enumerate(zip(durations, units)):
+        for ip in IPS:
+            rows.append(("job-1", ip, k, int(t * S), int((t + d) * S), k > 0, True, u * GRAD))
+        t += d
+    st = pl.DataFrame(rows, schema=["job_id", "ip", "job_step", "start_ns", "end_ns", "start_observed", "claimed", "dp_bytes"],
+                      orient="row")
+    ipf = pl.DataFrame({"job_id": ["job-1"], "start_ns": [int(t0 * S)], "end_ns": [int(t * S)]})
+    return st, ipf
+
+
+def warnings(durations, units=None, t0=0.0, data_start=0.0) -> list[dict]:
+    st, ipf = timeline(durations, units, t0)
+    end = int(ipf["end_ns"][0])
+    bg = pl.DataFrame(schema={"ip": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64, "bytes": pl.Int64})
+    rows, _ = job_health(st, ipf, bg, (int(data_start * S), end + 10 * S), int(t0 * S), end + 10 * S, "w", FlowConfig())
+    return [r for r in rows if r["severity"] in ("warning", "critical")]
+
+
+def jitter(n: int, d: float = 1.0) -> list[float]:
+    return [d * (1 + 0.004 * ((7 * k) % 5 - 2)) for k in range(n)]
+
+
+def test_a_sustained_slowdown_is_a_warning():
+    w = warnings(jitter(30) + jitter(12, 1.5) + jitter(30))
+    assert [r["detector"] for r in w] == ["flows.cross_step"]
+    assert 1.4e9 < w[0]["value"] < 1.6e9 and 0.95e9 < w[0]["baseline"] < 1.05e9
+
+
+def test_steps_the_flows_did_not_split_are_not_a_slowdown():
+    # twelve pairs of steps each seen as one: twice the time, twice the gradient traffic
+    assert warnings(jitter(30) + jitter(12, 2.0) + jitter(30), [1] * 30 + [2] * 12 + [1] * 30) == []
+
+
+def test_a_long_warm_up_after_a_launch_is_not_a_slowdown():
+    # launched 20 s into the data; its first eight steps take 2.3 s (compilation, allocator growth)
+    assert warnings(jitter(8, 2.3) + jitter(60), t0=20.0) == []
