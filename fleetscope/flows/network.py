@@ -244,10 +244,17 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
                 pl.col("beta"), pl.min_horizontal(pl.col("spc") / pl.col("npc").clip(lower_bound=1e-9), 0.0))).otherwise(0.0))
         pace = pu.group_by("kind", "cand", "bin").agg(pgain=(pl.col("npc") * pl.col("gamma") ** 2).sum())
         g = g.join(pace, on=["kind", "cand", "bin"], how="left").with_columns(gain=pl.col("dgain") + pl.col("pgain").fill_null(0.0))
-        sev = g.group_by("kind", "cand").agg(gain=pl.col("gain").sum()).join(tier, on="cand", how="left") \
+        sev = g.group_by("kind", "cand").agg(gain=pl.col("gain").sum(), dgain=pl.col("dgain").sum()).join(tier, on="cand", how="left") \
             .with_columns(tier=pl.when(pl.col("kind") == "host").then(1).otherwise(pl.col("tier").fill_null(0)))
         top = sev["gain"].max()
-        tied = sev.filter(pl.col("gain") >= 0.99 * top).sort(["tier", "gain", "cand"], descending=[False, True, False])
+        tied = sev.filter(pl.col("gain") >= 0.99 * top)
+        # equal explanations: one whose own flows carry all the slowness it explains (every slow path
+        # crosses it) before those that need their rings' pacing to explain the rest (each NIC of a ring
+        # under a congested leaf explains the ring only through its pacing; the leaf carries every hop)
+        direct = pl.col("dgain") >= 0.99 * pl.col("gain")
+        if 0 < tied.filter(direct).height < tied.height:
+            tied = tied.filter(direct)
+        tied = tied.sort(["tier", "gain", "cand"], descending=[False, True, False])
         best = tied.row(0, named=True)
         # candidates the flows cannot tell from it (they carry nearly the same flows: the two ends of one
         # link, a leaf and the spine on every path of one ring): named with it, in its evidence
