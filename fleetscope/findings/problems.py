@@ -320,18 +320,22 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
         c["start_ns"] = min((d.get("start_ns") for d in c["members"] if d.get("start_ns") is not None), default=None)
         c["end_ns"] = max((d.get("end_ns") for d in c["members"] if d.get("end_ns") is not None), default=c["start_ns"])
 
-    # a host the flows single out (its rings slowed, which a slow GPU does too) while a GPU of it, or of
-    # a host the flows cannot tell it from, is a cause at the same time: evidence of that GPU's problem
-    def _flow_hosts(c: dict) -> set:
-        if c["family"] != "host" or not all(d["detector"] == "flows.host_slow" for d in c["members"]):
+    # a host or NIC the flows single out (its rings slowed, which a slow GPU does too) while a GPU of it,
+    # or of a host or NIC the flows cannot tell it from (the same slow flows, or the same rings slowed
+    # as a whole), is a cause at the same time: evidence of that GPU's problem
+    def _flow_places(c: dict) -> set:
+        det = {"host": "flows.host_slow", "nic": "flows.nic_bandwidth"}.get(c["family"])
+        if det is None or not all(d["detector"] == det for d in c["members"]):
             return set()
-        return {c["lead"]["host"], *(c["lead"]["ev"].get("or_equally") or [])}
+        ev = c["lead"]["ev"]
+        return {c["lead"].get("host") if c["family"] == "host" else c["lead"].get("ip"),
+                *(ev.get("or_equally") or []), *(ev.get("or_in_its_rings") or [])} - {None}
 
     absorbed = set()
     for i, c in enumerate(causes):
-        hosts = _flow_hosts(c)
-        g = next((o for o in causes if o["family"] == "gpu" and o["lead"].get("host") in hosts and _overlaps(o, c)), None) \
-            if hosts else None
+        places = _flow_places(c)
+        g = next((o for o in causes if o["family"] == "gpu" and ({o["lead"].get("host"), o["lead"].get("ip")} & places)
+                  and _overlaps(o, c)), None) if places else None
         if g is not None:
             for d in c["members"]:
                 d["evidence_only"] = True

@@ -182,7 +182,7 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
     faults are the commonest), a spine before a leaf (a leaf's own fault shows on its local flows)."""
     empty = pl.DataFrame(schema={"kind": pl.Utf8, "cand": pl.Utf8, "value": pl.Float64, "n_slow": pl.Int64,
                                  "n": pl.Int64, "s": pl.Int64, "e": pl.Int64, "bins": pl.Int64, "jobs": pl.Utf8,
-                                 "z": pl.Float64, "alts": pl.Utf8})
+                                 "z": pl.Float64, "alts": pl.Utf8, "paced": pl.Utf8})
     if r.height == 0:
         return empty, {"n_tests": 0, "z_bar": None}
     r = r.with_columns(e=pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0)))
@@ -259,12 +259,12 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         # candidates the flows cannot tell from it (they carry nearly the same flows: the two ends of one
         # link, a leaf and the spine on every path of one ring): named with it, in its evidence
         own = fm.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])).select("fid")
-        alts = []
+        alts, paced = [], []
         for t in tied.slice(1).iter_rows(named=True):
             other = fm.filter((pl.col("kind") == t["kind"]) & (pl.col("cand") == t["cand"])).select("fid")
             inter = own.join(other, on="fid").height
-            if inter >= 0.9 * max(own.height, other.height):
-                alts.append(t["cand"])
+            # ... or explain as much through the same rings' pacing (each NIC of a ring slowed as a whole)
+            (alts if inter >= 0.9 * max(own.height, other.height) else paced).append(t["cand"])
         gb = g.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]))
         bins = gb["bin"]
         mine_ids = fm.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])).select("fid", "unit", "bin")
@@ -278,7 +278,7 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
             "bins": bins.n_unique(), "z": float(zmin),
             "jobs": ",".join(sorted(mine.filter(pl.col("job_id").is_not_null()).group_by("job_id").agg(m=pl.col("e").median())
                                     .filter(pl.col("m") < floor)["job_id"].to_list())),
-            "alts": ",".join(alts)})
+            "alts": ",".join(alts), "paced": ",".join(paced)})
         # take its slowness off: all of its own flows' (named, it explains them; a fit per time bin would
         # leave the flows after an onset inside the bin slow, to be pinned on their NICs), and gamma from
         # the rest of their collectives
@@ -392,12 +392,16 @@ def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, wind
     for r in causes.iter_rows(named=True):
         jobs = r["jobs"].split(",") if r["jobs"] else []
         alts = [a for a in (r["alts"] or "").split(",") if a]
+        paced = [a for a in (r["paced"] or "").split(",") if a]
         ev = json.dumps({"jobs": jobs, "bins": r["bins"], "flows": r["n"], "slow_flows": r["n_slow"],
                          "z": round(r["z"], 2), "z_bar": round(st["z_bar"], 2), "n_tests": st["n_tests"],
-                         "or_equally": alts})
+                         "or_equally": alts, "or_in_its_rings": paced})
         sev = "critical" if r["value"] < 0.5 else "warning"
         tie = (f" (the flows cannot tell it from {', '.join(alts)}: {'they carry' if len(alts) > 1 else 'it carries'} "
                "the same slow flows; check both)") if alts else ""
+        if paced:
+            tie += (f" (or {', '.join(paced)}: its rings slowed as a whole, and a ring moves at its slowest hop's pace, "
+                    "so their flows cannot tell which of them holds it back)")
         if r["kind"] == "host":
             out.append(dict(detector="flows.host_slow", scope="host", subject=r["cand"],
                             job_id=jobs[0] if len(jobs) == 1 else None, start_ns=r["s"], end_ns=r["e"],

@@ -163,3 +163,20 @@ def test_a_host_the_flows_single_out_joins_the_slow_gpu_on_a_host_they_cannot_te
     # a host finding with no GPU cause on it or on its alternatives stays a problem of its own
     v2 = make_verdicts([_v(detector="flows.host_slow", scope="host", subject="h2", evidence=json.dumps({"jobs": ["jobB"]}))])
     assert group_problems(v2, topo, jc, ranks)[0]["cause"].to_list() == ["host"]
+
+
+def test_a_nic_the_flows_cannot_place_in_a_ring_joins_the_slow_gpu_of_that_ring():
+    """A slow GPU slows its rings as a whole, and the flows cannot tell which member of a slowed ring
+    holds it back: a NIC finding whose ring alternatives hold the slow GPU is evidence of the GPU's
+    problem; a NIC finding whose rings do not hold it stays a problem of its own."""
+    topo, jc, ranks = _fleet()
+    gpu = _v(detector="prism.stragglers", scope="rank", subject="3", capture_id="capA", job_id="capA-job", severity="critical")
+    ring = json.dumps({"jobs": ["jobA"], "or_in_its_rings": ["10.0.1.3", "10.0.2.1"]})
+    problems, members = group_problems(make_verdicts([
+        gpu, _v(detector="flows.nic_bandwidth", scope="link", subject="10.0.2.0", evidence=ring)]), topo, jc, ranks)
+    assert problems["cause"].to_list() == ["gpu"] and problems["ip"][0] == "10.0.1.3", problems.select("cause", "title")
+    assert members.height == 2
+    other = json.dumps({"jobs": ["jobA"], "or_in_its_rings": ["10.0.2.1"]})
+    problems, _ = group_problems(make_verdicts([
+        gpu, _v(detector="flows.nic_bandwidth", scope="link", subject="10.0.2.0", evidence=other)]), topo, jc, ranks)
+    assert sorted(problems["cause"].to_list()) == ["gpu", "nic"], problems.select("cause", "title")
