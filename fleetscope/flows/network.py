@@ -248,13 +248,11 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
             .with_columns(tier=pl.when(pl.col("kind") == "host").then(1).otherwise(pl.col("tier").fill_null(0)))
         top = sev["gain"].max()
         tied = sev.filter(pl.col("gain") >= 0.99 * top)
-        # equal explanations: one whose own flows carry all the slowness it explains (every slow path
-        # crosses it) before those that need their rings' pacing to explain the rest (each NIC of a ring
-        # under a congested leaf explains the ring only through its pacing; the leaf carries every hop)
-        direct = pl.col("dgain") >= 0.99 * pl.col("gain")
-        if 0 < tied.filter(direct).height < tied.height:
-            tied = tied.filter(direct)
-        tied = tied.sort(["tier", "gain", "cand"], descending=[False, True, False])
+        # equal explanations: the one whose own flows carry the most of the slowness it explains (the
+        # most slow hops cross it) before those that need more of their rings' pacing to explain the
+        # rest (each NIC of a ring under a congested leaf carries two of its hops; the leaf most of them)
+        tied = tied.filter(pl.col("dgain") >= 0.99 * pl.col("dgain").max()) \
+            .sort(["tier", "gain", "cand"], descending=[False, True, False])
         best = tied.row(0, named=True)
         # candidates the flows cannot tell from it (they carry nearly the same flows: the two ends of one
         # link, a leaf and the spine on every path of one ring): named with it, in its evidence
