@@ -45,7 +45,8 @@ def compare(warehouse: Path, faults_csv: Path) -> dict:
     # its subject); a fault that a problem's title mentions only as an alternative ("the flows cannot
     # tell it from ...") is counted apart
     def on(name: str, text: str) -> bool:
-        return re.search(rf"(?<![\w:.-]){re.escape(name)}(?![\w:.-])", text or "") is not None
+        # a name ends where no name character follows (a colon ends it unless an IPv6 address goes on)
+        return re.search(rf"(?<![\w:.-]){re.escape(name)}(?![\w.-]|:[0-9a-fA-F:])", text or "") is not None
 
     hit = [f for f in faults if any(on(n, w) for _, w in probs for n in fault_names(f))]
     alt = [f for f in faults if f not in hit and any(on(n, t) for t, _ in probs for n in fault_names(f))]
