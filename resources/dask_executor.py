@@ -33,6 +33,22 @@ def _sizeof_event(event) -> int:
     return sys.getsizeof(event)
 
 
+class TerminableChildren(dask.distributed.WorkerPlugin):
+    """A worker whose SIGTERM is ignored passes that on to every process it starts, and Dagster's log
+    tailers of each step (`tail -F`, stopped with SIGTERM) then never stop. It happens when the
+    cluster was started from a process where SIGINT is ignored (a job a non-interactive shell ran in
+    the background) after an in-process Dagster run there: Dagster maps SIGTERM to SIGINT's handler
+    (dagster._utils.interrupts). The plugin gives the workers SIGTERM's default back."""
+
+    name = "fleetscope-terminable-children"
+
+    def setup(self, worker):
+        import signal
+        import threading
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def step_on_worker(dependencies, **kwargs):
     """dagster-dask's step function, reached through this module so a worker that unpickles it
     imports the sizeof above."""
@@ -55,6 +71,7 @@ class RunScopedDaskExecutor(DaskExecutor):
                                  dagster_run=plan_context.dagster_run, run_config=plan_context.run_config,
                                  instance_ref=instance.get_ref(), known_state=execution_plan.known_state)
         with dask.distributed.Client(cluster) as client:
+            client.register_plugin(TerminableChildren())
             futures, by_step = [], {}
             for level in execution_plan.get_steps_to_execute_by_level():
                 for s in level:

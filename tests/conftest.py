@@ -17,3 +17,14 @@ def fleet_env(tmp_path, monkeypatch):
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     (home / "dagster.yaml").write_text((REPO / "dagster.yaml").read_text())
     return landing, warehouse, home
+
+
+@pytest.fixture(autouse=True)
+def _sigterm_default():
+    """Dagster maps SIGTERM to SIGINT's handler after each in-process run; where SIGINT is ignored (the
+    suite run in the background by a non-interactive shell) SIGTERM ends up ignored, and every process
+    a later test starts (a UI session, a Dask worker, Dagster's log tailers) could not be stopped."""
+    import signal
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield

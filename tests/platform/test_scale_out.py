@@ -101,3 +101,27 @@ def test_dask_executor_and_postgres_storage_give_the_in_process_tables(tmp_path,
     differ = differing_tables(a, b)  # floats to 1e-6 relative: fits and sums in another order
     assert not differ, {t: (a[t].height, b[t].height) for t in differ}
     assert sum(df.height for df in a.values()) > 1000
+
+
+def test_dask_workers_started_where_sigterm_is_ignored_get_its_default_back():
+    """A cluster started after an in-process Dagster run in a process that ignores SIGINT inherits an
+    ignored SIGTERM (Dagster maps one to the other); Dagster's log tailers on its workers could then
+    never be stopped. The executor's worker plugin gives the workers SIGTERM's default back."""
+    pytest.importorskip("dagster_dask", reason="the `scale` extra (scripts/setup.sh installs it)")
+    from dask.distributed import Client, LocalCluster
+
+    from fleetscope.resources.dask_executor import TerminableChildren
+
+    def disposition():
+        import signal as s
+        return int(s.getsignal(s.SIGTERM) == s.SIG_IGN)
+
+    old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    with cluster, Client(cluster) as client:
+        assert list(client.run(disposition).values()) == [1]  # inherited: ignored
+        client.register_plugin(TerminableChildren())
+        assert list(client.run(disposition).values()) == [0]
