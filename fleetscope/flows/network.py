@@ -247,18 +247,18 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         sev = g.group_by("kind", "cand").agg(gain=pl.col("gain").sum(), dgain=pl.col("dgain").sum()).join(tier, on="cand", how="left") \
             .with_columns(tier=pl.when(pl.col("kind") == "host").then(1).otherwise(pl.col("tier").fill_null(0)))
         top = sev["gain"].max()
-        tied = sev.filter(pl.col("gain") >= 0.99 * top)
+        equal = sev.filter(pl.col("gain") >= 0.99 * top)
         # equal explanations: the one whose own flows carry the most of the slowness it explains (the
         # most slow hops cross it) before those that need more of their rings' pacing to explain the
         # rest (each NIC of a ring under a congested leaf carries two of its hops; the leaf most of them)
-        tied = tied.filter(pl.col("dgain") >= 0.99 * pl.col("dgain").max()) \
+        tied = equal.filter(pl.col("dgain") >= 0.99 * pl.col("dgain").max()) \
             .sort(["tier", "gain", "cand"], descending=[False, True, False])
         best = tied.row(0, named=True)
         # candidates the flows cannot tell from it (they carry nearly the same flows: the two ends of one
         # link, a leaf and the spine on every path of one ring): named with it, in its evidence
         own = fm.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])).select("fid")
         alts, paced = [], []
-        for t in tied.slice(1).iter_rows(named=True):
+        for t in equal.filter((pl.col("kind") != best["kind"]) | (pl.col("cand") != best["cand"])).sort("cand").iter_rows(named=True):
             other = fm.filter((pl.col("kind") == t["kind"]) & (pl.col("cand") == t["cand"])).select("fid")
             inter = own.join(other, on="fid").height
             # ... or explain as much through the same rings' pacing (each NIC of a ring slowed as a whole)

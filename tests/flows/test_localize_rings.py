@@ -43,5 +43,10 @@ def test_a_congested_leaf_carrying_every_hop_of_a_ring_is_named_not_a_nic_of_it(
     assert named(ring_flows(RINGS, {"leaf2": 0.57})) == [("switch", "leaf2")]
 
 
+def test_the_ring_members_that_explain_it_through_its_pacing_are_listed_with_it():
+    causes, _ = localize(ring_flows(RINGS, {"leaf2": 0.57}), 1, (0, 60 * S), FlowConfig())
+    assert set(causes["paced"][0].split(",")) >= {"x", "y", "z"}
+
+
 def test_a_healthy_pair_of_rings_names_nothing():
     assert named(ring_flows(RINGS, {})) == []
