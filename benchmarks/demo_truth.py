@@ -1,7 +1,9 @@
 """`fleetscope demo` against its own ground truth (issue 25): per seed, each injected fault should be a
 warning/critical problem on its own subject (switch, NIC address, GPU address or host, in the
-problem's `subject`, not its title or context columns) and no other warning/critical problem should exist. Prints per seed the faults named / injected and the problems
-no fault explains, then the totals (recall over faults, precision over problems).
+problem's `subject`, not its title or context columns) and no other warning/critical problem should
+exist. Prints per seed the faults named / injected and the problems no fault explains, then the
+totals (recall over faults, precision over problems; faults a title names only as an alternative
+apart).
 
     .venv/bin/python -m benchmarks.demo_truth --seeds 100-107
     .venv/bin/python -m benchmarks.demo_truth --seeds 100-103 --faults ""      # healthy fleets

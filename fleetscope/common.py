@@ -99,3 +99,15 @@ def union_intervals(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarra
     new[0] = True
     new[1:] = s[1:] > run[:-1]
     return s[new], np.append(run[np.flatnonzero(new)[1:] - 1], run[-1])
+
+
+def sigterm_default() -> None:
+    """Give this process SIGTERM's default back where it is ignored, so the processes it starts can be
+    stopped. Dagster maps SIGTERM to SIGINT's handler after each in-process run
+    (dagster._utils.interrupts); where SIGINT is ignored (a job a non-interactive shell ran in the
+    background) SIGTERM ends up ignored, and every process started afterwards inherits that. Only the
+    main thread may change a handler; elsewhere this does nothing."""
+    import signal
+    import threading
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

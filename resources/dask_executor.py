@@ -26,6 +26,8 @@ from dagster._utils import iterate_with_context
 from dagster_dask.executor import DaskExecutor, dask_executor as _dagster_dask_executor
 from dagster_dask.executor import get_dask_resource_requirements, query_on_dask_worker
 
+from fleetscope.common import sigterm_default
+
 
 @sizeof.register(DagsterEvent)
 def _sizeof_event(event) -> int:
@@ -34,19 +36,15 @@ def _sizeof_event(event) -> int:
 
 
 class TerminableChildren(dask.distributed.WorkerPlugin):
-    """A worker whose SIGTERM is ignored passes that on to every process it starts, and Dagster's log
-    tailers of each step (`tail -F`, stopped with SIGTERM) then never stop. It happens when the
-    cluster was started from a process where SIGINT is ignored (a job a non-interactive shell ran in
-    the background) after an in-process Dagster run there: Dagster maps SIGTERM to SIGINT's handler
-    (dagster._utils.interrupts). The plugin gives the workers SIGTERM's default back."""
+    """A worker whose SIGTERM is ignored (a cluster started after an in-process Dagster run in a
+    process that ignores SIGINT: fleetscope.common.sigterm_default) passes that on to every process it
+    starts, and Dagster's log tailers of each step (`tail -F`, stopped with SIGTERM) then never stop.
+    The plugin gives the workers SIGTERM's default back (setup runs on the worker's main thread)."""
 
     name = "fleetscope-terminable-children"
 
     def setup(self, worker):
-        import signal
-        import threading
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        sigterm_default()
 
 
 def step_on_worker(dependencies, **kwargs):

@@ -1,6 +1,7 @@
 
 import pytest
 
+from fleetscope.common import sigterm_default
 from tests.paths import REAL, REPO  # noqa: F401
 
 
@@ -21,10 +22,7 @@ def fleet_env(tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _sigterm_default():
-    """Dagster maps SIGTERM to SIGINT's handler after each in-process run; where SIGINT is ignored (the
-    suite run in the background by a non-interactive shell) SIGTERM ends up ignored, and every process
-    a later test starts (a UI session, a Dask worker, Dagster's log tailers) could not be stopped."""
-    import signal
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    """An in-process Dagster run in an earlier test may have left SIGTERM ignored (the suite run in the
+    background): the processes a later test starts (a UI session, a Dask worker) could not be stopped."""
+    sigterm_default()
     yield
