@@ -44,7 +44,7 @@ def run_folder(folder: Path, tail_ns: int = TAIL_NS) -> dict:
     truth = load_truth(folder / "ground_truth")
     w = truth["window"] or (int(flows["start_ns"].min()), int(flows["end_ns"].max()) + 1)
     t = time.perf_counter()
-    tables = analyze_span(flows, topo, (int(w[0]), int(w[1])))
+    tables = analyze_span(flows, topo, (int(w[0]), int(w[1])), flush=tail_ns == 0)
     secs = time.perf_counter() - t
     bg = truth.get("background")
     if bg is not None and bg.height and "ip_a" not in bg.columns and "ip" in bg.columns:
@@ -53,7 +53,10 @@ def run_folder(folder: Path, tail_ns: int = TAIL_NS) -> dict:
         ips = bg["ip"].implode()
         truth["background"] = flows.filter(pl.col("src_ip").is_in(ips) | pl.col("dst_ip").is_in(ips)).select(
             ip_a=pl.min_horizontal("src_ip", "dst_ip"), ip_b=pl.max_horizontal("src_ip", "dst_ip")).unique()
-    s = score(tables, truth, step_span=(int(w[0]), int(w[1]) - tail_ns))
+    # a recording's truth is on its scripts' clock: its steps are scored on the wire's too
+    # (scoring.wire_steps); the simulator's truth is its own flows' already
+    recorded = (folder / "ground_truth" / "recording.json").exists()
+    s = score(tables, truth, step_span=(int(w[0]), int(w[1]) - tail_ns), flows=flows if recorded else None)
     s.update(secs=secs, flows=flows.height, notes=tables.get("notes", []), _tables=tables, _truth=truth)
     return s
 
@@ -69,7 +72,7 @@ def simulated(data: Path, seed: int, gpus: int, minutes: float, faults: str) -> 
 
 SUMS = ["jobs_exact", "jobs_true", "jobs_found", "pairs_union", "pairs_correct", "false_pair_labels",
         "labels_on_background", "background_pairs", "steps_true", "steps_covered", "steps_reconstructed",
-        "steps_spurious", "faults", "faults_exact", "faults_job_level", "faults_missed", "verdicts_loud",
+        "steps_spurious", "steps_true_script", "steps_covered_script", "faults", "faults_exact", "faults_job_level", "faults_missed", "verdicts_loud",
         "verdicts_fault_exact", "verdicts_fault_job", "verdicts_mislocalized", "verdicts_benign", "verdicts_false",
         "job_hours", "secs", "flows"]
 
@@ -83,6 +86,8 @@ def summarize(name: str, runs: list[dict]) -> dict:
         "pair_acc": t["pairs_correct"] / t["pairs_union"] if t["pairs_union"] else float("nan"),
         "dp_pp_on_background": t["labels_on_background"],
         "steps_within_1pct": t["steps_covered"] / t["steps_true"] if t["steps_true"] else float("nan"),
+        # recordings: the same steps against the scripts' own clock (host latency after the last byte)
+        "script_clock": t["steps_covered_script"] / t["steps_true_script"] if t["steps_true_script"] else float("nan"),
         "spurious": t["steps_spurious"] / t["steps_reconstructed"] if t["steps_reconstructed"] else 0.0,
         "faults_exact": f"{t['faults_exact']}/{t['faults']} (+{t['faults_job_level']} job-level)",
         "precision": (t["verdicts_fault_exact"] + t["verdicts_fault_job"]) / loud if loud else float("nan"),
@@ -136,7 +141,7 @@ def main() -> int:
 
 def _detail(name: str, r: dict) -> None:
     keys = ["jobs_exact", "jobs_true", "jobs_found", "pair_accuracy", "labels_on_background", "step_coverage",
-            "spurious_share", "faults", "faults_exact", "verdicts_loud", "verdicts_false", "secs"]
+            "spurious_share", "step_coverage_script", "faults", "faults_exact", "verdicts_loud", "verdicts_false", "secs"]
     print(name, {k: (round(r[k], 4) if isinstance(r.get(k), float) else r.get(k)) for k in keys}, file=sys.stderr)
     v = r["_tables"].get("anomaly_verdicts")
     if v is not None and v.height:

@@ -57,10 +57,13 @@ def load_landing(landing: Path) -> tuple[pl.DataFrame, pl.DataFrame | None, dict
 
 
 def analyze_span(flows: pl.DataFrame, topo: pl.DataFrame | None, span: tuple[int, int], window_s: int = WINDOW_S,
-                 margin_s: int = MARGIN_S, config=None, timings: dict | None = None) -> dict[str, pl.DataFrame]:
+                 margin_s: int = MARGIN_S, config=None, timings: dict | None = None, flush: bool = False) -> dict[str, pl.DataFrame]:
     """The wiring's way over a span: one analyze_window per window in time order (its flows plus a
     margin before it, the pair rates of the earlier windows as history), tables concatenated; window
-    ids as fleetscope.ingest.windows names them."""
+    ids as fleetscope.ingest.windows names them. With `flush`, the window after the data runs too
+    (on its margin alone): a step is claimed by the window after its closing boundary plus a guard
+    (fleetscope.flows.timelines), so a recording's last steps belong to the window that comes after
+    it, as the next scheduled window would claim them while the fleet goes on."""
     from fleetscope.flows import analyze_window
     from fleetscope.ingest.windows import NS, window_id
 
@@ -68,10 +71,11 @@ def analyze_span(flows: pl.DataFrame, topo: pl.DataFrame | None, span: tuple[int
     first = span[0] // w * w
     out: dict[str, list] = {}
     notes: list[str] = []
-    for ws in range(first, span[1], w):
+    last = (span[1] - 1) // w * w
+    for ws in range(first, last + (2 * w if flush else w), w):
         we = ws + w
         f = flows.filter((pl.col("start_ns") >= ws - margin_s * NS) & (pl.col("start_ns") < we))
-        if f.filter(pl.col("start_ns") >= ws).height == 0:
+        if f.filter(pl.col("start_ns") >= ws).height == 0 and not (flush and ws > last and f.height):
             continue
         tm: dict = {}
         hist = [h for h in out.get("flow_pair_rates", []) if h.height and h["window_start_ns"][0] >= ws - HISTORY_S * NS]
@@ -94,18 +98,27 @@ def load_truth(gt: Path) -> dict:
     return _lt(gt)
 
 
-def score(tables: dict, truth: dict, step_span: tuple[int, int] | None = None) -> dict:
+def score(tables: dict, truth: dict, step_span: tuple[int, int] | None = None, flows: pl.DataFrame | None = None) -> dict:
     """fleetscope.sim.scoring over the tables; steps scored on the true steps ending inside
-    step_span (default: the whole truth) against reconstructed steps inside it."""
+    step_span (default: the whole truth) against reconstructed steps inside it. With `flows`,
+    steps are scored on the wire's clock (scoring.wire_steps: a recording's script logs its steps
+    after the last byte arrived) and the script's clock is kept as `*_script`."""
     from fleetscope.sim import scoring as sc
 
     tr = dict(truth)
+    script = tr["steps"]
+    if flows is not None and tr["steps"].height:
+        tr["steps"] = sc.wire_steps(tr["steps"], tr["pairs"], flows)
     out = sc.score_tables({k: v for k, v in tables.items() if isinstance(v, pl.DataFrame)}, tr)
+    st = tables.get("step_timelines", pl.DataFrame())
+    st_ = st if st.height else pl.DataFrame(schema={"ip": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64})
     if step_span is not None:
-        st = tables.get("step_timelines", pl.DataFrame())
         ts = tr["steps"].filter((pl.col("end_ns") >= step_span[0]) & (pl.col("end_ns") < step_span[1]))
-        st_ = st if st.height else pl.DataFrame(schema={"ip": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64})
         out.update(sc.score_steps(st_, ts, 0.01, step_span, tr["jobs"]))
+    if flows is not None:
+        span = step_span or tr.get("window")
+        ts = script if span is None else script.filter((pl.col("end_ns") >= span[0]) & (pl.col("end_ns") < span[1]))
+        out.update({f"{k}_script": v for k, v in sc.score_steps(st_, ts, 0.01, span, tr["jobs"]).items()})
     return out
 
 

@@ -385,6 +385,35 @@ def comm_type_accuracy(comm_pairs: pl.DataFrame, truth_pairs: pl.DataFrame, col:
     return s["pair_accuracy"], s["pairs_union"]
 
 
+def wire_steps(truth_steps: pl.DataFrame, truth_pairs: pl.DataFrame, flows: pl.DataFrame) -> pl.DataFrame:
+    """The true steps on the wire's clock: each step ends with the last flow of its address's
+    boundary pairs (DP, or PP for an address without DP pairs) that ended by the step's logged
+    end, and starts where the previous one ended on the wire. A training script logs the end of
+    its gradient all-reduce when its thread next runs after the last byte arrived: on a loaded
+    host milliseconds later, which no network observer can see (the simulator's truth is on the
+    wire already: there the two agree). The script's log still decides which step a flow closes;
+    the analysis never sees either."""
+    if truth_steps.height == 0 or flows.height == 0 or truth_pairs.height == 0:
+        return truth_steps
+    p = truth_pairs.filter(pl.col("comm_type").is_in(["DP", "PP"])).select("ip_a", "ip_b", "comm_type")
+    both = pl.concat([p.select(ip="ip_a", peer="ip_b", ct="comm_type"), p.select(ip="ip_b", peer="ip_a", ct="comm_type")])
+    src = both.group_by("ip").agg(has_dp=(pl.col("ct") == "DP").any())
+    both = both.join(src, on="ip").filter((pl.col("ct") == "DP") | ~pl.col("has_dp")).select("ip", "peer")
+    f = pl.concat([flows.select(ip="src_ip", peer="dst_ip", e="end_ns"), flows.select(ip="dst_ip", peer="src_ip", e="end_ns")])
+    f = f.join(both, on=["ip", "peer"]).select("ip", pl.col("e").cast(pl.Int64)).sort("ip", "e")
+    t = truth_steps.with_columns(pl.col("end_ns").cast(pl.Int64)).sort("ip", "end_ns")
+    w = t.join_asof(f.rename({"e": "wire"}), left_on="end_ns", right_on="wire", by="ip", strategy="backward",
+                    check_sortedness=False)
+    prev_log = pl.col("end_ns").shift(1).over("ip")
+    # a wire end before the previous step's logged end belongs to that step: this one shows none
+    w = w.with_columns(wire=pl.when(prev_log.is_null() | (pl.col("wire") > prev_log)).then("wire").otherwise("end_ns"))
+    w = w.with_columns(wire=pl.coalesce("wire", "end_ns"))
+    prev_wire = pl.col("wire").shift(1).over("ip")
+    obs = pl.col("start_observed") if "start_observed" in w.columns else pl.lit(True)
+    return w.with_columns(start_ns=pl.when(obs & prev_wire.is_not_null()).then(prev_wire).otherwise("start_ns"),
+                          end_ns=pl.col("wire")).drop("wire").select(truth_steps.columns)
+
+
 def step_errors(steps: pl.DataFrame, truth_steps: pl.DataFrame) -> pl.DataFrame:
     """Match each reconstructed step (start observed) to the true step of the same ip with the
     nearest end; rel_err = |reconstructed - true duration| / true duration. Coverage and spurious
