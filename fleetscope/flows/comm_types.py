@@ -19,8 +19,9 @@ both shares, a Bonferroni bar over the window's pairs), in turn when not above i
 directions carry significantly unequal numbers of flows is no pipeline hop (one activation each
 way per microbatch) but a collective hop that runs (mostly) one way. The job's structure then checks the labels (LLMPrism's transitivity): a DP group (connected
 DP pairs) never holds a PP pair, and pairs the timing does not settle take the label the
-structure gives them (inside a DP group: DP), else the size count. `method` says which evidence
-decided. The size-count label stays as `raw_type` (evidence). Pairs inside a job that are not job
+structure gives them (inside a DP group: DP), else the size count; a pair inside a DP group
+with only a few messages, one of them as large as the group's usual message (a ring's
+non-neighbours: the group's broadcast), is the group's too (`dp_group_member`). `method` says which evidence decided. The size-count label stays as `raw_type` (evidence). Pairs inside a job that are not job
 traffic are `other`."""
 from __future__ import annotations
 
@@ -251,6 +252,21 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
         p = p.with_columns(comm_type=pl.when(inside).then(pl.lit("DP")).otherwise("comm_type"),
                            method=pl.when(inside).then(pl.lit("dp_transitivity")).otherwise("method"),
                            refined=pl.col("refined") | inside)
+        # a pair inside a DP group that carried a few messages in this window, one of them as
+        # large as the group's usual message (a ring's non-neighbours: the group's broadcast of
+        # the model at launch) is the group's pair: DP, said by its method. Control messages,
+        # probes and barriers (smaller than what the group moves) and pairs across groups stay `other`
+        if "max_flow_bytes" in p.columns:
+            msg = p.filter(pl.col("comm_type") == "DP").group_by("ca").agg(
+                group_msg=(pl.col("bytes") / pl.col("n_flows").clip(lower_bound=1)).median())
+            p = p.join(msg, on="ca", how="left")
+            big = (pl.col("max_flow_bytes") >= pl.col("group_msg")).fill_null(False)
+        else:
+            big = pl.lit(False)
+        member = (pl.col("ca") == pl.col("cb")) & (pl.col("method") == "aperiodic") & big
+        p = p.with_columns(comm_type=pl.when(member).then(pl.lit("DP")).otherwise("comm_type"),
+                           method=pl.when(member).then(pl.lit("dp_group_member")).otherwise("method"),
+                           refined=pl.col("refined") | member)
         # what neither timing nor structure settles keeps the size count
         rest = pl.col("comm_type").is_null()
         p = p.with_columns(comm_type=pl.when(rest).then("raw_type").otherwise("comm_type"),

@@ -59,6 +59,7 @@ def pair_summary(seg_flows: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
         first_ns=pl.col("first").min(), last_ns=pl.col("last").max(),
     )
     by = f.group_by("pid").agg(ip_a=pl.col("ip_a").first(), ip_b=pl.col("ip_b").first(), bytes=pl.col("bytes").sum().cast(pl.Int64),
+                                        max_flow_bytes=pl.col("bytes").max().cast(pl.Int64),
                                         n_recurring=pl.col("rec").sum().cast(pl.Int64))
     out = base.join(out, on="pid", how="left").join(by, on="pid")
     # job traffic repeats: enough flows of recurring sizes (one-off control or copy flows do not),

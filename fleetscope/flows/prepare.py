@@ -12,7 +12,7 @@ TOPO_REQUIRED = ["ip", "host"]
 
 def check_flows(flows: pl.DataFrame) -> pl.DataFrame:
     """Normalized flows (docs/CONTRACT.md 1.2) -> start_ns, end_ns, src_ip, dst_ip, bytes, src_port,
-    dst_port, src_qp, dst_qp, path. Raises ValueError naming the problem for missing columns or
+    dst_port, src_qp, dst_qp, path, packets. Raises ValueError naming the problem for missing columns or
     rows that break the contract (the ingestion quarantines those; here they mean a caller bug)."""
     missing = [c for c in FLOW_REQUIRED if c not in flows.columns]
     if "end_ns" not in flows.columns and "duration_ns" not in flows.columns:
@@ -25,7 +25,7 @@ def check_flows(flows: pl.DataFrame) -> pl.DataFrame:
     elif "duration_ns" in df.columns:
         df = df.with_columns(end_ns=pl.coalesce("end_ns", pl.col("start_ns") + pl.col("duration_ns")))
     opt = {"src_port": pl.Int64, "dst_port": pl.Int64, "src_qp": pl.Int64, "dst_qp": pl.Int64,
-           "path": pl.List(pl.Utf8)}
+           "path": pl.List(pl.Utf8), "packets": pl.Int64}
     df = df.with_columns([pl.col(c).cast(t) if c in df.columns else pl.lit(None, dtype=t).alias(c) for c, t in opt.items()])
     df = df.select(
         pl.col("start_ns").cast(pl.Int64), pl.col("end_ns").cast(pl.Int64),

@@ -27,16 +27,24 @@ import numpy as np
 from fleetscope.flows.changepoint import sequence_gaps, split_steps, step_index
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.period import job_periods, periodic_boundaries
+from fleetscope.flows.volume import balance_boundaries
 
 
 def ip_flows(flows: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
     """Each labeled flow twice: once for its sender (role send), once for its receiver."""
-    lab = flows.join(pairs.filter(pl.col("comm_type").is_in(["DP", "PP"])).select("pid", "job_id", "comm_type"), on="pid")
+    # the job's traffic: a DP group's pair with only a few messages (comm_types: dp_group_member)
+    # carries no step of its own
+    job = pl.col("comm_type").is_in(["DP", "PP"])
+    if "method" in pairs.columns:
+        job = job & (pl.col("method") != "dp_group_member")
+    lab = flows.join(pairs.filter(job).select("pid", "job_id", "comm_type"), on="pid")
     # the connection (pair and ports, when the exporter gives them): a DP pair may carry a data
     # connection and a control one (gloo opens one per process group)
     lab = lab.with_columns(conn=pl.col("pid") * 4_294_967_296 + pl.min_horizontal("src_port", "dst_port") * 65_536
                            + pl.max_horizontal("src_port", "dst_port"))
-    cols = ["job_id", "comm_type", "start_ns", "end_ns", "bytes", "conn"]
+    if "packets" not in lab.columns:
+        lab = lab.with_columns(packets=pl.lit(None, dtype=pl.Int64))
+    cols = ["job_id", "comm_type", "start_ns", "end_ns", "bytes", "packets", "conn"]
     # ix: the ip's integer index (from the pair key), the key of the per-ip sorts and group-bys
     a_ix, b_ix = pl.col("pid") // (1 << 32), pl.col("pid") % (1 << 32)
     src_is_a = pl.col("src_ip") == pl.col("ip_a")
@@ -66,10 +74,13 @@ def reconstruct_steps(ipf: pl.DataFrame, window_start_ns: int, window_end_ns: in
     # the step's collective ends with its last message, small ones included (a bias tensor's
     # all-reduce, a protocol's last handshake): messages under min_data_bytes on the same data
     # connections, between the step's last data flow and the next step's first, nearer the former,
-    # extend its end (nearer the latter, they open the next collective). They never place a boundary
-    # (a probe or a barrier would split a step's quiet time).
+    # extend its end (nearer the latter, they open the next collective); a lone packet extends only
+    # its receiver's: a segment the transport re-sends after the sender was done (a tail-loss
+    # probe, a retransmission timeout) ends the wait of the rank that needed it, not the sender's
+    # step. They never place a boundary (a probe or a barrier would split a step's quiet time).
     data_conn = bnd.select("conn").unique()
-    tail = src.filter((pl.col("comm_type") == pl.col("source")) & (pl.col("bytes") < cfg.min_data_bytes)
+    tail = src.filter((pl.col("comm_type") == pl.col("source")) & (pl.col("bytes") < cfg.min_data_bytes) 
+                      & ((pl.col("role") == "recv") | pl.col("packets").is_null() | (pl.col("packets") > 1))
                       & (pl.col("conn").is_null() | pl.col("conn").is_in(data_conn["conn"].implode())))
     if tail.height:
         iv = steps.select("ix", "seg", t=pl.col("dp_start_ns"), last=pl.col("end_ns"), nxt=pl.col("next_first")).sort("ix", "t")
@@ -144,6 +155,9 @@ def split_ip_steps(bnd: pl.DataFrame, cfg: FlowConfig) -> tuple[pl.DataFrame, pl
     first = np.ones(len(gid), dtype=bool)
     first[1:] = gid[1:] != gid[:-1]
     b = b | first
+    # a step moves the same gradient volume however long it takes: pieces of one step are joined,
+    # double steps split (volume module doc)
+    b = balance_boundaries(gid, gaps, df["bytes"].to_numpy(), b, cfg.size_tol)
     return df.with_columns(seg=pl.Series(step_index(gid, b), dtype=pl.Int64)).drop("gap"), periods
 
 

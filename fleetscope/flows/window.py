@@ -80,6 +80,7 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
     pairs = pair_summary(seg, cfg)
     ctrl = win.join(pairs.select("pid"), on="pid", how="anti").group_by("pid").agg(
         ip_a=pl.col("ip_a").first(), ip_b=pl.col("ip_b").first(), n_flows=pl.len().cast(pl.Int64), bytes=pl.col("bytes").sum().cast(pl.Int64),
+        max_flow_bytes=pl.col("bytes").max().cast(pl.Int64),
         first_ns=pl.col("start_ns").min(), last_ns=pl.col("end_ns").max())
     pairs = pl.concat([pairs, ctrl.with_columns(n_steps=pl.lit(0, dtype=pl.Int64), periodic=pl.lit(False))],
                       how="diagonal_relaxed").sort("ip_a", "ip_b")

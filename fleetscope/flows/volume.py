@@ -1,0 +1,163 @@
+"""Steps by gradient volume: a step moves the same DP bytes every time.
+
+A data-parallel step exchanges the model's gradients (or its ZeRO shards), whose size does not
+change from step to step, however long the step takes. The gap-based split (period.py,
+changepoint.py) looks at time alone, and a stall inside a slow DP phase (a congested link, a
+retransmission timeout) can be the longest quiet time of a step: the step comes out in pieces that
+each carry a fraction of the usual volume and together carry one. A boundary whose gap fell in the
+middle of two steps' traffic leaves one segment with twice the volume.
+
+Per address, the usual step volume is the byte-weighted median of its segments' DP bytes (a
+piece weighs little; more than half of the bytes must sit in whole steps). Its interior segments
+(the first and last may be cut by the data's edges) are regrouped: among all ways to join
+consecutive segments, the one whose groups' volumes are closest to whole steps (least squared log
+ratio, a dynamic program run for every address at once), a join allowed only where it comes nearer
+a whole step than each segment it joins: pieces of a step are joined, a piece is never joined to a
+whole step (a short step stays short), nor whole steps to each other. A segment carrying k volumes
+(within the noise whole steps show) is split at the widest gaps where its cumulative bytes reach
+each multiple."""
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+MAX_PIECES = 6  # a step split into more pieces than this is left as it is
+
+
+def balance_boundaries(gid: np.ndarray, gaps: np.ndarray, nbytes: np.ndarray, b: np.ndarray,
+                       tol: float) -> np.ndarray:
+    """gid: address per flow (sorted, contiguous), gaps (ns, NaN at a group start), nbytes, b:
+    True where a flow starts a step (every group start included). Returns the boundaries with
+    pieces of one step joined and double steps split. `tol`: the relative volume difference that is
+    noise (a step whose volume is within it of k usual volumes counts as k)."""
+    n = len(gid)
+    if n == 0:
+        return b
+    seg = np.cumsum(b) - 1
+    nseg = int(seg[-1]) + 1
+    vol = np.bincount(seg, weights=nbytes.astype(np.float64), minlength=nseg)
+    seg_start = np.flatnonzero(b)
+    seg_gid = gid[seg_start]
+    # segments per address, and each segment's position in its address
+    first_seg = np.ones(nseg, dtype=bool)
+    first_seg[1:] = seg_gid[1:] != seg_gid[:-1]
+    last_seg = np.ones(nseg, dtype=bool)
+    last_seg[:-1] = seg_gid[1:] != seg_gid[:-1]
+    usual = _usual_volume(seg_gid, vol, first_seg | last_seg)
+    G = usual[seg_gid]
+    u = np.where(G > 0, vol / np.where(G > 0, G, 1.0), np.nan)
+    ok = np.isfinite(u) & (u > 0)
+    # the volume noise of whole steps (retransmitted bytes, a control message counted in): the
+    # spread of the interior segments around the usual volume, most of which are whole steps
+    mid = ok & ~first_seg & ~last_seg
+    if mid.any():
+        tol = max(tol, 3 * 1.4826 * float(np.median(np.abs(u[mid] - 1))))
+    b = b.copy()
+    # -- join pieces: interior segments of addresses with a usual volume
+    inner = ok & ~first_seg & ~last_seg
+    keep_start = _join_pieces(seg_gid, u, inner)         # [nseg] False: the segment joins the one before
+    b[seg_start[~keep_start]] = False
+    # -- split double steps (recomputed on the joined segments)
+    seg = np.cumsum(b) - 1
+    nseg = int(seg[-1]) + 1
+    vol = np.bincount(seg, weights=nbytes.astype(np.float64), minlength=nseg)
+    seg_start = np.flatnonzero(b)
+    Gs = usual[gid[seg_start]]
+    k = np.where(Gs > 0, np.rint(vol / np.where(Gs > 0, Gs, 1.0)), 0).astype(np.int64)
+    multi = (k >= 2) & (k <= MAX_PIECES) & (np.abs(vol - k * Gs) <= k * tol * Gs)
+    if multi.any():
+        b |= _split_points(seg, multi, nbytes, gaps, Gs, tol, n)
+    return b
+
+
+def _usual_volume(seg_gid: np.ndarray, vol: np.ndarray, edge: np.ndarray) -> np.ndarray:
+    """[n_addresses] byte-weighted median segment volume over the interior segments (0: none)."""
+    df = pl.DataFrame({"g": seg_gid, "v": vol}).filter(pl.Series(~edge) & (pl.col("v") > 0))
+    n_g = int(seg_gid.max()) + 1 if len(seg_gid) else 0
+    out = np.zeros(n_g)
+    if df.height == 0:
+        return out
+    m = (df.sort("g", "v").with_columns(c=pl.col("v").cum_sum().over("g"), t=pl.col("v").sum().over("g"))
+         .filter(pl.col("c") >= 0.5 * pl.col("t")).group_by("g").agg(pl.col("v").first()))
+    out[m["g"].to_numpy()] = m["v"].to_numpy()
+    return out
+
+
+def _join_pieces(seg_gid: np.ndarray, u: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """[nseg] True where a segment keeps its own start. Over each address's runs of consecutive
+    interior segments, the grouping whose groups' volumes are closest to whole steps (least sum of
+    log(volume / usual)^2), where a group of several segments must come nearer a whole step than
+    each of its members (a piece is never joined to a whole step, nor two near-whole steps of a
+    slow stretch to each other); at most MAX_PIECES segments a group; vectorized over addresses
+    (the loop runs over positions)."""
+    keep = np.ones(len(u), dtype=bool)
+    idx = np.flatnonzero(inner)
+    if len(idx) < 2:
+        return keep
+    # runs: consecutive interior segments of one address
+    brk = np.ones(len(idx), dtype=bool)
+    brk[1:] = (np.diff(idx) != 1) | (seg_gid[idx[1:]] != seg_gid[idx[:-1]])
+    run = np.cumsum(brk) - 1
+    starts = np.flatnonzero(brk)
+    lens = np.diff(np.append(starts, len(idx)))
+    multi = lens >= 2
+    if not multi.any():
+        return keep
+    R, L = int(multi.sum()), int(lens[multi].max())
+    sel_runs = np.flatnonzero(multi)
+    pos = np.arange(len(idx)) - starts[run]
+    rmap = -np.ones(len(lens), dtype=np.int64)
+    rmap[sel_runs] = np.arange(R)
+    m = rmap[run] >= 0
+    U = np.zeros((R, L))
+    U[rmap[run[m]], pos[m]] = u[idx[m]]
+    P = np.zeros((R, L + 1))
+    P[:, 1:] = np.cumsum(U, axis=1)
+    best = np.full((R, L + 1), np.inf)
+    best[:, 0] = 0.0
+    choice = np.ones((R, L + 1), dtype=np.int64)
+    dev = np.abs(np.log(np.maximum(U, 1e-9)))
+    for t in range(1, L + 1):
+        closest = np.full(R, np.inf)          # the member nearest a whole step, of the group t-k .. t-1
+        for k in range(1, min(MAX_PIECES, t) + 1):
+            s = P[:, t] - P[:, t - k]
+            d = np.abs(np.log(np.maximum(s, 1e-9)))
+            closest = np.minimum(closest, dev[:, t - k])
+            c = best[:, t - k] + d ** 2
+            if k > 1:   # a join must come nearer a whole step than any of its members is
+                c = np.where(d < closest, c, np.inf)
+            better = c < best[:, t]
+            best[:, t] = np.where(better, c, best[:, t])
+            choice[:, t] = np.where(better, k, choice[:, t])
+    # backtrack from each run's end: a group of k segments starting at t-k keeps its first start
+    joined = np.zeros((R, L), dtype=bool)       # True: this position joins the segment before it
+    t = lens[sel_runs].copy()
+    while (t > 0).any():
+        a = np.flatnonzero(t > 0)
+        k = choice[a, t[a]]
+        for j in range(1, int(k.max())):
+            h = a[k > j]
+            joined[h, t[h] - j] = True
+        t[a] = t[a] - k
+    keep[idx[m]] = ~joined[rmap[run[m]], pos[m]]
+    return keep
+
+
+def _split_points(seg: np.ndarray, multi: np.ndarray, nbytes: np.ndarray, gaps: np.ndarray, Gs: np.ndarray,
+                  tol: float, n: int) -> np.ndarray:
+    """[n] new boundaries inside segments carrying k usual volumes: for each j < k, the flow with the
+    widest gap before it among those whose segment bytes before them are within tol of j volumes."""
+    rows = np.flatnonzero(multi[seg])
+    s = seg[rows]
+    before = pl.DataFrame({"s": s, "b": nbytes[rows].astype(np.float64)}).select(
+        c=pl.col("b").cum_sum().over("s") - pl.col("b"))["c"].to_numpy()
+    G = Gs[s]
+    j = np.rint(before / G)
+    cand = (j >= 1) & (np.abs(before - j * G) <= tol * G * np.maximum(j, 1)) & (np.nan_to_num(gaps[rows], nan=0.0) > 0)
+    out = np.zeros(n, dtype=bool)
+    if not cand.any():
+        return out
+    c = pl.DataFrame({"row": rows[cand], "s": s[cand], "j": j[cand], "gap": gaps[rows][cand]})
+    pick = c.sort("gap", descending=True).group_by("s", "j").agg(pl.col("row").first())["row"].to_numpy()
+    out[pick] = True
+    return out
