@@ -27,6 +27,7 @@ import numpy as np
 from fleetscope.flows.changepoint import sequence_gaps, split_steps, step_index
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.period import job_periods, periodic_boundaries
+from fleetscope.flows.pipeline import drained_gaps
 from fleetscope.flows.volume import balance_boundaries
 
 
@@ -79,7 +80,10 @@ def reconstruct_steps(ipf: pl.DataFrame, window_start_ns: int, window_end_ns: in
     # probe, a retransmission timeout) ends the wait of the rank that needed it, not the sender's
     # step. They never place a boundary (a probe or a barrier would split a step's quiet time).
     data_conn = bnd.select("conn").unique()
-    tail = src.filter((pl.col("comm_type") == pl.col("source")) & (pl.col("bytes") < cfg.min_data_bytes) 
+    # Collectives only: a pipeline hop's messages are activations, all data-sized; a small one
+    # there is the transport's control (a receiver announcing its next receive).
+    tail = src.filter((pl.col("comm_type") == pl.col("source")) & (pl.col("source") == "DP")
+                      & (pl.col("bytes") < cfg.min_data_bytes)
                       & ((pl.col("role") == "recv") | pl.col("packets").is_null() | (pl.col("packets") > 1))
                       & (pl.col("conn").is_null() | pl.col("conn").is_in(data_conn["conn"].implode())))
     if tail.height:
@@ -138,6 +142,13 @@ def split_ip_steps(bnd: pl.DataFrame, cfg: FlowConfig) -> tuple[pl.DataFrame, pl
     gid = df["ix"].to_numpy()
     start, end = df["start_ns"].to_numpy(), df["end_ns"].to_numpy()
     gaps = sequence_gaps(gid, start, end)
+    if "source" in df.columns and "role" in df.columns:
+        # a pipeline-only address's step starts after its hops were drained (pipeline module doc)
+        pp = (df["source"] == "PP").to_numpy()
+        if pp.any():
+            sub = df.filter(pl.Series(pp)).with_columns(gap=pl.Series(gaps[pp]))
+            gaps = gaps.copy()
+            gaps[pp] = drained_gaps(sub)
     df = df.with_columns(gap=pl.Series(gaps))
     periods = job_periods(df, cfg.min_period_ns)
     # the guard is one constant for every job (longer than half of any step period): a guard
