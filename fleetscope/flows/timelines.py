@@ -143,8 +143,10 @@ def split_ip_steps(bnd: pl.DataFrame, cfg: FlowConfig) -> tuple[pl.DataFrame, pl
     start, end = df["start_ns"].to_numpy(), df["end_ns"].to_numpy()
     gaps = sequence_gaps(gid, start, end)
     if "source" in df.columns and "role" in df.columns:
-        # a pipeline-only address's step starts after its hops were drained (pipeline module doc)
-        pp = (df["source"] == "PP").to_numpy()
+        # a pipeline job's (no address with DP pairs) step starts after its hops were drained
+        # (pipeline module doc)
+        pp = (pl.col("source") == "PP").all().over("job_id")
+        pp = df.select(pp)["source"].to_numpy()
         if pp.any():
             sub = df.filter(pl.Series(pp)).with_columns(gap=pl.Series(gaps[pp]))
             gaps = gaps.copy()

@@ -7,8 +7,8 @@ retransmission timeout) can be the longest quiet time of a step: the step comes 
 each carry a fraction of the usual volume and together carry one. A boundary whose gap fell in the
 middle of two steps' traffic leaves one segment with twice the volume.
 
-Per address, the usual step volume is the byte-weighted median of its segments' DP bytes (a
-piece weighs little; more than half of the bytes must sit in whole steps). Its interior segments
+Per address, the usual step volume is the median of its segments' DP bytes, where at least half
+of its segments carry it (whole steps are the rule; else nothing is changed). Its interior segments
 (the first and last may be cut by the data's edges) are regrouped: among all ways to join
 consecutive segments, the one whose groups' volumes are closest to whole steps (least squared log
 ratio, a dynamic program run for every address at once), a join allowed only where it comes nearer
@@ -43,15 +43,17 @@ def balance_boundaries(gid: np.ndarray, gaps: np.ndarray, nbytes: np.ndarray, b:
     first_seg[1:] = seg_gid[1:] != seg_gid[:-1]
     last_seg = np.ones(nseg, dtype=bool)
     last_seg[:-1] = seg_gid[1:] != seg_gid[:-1]
-    usual = _usual_volume(seg_gid, vol, first_seg | last_seg)
+    # the volume noise of whole steps (retransmitted bytes, a control message counted in): the
+    # spread of the interior segments around their address's median, most of which are whole steps
+    mid = ~first_seg & ~last_seg
+    if mid.any():
+        med = pl.DataFrame({"g": seg_gid[mid], "v": vol[mid]}).select(pl.col("v").median().over("g"))["v"].to_numpy()
+        dev = np.abs(vol[mid] / np.where(med > 0, med, 1.0) - 1)
+        tol = max(tol, 3 * 1.4826 * float(np.median(dev)))
+    usual = _usual_volume(seg_gid, vol, first_seg | last_seg, tol)
     G = usual[seg_gid]
     u = np.where(G > 0, vol / np.where(G > 0, G, 1.0), np.nan)
     ok = np.isfinite(u) & (u > 0)
-    # the volume noise of whole steps (retransmitted bytes, a control message counted in): the
-    # spread of the interior segments around the usual volume, most of which are whole steps
-    mid = ok & ~first_seg & ~last_seg
-    if mid.any():
-        tol = max(tol, 3 * 1.4826 * float(np.median(np.abs(u[mid] - 1))))
     b = b.copy()
     # -- join pieces: interior segments of addresses with a usual volume
     inner = ok & ~first_seg & ~last_seg
@@ -70,16 +72,19 @@ def balance_boundaries(gid: np.ndarray, gaps: np.ndarray, nbytes: np.ndarray, b:
     return b
 
 
-def _usual_volume(seg_gid: np.ndarray, vol: np.ndarray, edge: np.ndarray) -> np.ndarray:
-    """[n_addresses] byte-weighted median segment volume over the interior segments (0: none)."""
+def _usual_volume(seg_gid: np.ndarray, vol: np.ndarray, edge: np.ndarray, tol: float) -> np.ndarray:
+    """[n_addresses] the median volume of the interior segments, where most of them carry it (at
+    least half within `tol` of it: whole steps are the rule); else 0 (no usual volume: the
+    address's steps are left as the gaps split them)."""
     df = pl.DataFrame({"g": seg_gid, "v": vol}).filter(pl.Series(~edge) & (pl.col("v") > 0))
     n_g = int(seg_gid.max()) + 1 if len(seg_gid) else 0
     out = np.zeros(n_g)
     if df.height == 0:
         return out
-    m = (df.sort("g", "v").with_columns(c=pl.col("v").cum_sum().over("g"), t=pl.col("v").sum().over("g"))
-         .filter(pl.col("c") >= 0.5 * pl.col("t")).group_by("g").agg(pl.col("v").first()))
-    out[m["g"].to_numpy()] = m["v"].to_numpy()
+    m = (df.with_columns(med=pl.col("v").median().over("g"))
+         .group_by("g").agg(pl.col("med").first(), whole=((pl.col("v") / pl.col("med")).log().abs() <= tol).mean())
+         .filter(pl.col("whole") >= 0.5))
+    out[m["g"].to_numpy()] = m["med"].to_numpy()
     return out
 
 

@@ -19,7 +19,7 @@ def _frame(events, ix=0):
     end = start + MS // 5
     gaps = sequence_gaps(np.full(len(ev), ix), start, end)
     return pl.DataFrame({"ix": [ix] * len(ev), "peer": [p for _, _, p in ev], "role": [r for _, r, _ in ev],
-                         "start_ns": start, "end_ns": end, "gap": gaps})
+                         "start_ns": start, "end_ns": end, "bytes": [65_536 + 48 * (i % 3) for i in range(len(ev))], "gap": gaps})
 
 
 def _step_starts(df, g):
