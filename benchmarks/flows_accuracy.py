@@ -4,7 +4,9 @@
 - simulated fleets whose conventions and fault places are drawn per seed (fleetscope.sim), a healthy
   twin and a faulty one (`random:N` flow-visible faults) per seed, `--minutes` long (default 2),
   analysed the way the wiring does: 60 s windows, each with a 30 s margin before it;
-- the real recordings under tests/data/recordings (real PyTorch gloo jobs in network namespaces).
+- the real recordings under tests/data/recordings (real PyTorch gloo jobs in network namespaces),
+  and the recorder matrix under tests/data/flow_matrix (design / first_look / held_out: which of
+  them informed which rule is said in its README), each folder given to --recordings its own set.
 
 Tuning used seeds 0-49 only; report on seeds >= 1000 (held out). Steps are scored on the true steps
 ending before the last 20 s of the data (a window claims a step once the step after it has begun,
@@ -12,6 +14,7 @@ so the very last steps of the data belong to a window that has not come yet).
 
     .venv/bin/python -m benchmarks.flows_accuracy --seeds 1000-1019 [--gpus 128] [--faults random:2]
         [--recordings tests/data/recordings] [--data /tmp/fs_flows_acc] [--details]
+    .venv/bin/python -m benchmarks.flows_accuracy --seeds "" --recordings tests/data/flow_matrix/*
 """
 from __future__ import annotations
 
@@ -128,9 +131,11 @@ def main() -> int:
             if a.details:
                 _detail(f"{name} seed {seed}", r)
     for root in a.recordings or []:
+        # one set per folder of recordings (tests/data/flow_matrix: design, first_look, held_out)
+        label = "recording" if Path(root).name == "recordings" else Path(root).name
         for folder in sorted(p for p in Path(root).iterdir() if (p / "ground_truth").is_dir()):
             r = run_folder(folder, tail_ns=0)
-            key = "recording healthy" if r["faults"] == 0 else "recording faulty"
+            key = f"{label} healthy" if r["faults"] == 0 else f"{label} faulty"
             sets.setdefault(key, []).append(r)
             if a.details:
                 _detail(f"recording {folder.name}", r)
