@@ -134,44 +134,74 @@ def split_ip_steps(bnd: pl.DataFrame, cfg: FlowConfig) -> tuple[pl.DataFrame, pl
     `seg`, the step index per address; per job period_ns and the claim guard_ns).
 
     Addresses of a job with a known period split at the largest gap of each period
-    (period.periodic_boundaries); the others with the online two-level filter (changepoint)."""
+    (period.periodic_boundaries); the others with the online two-level filter (changepoint). A
+    pipeline job's gaps are those after a drain (pipeline.py) where that split is regular; then
+    steps are balanced by their gradient volume (volume.py)."""
     if bnd.height == 0:
         return bnd.with_columns(seg=pl.lit(0, dtype=pl.Int64)), pl.DataFrame(
             schema={"job_id": pl.Utf8, "period_ns": pl.Float64, "guard_ns": pl.Int64})
     df = bnd.sort("ix", "start_ns")
     gid = df["ix"].to_numpy()
-    start, end = df["start_ns"].to_numpy(), df["end_ns"].to_numpy()
-    gaps = sequence_gaps(gid, start, end)
+    start = df["start_ns"].to_numpy()
+    gaps = sequence_gaps(gid, start, df["end_ns"].to_numpy())
+    b, periods = _gap_boundaries(df, gid, gaps, cfg)
     if "source" in df.columns and "role" in df.columns:
         # a pipeline job's (no address with DP pairs) step starts after its hops were drained
-        # (pipeline module doc)
-        pp = (pl.col("source") == "PP").all().over("job_id")
-        pp = df.select(pp)["source"].to_numpy()
+        # (pipeline module doc); where its pairs were mislabeled (DP hops read as pipeline ones)
+        # the drains make no regular steps (fewer typical than a job's steps must be to be
+        # reported), and the gaps' split stays. (The gaps' split is no yardstick: a pipeline's
+        # microbatches are as regular as its steps.)
+        pp = df.select((pl.col("source") == "PP").all().over("job_id"))["source"].to_numpy()
         if pp.any():
-            sub = df.filter(pl.Series(pp)).with_columns(gap=pl.Series(gaps[pp]))
-            gaps = gaps.copy()
-            gaps[pp] = drained_gaps(sub)
+            dg = gaps.copy()
+            dg[pp] = drained_gaps(df.filter(pl.Series(pp)).with_columns(gap=pl.Series(gaps[pp])))
+            bd, pd_ = _gap_boundaries(df, gid, dg, cfg)
+            jobs = df["job_id"].to_numpy()
+            reg = _regularity(jobs, gid, start, bd, cfg.max_rel_spread)
+            use = pp & np.array([reg.get(j, 0.0) >= cfg.min_typical for j in jobs])
+            if use.any():
+                b = np.where(use, bd, b)
+                gaps = np.where(use, dg, gaps)
+                chosen = set(jobs[use].tolist())
+                periods = pl.concat([periods.filter(~pl.col("job_id").is_in(list(chosen))),
+                                     pd_.filter(pl.col("job_id").is_in(list(chosen)))])
     df = df.with_columns(gap=pl.Series(gaps))
-    periods = job_periods(df, cfg.min_period_ns)
-    # the guard is one constant for every job (longer than half of any step period): a guard
-    # computed from each window's own period estimate could differ between two windows and let
-    # both, or neither, claim a step
-    periods = periods.with_columns(guard_ns=pl.lit(cfg.edge_guard_ns, dtype=pl.Int64))
-    df = df.join(periods.select("job_id", "period_ns"), on="job_id", how="left", maintain_order="left")
-    periodic = periodic_boundaries(df).to_numpy()
-    known = df["period_ns"].is_not_null().to_numpy()
-    if (~known).any():
-        online = split_steps(gid, gaps, cfg.split, durations=(end - start).astype(np.float64))
-        b = np.where(known, periodic, online)
-    else:
-        b = periodic
-    first = np.ones(len(gid), dtype=bool)
-    first[1:] = gid[1:] != gid[:-1]
-    b = b | first
     # a step moves the same gradient volume however long it takes: pieces of one step are joined,
     # double steps split (volume module doc)
     b = balance_boundaries(gid, gaps, df["bytes"].to_numpy(), b, cfg.size_tol)
     return df.with_columns(seg=pl.Series(step_index(gid, b), dtype=pl.Int64)).drop("gap"), periods
+
+
+def _gap_boundaries(df: pl.DataFrame, gid: np.ndarray, gaps: np.ndarray, cfg: FlowConfig) -> tuple[np.ndarray, pl.DataFrame]:
+    """Boundaries from gaps: the job's period and the largest gap of each period where a period
+    shows (period.periodic_boundaries), else the online two-level filter (changepoint); per job
+    period_ns and the claim guard_ns."""
+    d = df.with_columns(gap=pl.Series(gaps))
+    periods = job_periods(d, cfg.min_period_ns)
+    # the guard is one constant for every job (longer than half of any step period): a guard
+    # computed from each window's own period estimate could differ between two windows and let
+    # both, or neither, claim a step
+    periods = periods.with_columns(guard_ns=pl.lit(cfg.edge_guard_ns, dtype=pl.Int64))
+    d = d.join(periods.select("job_id", "period_ns"), on="job_id", how="left", maintain_order="left")
+    periodic = periodic_boundaries(d).to_numpy()
+    known = d["period_ns"].is_not_null().to_numpy()
+    if (~known).any():
+        dur = (d["end_ns"] - d["start_ns"]).to_numpy().astype(np.float64)
+        b = np.where(known, periodic, split_steps(gid, gaps, cfg.split, durations=dur))
+    else:
+        b = periodic
+    first = np.ones(len(gid), dtype=bool)
+    first[1:] = gid[1:] != gid[:-1]
+    return b | first, periods
+
+
+def _regularity(jobs: np.ndarray, gid: np.ndarray, start: np.ndarray, b: np.ndarray, spread: float) -> dict:
+    """Per job: the share of its steps (boundary to boundary, per address) within `spread` of the
+    job's median step: how regular a split is."""
+    d = (pl.DataFrame({"job": jobs[b], "ix": gid[b], "t": start[b]})
+         .with_columns(dt=pl.col("t").diff().over("ix")).filter(pl.col("dt") > 0))
+    r = d.group_by("job").agg(share=((pl.col("dt") / pl.col("dt").median() - 1).abs() <= spread).mean())
+    return dict(zip(r["job"].to_list(), r["share"].to_list()))
 
 
 def _align_job_steps(steps: pl.DataFrame) -> pl.DataFrame:
