@@ -131,6 +131,8 @@ def main() -> int:
             if a.details:
                 _detail(f"{name} seed {seed}", r)
     for root in a.recordings or []:
+        if not Path(root).is_dir():   # a shell glob over a folder picks up its README too
+            continue
         # one set per folder of recordings (tests/data/flow_matrix: design, first_look, held_out)
         label = "recording" if Path(root).name == "recordings" else Path(root).name
         for folder in sorted(p for p in Path(root).iterdir() if (p / "ground_truth").is_dir()):

@@ -22,7 +22,7 @@ import polars as pl
 
 from fleetscope.flows.config import FlowConfig
 from fleetscope.common import robust_sigma
-from fleetscope.flows.stats import bonferroni_z, fmt_ms, window_alpha
+from fleetscope.flows.stats import bonferroni_z, fmt_ms, typical, window_alpha
 
 
 def job_steps(st_all: pl.DataFrame) -> pl.DataFrame:
@@ -64,7 +64,7 @@ def job_health(st_all: pl.DataFrame, ipf_all: pl.DataFrame, bg_ip: pl.DataFrame,
                              pl.lit(cfg.launch_quiet_ns), 2 * pl.col("dur").median().over("job_id"))))
     # ... and last until its first step of typical duration (within max_rel_spread of the job's median):
     # a warm-up can take many steps (compilation, allocator growth, a first pass over the data)
-    typical0 = (pl.col("dur") / pl.col("dur").median().over("job_id") - 1).abs() <= cfg.max_rel_spread
+    typical0 = typical(pl.col("dur"), pl.col("dur").median().over("job_id"), cfg.max_rel_spread)
     js = js.with_columns(first_typical=pl.col("k").filter(typical0).min().over("job_id").fill_null(0))
     warm = pl.col("launched") & (pl.col("k") < pl.max_horizontal(pl.lit(cfg.warmup_steps), "first_typical"))
     js = js.with_columns(
@@ -85,8 +85,8 @@ def job_health(st_all: pl.DataFrame, ipf_all: pl.DataFrame, bg_ip: pl.DataFrame,
     # a job whose steps are mostly far from its typical step (fewer than min_typical of them within
     # max_rel_spread of it) is one whose steps were not reconstructed reliably: nothing is judged
     # on them (said as info); a real slowdown leaves most steps typical
-    typical = ((pl.col("dur") / pl.col("base") - 1).abs() <= cfg.max_rel_spread).filter(~warm).mean().over("job_id")
-    js = js.with_columns(reliable=typical >= cfg.min_typical)
+    share = typical(pl.col("dur"), pl.col("base"), cfg.max_rel_spread).filter(~warm).mean().over("job_id")
+    js = js.with_columns(reliable=share >= cfg.min_typical)
     warm = warm | ~pl.col("reliable")
     judged = js.filter(pl.col("claimed") & ~warm & pl.col("roll").is_not_null())
     n_tests = max(judged.height, 1)

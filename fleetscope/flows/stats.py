@@ -8,8 +8,15 @@ alpha / m). The baseline and scale of every test come from the data: a job's own
 or NIC's peers in the same collective, never from nominal bandwidths."""
 from __future__ import annotations
 
-
+import polars as pl
 from scipy.stats import norm
+
+
+def typical(value: pl.Expr, ref: pl.Expr, spread: float) -> pl.Expr:
+    """A typical step: its duration (or volume) within `spread` (config max_rel_spread) of the
+    reference, the job's median step. One definition for the splits' regularity, the withholding of
+    unclear steps and the cross-step warm-up."""
+    return (value / ref - 1).abs() <= spread
 
 def window_alpha(fa_per_job_hour: float, n_jobs: int, window_ns: int) -> float:
     """False-alarm probability one detector may spend on the whole window."""

@@ -28,6 +28,7 @@ from fleetscope.flows.changepoint import sequence_gaps, split_steps, step_index
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.period import job_periods, periodic_boundaries
 from fleetscope.flows.pipeline import drained_gaps
+from fleetscope.flows.stats import typical
 from fleetscope.flows.volume import balance_boundaries
 
 
@@ -200,7 +201,7 @@ def _regularity(jobs: np.ndarray, gid: np.ndarray, start: np.ndarray, b: np.ndar
     job's median step: how regular a split is."""
     d = (pl.DataFrame({"job": jobs[b], "ix": gid[b], "t": start[b]})
          .with_columns(dt=pl.col("t").diff().over("ix")).filter(pl.col("dt") > 0))
-    r = d.group_by("job").agg(share=((pl.col("dt") / pl.col("dt").median() - 1).abs() <= spread).mean())
+    r = d.group_by("job").agg(share=typical(pl.col("dt"), pl.col("dt").median(), spread).mean())
     return dict(zip(r["job"].to_list(), r["share"].to_list()))
 
 

@@ -15,6 +15,7 @@ from fleetscope.flows.jobs import pair_summary, recognize_jobs
 from fleetscope.flows.prepare import add_pairs, check_flows, check_topology, empty_topology, segment
 from fleetscope.flows.schemas import COMM_PAIRS, FLOW_BACKGROUND, FLOW_PAIR_RATES, JOB_CLUSTERS, JOBS, STEP_TIMELINES
 from fleetscope.flows.timelines import ip_flows, perfetto_trace, reconstruct_steps
+from fleetscope.flows.stats import typical
 from fleetscope.schemas.base import conform
 from fleetscope.ingest.windows import window_id_for
 
@@ -96,9 +97,9 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
     steps_all = reconstruct_steps(ipf, window_start_ns, window_end_ns, wid, cfg)
     # a job whose steps mostly stray from its typical step was not split reliably (its step gaps do
     # not stand out: traffic streaming through the whole step): its steps are withheld, and said so
-    typical = steps_all.filter("start_observed").with_columns(d=pl.col("end_ns") - pl.col("start_ns")).group_by("job_id").agg(
-        share=((pl.col("d") / pl.col("d").median() - 1).abs() <= cfg.max_rel_spread).mean(), n=pl.len())
-    unclear = typical.filter((pl.col("share") < cfg.min_typical) & (pl.col("n") >= 4))["job_id"]
+    spread = steps_all.filter("start_observed").with_columns(d=pl.col("end_ns") - pl.col("start_ns")).group_by("job_id").agg(
+        share=typical(pl.col("d"), pl.col("d").median(), cfg.max_rel_spread).mean(), n=pl.len())
+    unclear = spread.filter((pl.col("share") < cfg.min_typical) & (pl.col("n") >= 4))["job_id"]
     for j in unclear.to_list():
         notes.append(f"NOTE: steps of {j} withheld: its step boundaries do not stand out in its flows (most reconstructed "
                      "steps stray from its typical step); its jobs and pairs are reported")
