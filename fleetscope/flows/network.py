@@ -31,6 +31,8 @@ from fleetscope.flows.config import FlowConfig
 from fleetscope.common import MAD_TO_SIGMA
 from fleetscope.flows.stats import bonferroni_z, window_alpha
 
+TRIM = 0.2   # share trimmed off each side of a cell's residuals (localize)
+
 
 def window_levels(res: pl.DataFrame, wid: str, window_start_ns: int) -> pl.DataFrame:
     """The window's contribution to the pairs' history (table flow_pair_rates): per directed pair, route
@@ -195,13 +197,20 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
     floor = float(np.log(1 - cfg.min_bw_drop))
 
     def cells(xx: pl.DataFrame) -> pl.DataFrame:
+        # Yuen's trimmed mean (20 %, Wilcox's usual choice) rather than a median: a pair's flows are often
+        # bimodal (chunks of a ring at two rates), and a median of two equal modes flips between them on a
+        # small shift; the test's scale is the cell's own winsorized spread (never below the fleet's)
         job = ~pl.col("unit").str.starts_with("bg:")
-        c = xx.group_by("kind", "cand", "bin").agg(n=pl.len(), m=pl.col("e").median(), mz=pl.col("zf").median(),
-                                                   mj=pl.col("e").filter(job).median(), k_slow=(pl.col("e") < floor).sum())
-        # z of a median of n standardized residuals: 1.2533 / sqrt(n); background transfers only
-        # exonerate or confirm: a suspect must slow the jobs' own flows
+
+        def tmean(c: pl.Expr) -> pl.Expr:
+            return c.filter((c >= c.quantile(TRIM, "lower")) & (c <= c.quantile(1 - TRIM, "higher"))).mean()
+        wsd = pl.col("zf").clip(pl.col("zf").quantile(TRIM, "lower"), pl.col("zf").quantile(1 - TRIM, "higher")).std()
+        c = xx.group_by("kind", "cand", "bin").agg(n=pl.len(), m=tmean(pl.col("e")), mz=tmean(pl.col("zf")),
+                                                   sw=wsd.fill_null(0.0),
+                                                   mj=tmean(pl.col("e").filter(job)), k_slow=(pl.col("e") < floor).sum())
+        # background transfers only exonerate or confirm: a suspect must slow the jobs' own flows
         return c.filter((pl.col("n") >= cfg.min_flows_per_cell) & pl.col("mj").is_not_null()).with_columns(
-            z=pl.col("mz") / (1.2533 / pl.col("n").sqrt()))
+            z=pl.col("mz") / (pl.max_horizontal("sw", 1.0) / ((1 - 2 * TRIM) * pl.col("n").sqrt())))
 
     c0 = cells(x)
     n_tests = max(c0.height, 1)
@@ -238,8 +247,10 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         # hop is slowed (between its job's beta and 0), and no more
         du = fm.group_by("kind", "cand", "unit", "bin", *jkey).agg(n_cu=pl.col("w").sum(), s_cu=(pl.col("w") * pl.col("e")).sum())
         ut = flows.group_by("unit", "bin").agg(n_u=pl.col("w").sum(), s_u=(pl.col("w") * pl.col("e")).sum())
-        pu = du.join(ut, on=["unit", "bin"]).with_columns(npc=pl.col("n_u") - pl.col("n_cu"), spc=pl.col("s_u") - pl.col("s_cu")) \
-            .join(dj.select("kind", "cand", "bin", *jkey, "beta"), on=["kind", "cand", "bin", *jkey], nulls_equal=True).with_columns(
+        # bounded by the collective's own hops through the candidate (a job's other collectives across it
+        # may be slowed less: a ring crossing it on one hop of many, a pipeline pair)
+        pu = du.join(ut, on=["unit", "bin"]).with_columns(npc=pl.col("n_u") - pl.col("n_cu"), spc=pl.col("s_u") - pl.col("s_cu"),
+                                                           beta=pl.min_horizontal(pl.col("s_cu") / pl.col("n_cu"), 0.0)).with_columns(
             gamma=pl.when(pl.col("npc") > 1e-9).then(pl.max_horizontal(
                 pl.col("beta"), pl.min_horizontal(pl.col("spc") / pl.col("npc").clip(lower_bound=1e-9), 0.0))).otherwise(0.0))
         pace = pu.group_by("kind", "cand", "bin").agg(pgain=(pl.col("npc") * pl.col("gamma") ** 2).sum())
@@ -263,6 +274,12 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
             inter = own.join(other, on="fid").height
             # ... or explain as much through the same rings' pacing (each NIC of a ring slowed as a whole)
             (alts if inter >= 0.9 * max(own.height, other.height) else paced).append(t["cand"])
+        # both ends of the same slow flows tied with the switch between them (a pair under one leaf):
+        # neither NIC can be preferred to the other, the switch they share explains both at once
+        sw_alt = tied.filter((pl.col("kind") == "switch") & pl.col("cand").is_in(alts))
+        if best["kind"] == "nic" and sw_alt.height and tied.filter((pl.col("kind") == "nic") & pl.col("cand").is_in(alts)).height:
+            alts = [a for a in alts if a != sw_alt["cand"][0]] + [best["cand"]]
+            best = sw_alt.row(0, named=True)
         gb = g.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]))
         bins = gb["bin"]
         mine_ids = fm.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])).select("fid", "unit", "bin")
@@ -280,9 +297,22 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         # take its slowness off: all of its own flows' (named, it explains them; a fit per time bin would
         # leave the flows after an onset inside the bin slow, to be pinned on their NICs), and gamma from
         # the rest of their collectives
+        # ... in the bins it was named in and their neighbours (its onset or end falls inside a bin, which
+        # then holds too few slow flows to be named on its own, and would be pinned on a neighbour)
+        near = pl.concat([bins, bins - 1, bins + 1]).unique()
+        mine_ids = memb.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]) & pl.col("bin").is_in(near)) \
+            .select("fid", "unit", "bin")
         direct = mine_ids.join(flows.select("fid", "e"), on="fid").select("fid", fit="e")
-        pub = pu.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])).select("unit", "bin", "gamma")
-        pacing = flows.join(pub, on=["unit", "bin"]).join(mine_ids.select("fid"), on="fid", how="anti").select("fid", fit="gamma")
+        # the pace taken off each of its collectives: the median of the collective's other flows, bounded by
+        # the median of its own hops across the cause (medians: a ring's flows are bimodal, a share of its
+        # chunks moving faster than the pair's usual level, and a mean would leave the ring half slow)
+        uf = flows.join(mine_ids.select("unit", "bin").unique(), on=["unit", "bin"])
+        own_u = uf.join(mine_ids.select("fid"), on="fid")
+        lvl = uf.join(mine_ids.select("fid"), on="fid", how="anti").group_by("unit", "bin").agg(m_o=pl.col("e").median()) \
+            .join(own_u.group_by("unit", "bin").agg(m_c=pl.col("e").median()), on=["unit", "bin"]) \
+            .with_columns(gamma=pl.max_horizontal(pl.min_horizontal("m_c", 0.0), pl.min_horizontal("m_o", 0.0)))
+        pacing = uf.join(own_u.select("fid"), on="fid", how="anti").join(lvl.select("unit", "bin", "gamma"), on=["unit", "bin"]) \
+            .select("fid", fit="gamma")
         fit = pl.concat([direct, pacing])
         flows = flows.join(fit, on="fid", how="left").with_columns(pl.col("fit").fill_null(0.0)).with_columns(
             e=pl.min_horizontal(pl.col("e") - pl.col("fit"), pl.lit(0.0))).with_columns(
