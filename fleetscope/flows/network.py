@@ -29,9 +29,7 @@ import polars as pl
 
 from fleetscope.flows.config import FlowConfig
 from fleetscope.common import MAD_TO_SIGMA
-from fleetscope.flows.stats import bonferroni_z, window_alpha
-
-TRIM = 0.2   # share trimmed off each side of a cell's residuals (localize)
+from fleetscope.flows.stats import TRIM, bonferroni_z, trimmed_mean, window_alpha, winsorized_std
 
 
 def window_levels(res: pl.DataFrame, wid: str, window_start_ns: int) -> pl.DataFrame:
@@ -90,7 +88,8 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
     # messages move slower than its large ones): pair_levels
     f = f.with_columns(route=_route())
     f = f.with_columns(hid=pl.struct("src_ip", "dst_ip", "route", "size").hash())
-    f = f.with_columns(n_peer=pl.len().over(key + ["bin"]), base_peer=pl.col("x").median().over(key + ["bin"]),
+    # levels are trimmed means (stats.trimmed_mean: a median of bimodal rates flips between the modes)
+    f = f.with_columns(n_peer=pl.len().over(key + ["bin"]), base_peer=trimmed_mean(pl.col("x")).over(key + ["bin"]),
                        n_hist=pl.len().over("hid"))
     lv = pair_levels(f)
     # a rate that steps within the span is a fault's onset only where the job's steps slowed too (a
@@ -119,10 +118,10 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
 
 
 def pair_levels(f: pl.DataFrame, min_side: int = 8) -> pl.DataFrame:
-    """Per pair and direction (hid): base_med, its median log rate over the span, and base_step, its healthy level
+    """Per pair and direction (hid): base_med, its level over the span (a trimmed mean of its log rates), and base_step, its healthy level
     when its rate steps at one point (a fault's onset or end): the split of its flows in time with the
     largest t of the difference of the two sides' means, against the pair's robust spread, past a
-    Bonferroni bar over every pair and split, gives the faster side; else the median (a fault lasting
+    Bonferroni bar over every pair and split, gives the faster side; else base_med (a fault lasting
     most of the span would otherwise make the slow level the baseline)."""
     g = f.select("hid", "start_ns", "x").sort("hid", "start_ns").with_columns(
         k=pl.int_range(1, pl.len() + 1).over("hid"), n=pl.len().over("hid"),
@@ -134,7 +133,7 @@ def pair_levels(f: pl.DataFrame, min_side: int = 8) -> pl.DataFrame:
                        / (pl.col("sig") * (1 / pl.col("k") + 1 / (pl.col("n") - pl.col("k"))).sqrt()))
     best = g.sort("t", descending=True).unique("hid", keep="first")
     bar = bonferroni_z(0.01, max(g.height, 1))
-    base = f.group_by("hid").agg(base_med=pl.col("x").median()).join(best.select("hid", "t", "ml", "mr"), on="hid", how="left")
+    base = f.group_by("hid").agg(base_med=trimmed_mean(pl.col("x"))).join(best.select("hid", "t", "ml", "mr"), on="hid", how="left")
     return base.select("hid", "base_med", base_step=pl.when(pl.col("t") > bar).then(pl.max_horizontal("ml", "mr"))
                        .otherwise("base_med"))
 
@@ -201,13 +200,9 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         # bimodal (chunks of a ring at two rates), and a median of two equal modes flips between them on a
         # small shift; the test's scale is the cell's own winsorized spread (never below the fleet's)
         job = ~pl.col("unit").str.starts_with("bg:")
-
-        def tmean(c: pl.Expr) -> pl.Expr:
-            return c.filter((c >= c.quantile(TRIM, "lower")) & (c <= c.quantile(1 - TRIM, "higher"))).mean()
-        wsd = pl.col("zf").clip(pl.col("zf").quantile(TRIM, "lower"), pl.col("zf").quantile(1 - TRIM, "higher")).std()
-        c = xx.group_by("kind", "cand", "bin").agg(n=pl.len(), m=tmean(pl.col("e")), mz=tmean(pl.col("zf")),
-                                                   sw=wsd.fill_null(0.0),
-                                                   mj=tmean(pl.col("e").filter(job)), k_slow=(pl.col("e") < floor).sum())
+        c = xx.group_by("kind", "cand", "bin").agg(n=pl.len(), m=trimmed_mean(pl.col("e")), mz=trimmed_mean(pl.col("zf")),
+                                                   sw=winsorized_std(pl.col("zf")).fill_null(0.0),
+                                                   mj=trimmed_mean(pl.col("e").filter(job)), k_slow=(pl.col("e") < floor).sum())
         # background transfers only exonerate or confirm: a suspect must slow the jobs' own flows
         return c.filter((pl.col("n") >= cfg.min_flows_per_cell) & pl.col("mj").is_not_null()).with_columns(
             z=pl.col("mz") / (pl.max_horizontal("sw", 1.0) / ((1 - 2 * TRIM) * pl.col("n").sqrt())))
@@ -287,7 +282,7 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         slow = mine.filter(pl.col("e") < floor)
         zmin = fl.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]))["z"].min()
         accepted.append({
-            "kind": best["kind"], "cand": best["cand"], "value": float(np.exp(mine["e"].median())),
+            "kind": best["kind"], "cand": best["cand"], "value": float(np.exp(mine.select(trimmed_mean(pl.col("e"))).item())),
             "n_slow": slow.height, "n": mine.height, "s": int(mine["start_ns"].min()), "e": int(mine["end_ns"].max()),
             # the jobs it slowed: those whose flows across it lost more than min_bw_drop (typically)
             "bins": bins.n_unique(), "z": float(zmin),

@@ -18,6 +18,23 @@ def typical(value: pl.Expr, ref: pl.Expr, spread: float) -> pl.Expr:
     unclear steps and the cross-step warm-up."""
     return (value / ref - 1).abs() <= spread
 
+
+# share trimmed off each side by trimmed_mean (20 %: Wilcox's usual choice for Yuen's test)
+TRIM = 0.2
+
+
+def trimmed_mean(x: pl.Expr, trim: float = TRIM) -> pl.Expr:
+    """Mean of the middle of x (group or window context). The level of a pair's flows, or of a cell of
+    them: their rates are often bimodal (a ring's chunks at two rates), where a median flips between
+    the modes on a small change of their shares, and a mean follows a few stalled flows."""
+    return x.filter((x >= x.quantile(trim, "nearest")) & (x <= x.quantile(1 - trim, "nearest"))).mean()
+
+
+def winsorized_std(x: pl.Expr, trim: float = TRIM) -> pl.Expr:
+    """Standard deviation of x with each tail clipped at its trim quantile (the scale of Yuen's test)."""
+    return x.clip(x.quantile(trim, "nearest"), x.quantile(1 - trim, "nearest")).std()
+
+
 def window_alpha(fa_per_job_hour: float, n_jobs: int, window_ns: int) -> float:
     """False-alarm probability one detector may spend on the whole window."""
     return min(0.5, fa_per_job_hour * max(n_jobs, 1) * window_ns / 3.6e12)

@@ -50,3 +50,60 @@ def test_the_ring_members_that_explain_it_through_its_pacing_are_listed_with_it(
 
 def test_a_healthy_pair_of_rings_names_nothing():
     assert named(ring_flows(RINGS, {})) == []
+
+
+def bimodal_ring(fast_share: list[float], fault: tuple[str, float, float] | None = None,
+                 leaves: tuple[str, ...] = ("leaf0", "leaf0", "leaf1", "leaf1"), seed: int = 1,
+                 ring: int = 0) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Raw flows of one 4-rank ring (rank i under leaves[i]; a spine between leaves) moving 8 MB chunks
+    every 0.1 s for a minute, each chunk at one of two rates 2.2x apart (two channels of a ring);
+    fast_share[k]: the share of fast chunks in the k-th 10 s bin; fault: (element, rate factor, from
+    second): the ring moves at its slowest hop's pace from then on; ring: its number (addresses, pairs)."""
+    rng = np.random.default_rng(seed)
+    members = [f"10.{ring}.0.{i + 1}" for i in range(4)]
+    leaf = dict(zip(members, leaves))
+    hops = list(zip(members, members[1:] + members[:1]))
+    path = {h: [leaf[h[0]]] if leaf[h[0]] == leaf[h[1]] else [leaf[h[0]], "spine", leaf[h[1]]] for h in hops}
+    hit = fault is not None and any(fault[0] in (*path[h], *h) for h in hops)
+    rows = []
+    for t in np.arange(0, 60, 0.1):
+        fast = rng.random() < fast_share[int(t // 10)]
+        pace = fault[1] if hit and t >= fault[2] else 1.0
+        for i, (s, d) in enumerate(hops):
+            rate = (22.0 if fast else 10.0) * pace * np.exp(rng.normal(0, 0.02))    # bytes per ns
+            start = int(t * S) + i * 1000
+            rows.append((s, d, start, start + int(8_000_000 / rate), 8_000_000, path[(s, d)], 4 * ring + i))
+    f = pl.DataFrame(rows, schema=["src_ip", "dst_ip", "start_ns", "end_ns", "bytes", "path", "pid"], orient="row")
+    pairs = pl.DataFrame({"pid": [4 * ring + i for i in range(4)], "comm_type": ["DP"] * 4, "job_id": ["job-1"] * 4,
+                          "dp_group": [ring] * 4})
+    return f.with_columns(pl.col("pid").cast(pl.Int64)), pairs.with_columns(pl.col("pid").cast(pl.Int64))
+
+
+SHARES = [0.5, 0.45, 0.55, 0.42, 0.58, 0.5]
+
+
+def loud(v: list[dict]) -> list[tuple[str, str]]:
+    return [(r["scope"], r["subject"]) for r in v if r["severity"] != "info"]
+
+
+def test_a_healthy_ring_whose_chunks_move_at_two_rates_in_shifting_shares_names_nothing():
+    # a median level of two equal modes flips from one mode to the other as their shares move a little:
+    # every flow of the ring then looks a mode's gap slower than its pair's usual rate
+    from fleetscope.flows.network import network_verdicts
+    f, pairs = bimodal_ring(SHARES)
+    assert loud(network_verdicts(f, pairs, 1, (0, 60 * S), "w", FlowConfig())) == []
+
+
+def test_a_congested_spine_is_named_and_not_the_nic_that_carries_the_rings_other_hops():
+    # ring 0: ranks 0, 1, 2 under leaf0, rank 3 under leaf1: two hops cross the spine, and rank 1 sends
+    # or receives on both hops that do not; ring 1 crosses it too. The spine slows from 25 s (inside a
+    # bin), each ring follows its slowest hop. Rings 2 and 3 (other groups of the job) stay under leaf0
+    # and under leaf1, at their usual rate: neither leaf is the cause, and the spine is what the slow
+    # rings share
+    from fleetscope.flows.network import network_verdicts
+    rings = [bimodal_ring(SHARES, fault=("spine", 0.45, 25.0), leaves=("leaf0", "leaf0", "leaf0", "leaf1")),
+             bimodal_ring(SHARES, fault=("spine", 0.45, 25.0), seed=2, ring=1),
+             bimodal_ring(SHARES, leaves=("leaf0",) * 4, seed=3, ring=2),
+             bimodal_ring(SHARES, leaves=("leaf1",) * 4, seed=4, ring=3)]
+    f, pairs = pl.concat([r[0] for r in rings]), pl.concat([r[1] for r in rings])
+    assert loud(network_verdicts(f, pairs, 1, (0, 60 * S), "w", FlowConfig())) == [("switch", "spine")]
