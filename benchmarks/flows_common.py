@@ -59,12 +59,14 @@ def load_landing(landing: Path) -> tuple[pl.DataFrame, pl.DataFrame | None, dict
 def analyze_span(flows: pl.DataFrame, topo: pl.DataFrame | None, span: tuple[int, int], window_s: int = WINDOW_S,
                  margin_s: int = MARGIN_S, config=None, timings: dict | None = None, flush: bool = False) -> dict[str, pl.DataFrame]:
     """The wiring's way over a span: one analyze_window per window in time order (its flows plus a
-    margin before it, the pair rates of the earlier windows as history), tables concatenated; window
+    margin before it, the pair rates and localized causes of the earlier windows as history), tables
+    concatenated; window
     ids as fleetscope.ingest.windows names them. With `flush`, the window after the data runs too
     (on its margin alone): a step is claimed by the window after its closing boundary plus a guard
     (fleetscope.flows.timelines), so a recording's last steps belong to the window that comes after
     it, as the next scheduled window would claim them while the fleet goes on."""
     from fleetscope.flows import analyze_window
+    from fleetscope.flows.network import prior_suspects
     from fleetscope.ingest.windows import NS, window_id
 
     w = window_s * NS
@@ -79,8 +81,10 @@ def analyze_span(flows: pl.DataFrame, topo: pl.DataFrame | None, span: tuple[int
             continue
         tm: dict = {}
         hist = [h for h in out.get("flow_pair_rates", []) if h.height and h["window_start_ns"][0] >= ws - HISTORY_S * NS]
+        prev = [v for v in out.get("anomaly_verdicts", []) if v.height and v["start_ns"].max() >= ws - HISTORY_S * NS]
         t = analyze_window(f, topo, ws, we, config=config, window_id=window_id(ws, window_s), timings=tm,
-                           history=pl.concat(hist) if hist else None)
+                           history=pl.concat(hist) if hist else None,
+                           suspects=prior_suspects(pl.concat(prev, how="diagonal_relaxed") if prev else None))
         if timings is not None:
             for k, v in tm.items():
                 timings[k] = timings.get(k, 0.0) + v

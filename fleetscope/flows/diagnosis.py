@@ -86,12 +86,13 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
                   steps_all: pl.DataFrame | None = None, ipf_all: pl.DataFrame | None = None,
                   bg_ip: pl.DataFrame | None = None, data_span: tuple[int, int] | None = None,
                   window: tuple[int, int] | None = None, history: pl.DataFrame | None = None,
-                  levels_out: dict | None = None) -> pl.DataFrame:
+                  levels_out: dict | None = None, suspects: set[str] | None = None) -> pl.DataFrame:
     """All flow verdicts of a window. flows: the window's in-topology flows with ip_a/ip_b and the
     pair key pid; pairs: classify_pairs output (with pid; default tables["comm_pairs"]);
     ipf: timelines.ip_flows of them (PP timing), optional; steps_all / ipf_all: steps and ip flows
     of window + margin (the jobs' history); bg_ip: GPU addresses' non-job traffic; history: the pairs'
-    rates in earlier windows (flow_pair_rates); levels_out: receives this window's ("levels")."""
+    rates in earlier windows (flow_pair_rates); levels_out: receives this window's ("levels");
+    suspects: the elements earlier windows named (network.localize's prior)."""
     st = tables["step_timelines"]
     pairs = tables["comm_pairs"] if pairs is None else pairs
     rows = []
@@ -109,7 +110,7 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
         # change there may be a fault's onset (elsewhere it is a neighbour starting or stopping)
         slow_jobs = {r["job_id"] for r in rows if r["detector"] == "flows.cross_step"}
         rows += network_verdicts(flows, pairs, n_jobs, win, window_id, cfg, topology=topology, slow_jobs=slow_jobs,
-                                 history=history, levels_out=levels_out)
+                                 history=history, levels_out=levels_out, suspects=suspects)
         if cfg.switch_dp_flow_capacity:
             rows += _oversubscription(flows, pairs, topology, window_id, cfg)
     return make_verdicts(explain_symptoms(rows))

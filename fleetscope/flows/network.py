@@ -163,8 +163,9 @@ def element_tier(r: pl.DataFrame) -> pl.DataFrame:
 
 
 def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowConfig,
-             cand: pl.DataFrame | None = None) -> tuple[pl.DataFrame, dict]:
-    """r: flow_residuals (with `unit`, the collective a flow belongs to); cand: _candidates(r). ->
+             cand: pl.DataFrame | None = None, prior: set[str] | None = None) -> tuple[pl.DataFrame, dict]:
+    """r: flow_residuals (with `unit`, the collective a flow belongs to); cand: _candidates(r); prior:
+    elements named as causes in the windows just before (see below). ->
     (accepted causes: kind, cand, value (rate vs peers), n_slow, n, s, e, bins, jobs, z), stats
     {n_tests, z_bar}.
 
@@ -257,7 +258,12 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         # equal explanations: the one whose own flows carry the most of the slowness it explains (the
         # most slow hops cross it) before those that need more of their rings' pacing to explain the
         # rest (each NIC of a ring under a congested leaf carries two of its hops; the leaf most of them)
-        tied = equal.filter(pl.col("dgain") >= 0.99 * pl.col("dgain").max()) \
+        # ... and a cause named in the windows just before, when it explains them as well as any other: the
+        # evidence that told it from its neighbours then (a job crossing only it) may be gone, while one ring
+        # through both, paced as a whole, cannot tell them apart
+        known = equal.filter(pl.col("cand").is_in(list(prior or ())))
+        pool = known if known.height else equal
+        tied = pool.filter(pl.col("dgain") >= 0.99 * pl.col("dgain").max()) \
             .sort(["tier", "gain", "cand"], descending=[False, True, False])
         best = tied.row(0, named=True)
         # candidates the flows cannot tell from it (they carry nearly the same flows: the two ends of one
@@ -388,17 +394,32 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     return pl.DataFrame(out, schema=empty.schema) if out else empty
 
 
+# the detectors whose subject is a localized element (localize's causes)
+LOCALIZED = ("flows.switch_bandwidth", "flows.nic_bandwidth", "flows.host_slow")
+
+
+def prior_suspects(verdicts: pl.DataFrame | None) -> set[str]:
+    """The elements earlier windows' verdicts (anomaly_verdicts rows) named as warning or critical
+    causes: localize's prior."""
+    if verdicts is None or verdicts.height == 0:
+        return set()
+    return set(verdicts.filter(pl.col("detector").is_in(LOCALIZED) & pl.col("severity").is_in(["warning", "critical"]))
+               ["subject"].to_list())
+
+
 def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tuple[int, int], wid: str,
                      cfg: FlowConfig, topology: pl.DataFrame | None = None, slow_jobs: set | None = None,
-                     history: pl.DataFrame | None = None, levels_out: dict | None = None) -> list[dict]:
+                     history: pl.DataFrame | None = None, levels_out: dict | None = None,
+                     suspects: set[str] | None = None) -> list[dict]:
     """slow_jobs: the jobs whose steps slowed in the window (their pairs' rate may step inside it at a
     fault's onset); None: every job's. history: flow_pair_rates rows of earlier windows; levels_out, a
-    dict, receives this window's rows ("levels")."""
+    dict, receives this window's rows ("levels"); suspects: the NICs, switches and hosts earlier
+    windows named (localize's prior)."""
     res = flow_residuals(flows, pairs, cfg, slow_jobs=slow_jobs, history=history)
     if levels_out is not None and res.height:
         levels_out["levels"] = window_levels(res, wid, window[0])
     cand = _candidates(res, topology) if res.height else None
-    causes, st = localize(res, n_jobs, window, cfg, cand=cand)
+    causes, st = localize(res, n_jobs, window, cfg, cand=cand, prior=suspects)
     out = []
     named = set(causes["cand"].to_list())
     stalls = stall_causes(res, n_jobs, window, cfg, exclude=named, cand=cand) if res.height else pl.DataFrame()

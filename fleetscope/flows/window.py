@@ -22,7 +22,7 @@ from fleetscope.ingest.windows import window_id_for
 def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_start_ns: int, window_end_ns: int,
                    config: FlowConfig | None = None, window_id: str | None = None,
                    timings: dict | None = None, export_timelines: bool = False,
-                   history: pl.DataFrame | None = None) -> Analysis:
+                   history: pl.DataFrame | None = None, suspects: set[str] | None = None) -> Analysis:
     """flows: normalized flows (docs/CONTRACT.md 1.2) starting in [window_start_ns - margin, window_end_ns);
     the margin (recommended: >= 2 step periods + edge_guard_ns; 30 s is plenty) lets the first
     steps of the window be delimited. Jobs and comm types come from the flows inside the window,
@@ -31,7 +31,8 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
     person (no topology, flows but no job) as warnings; with export_timelines, one Perfetto trace per job as artifact
     `perfetto/<window>/<job>.json`. `timings`, when a dict, receives per-stage seconds. `history`: the
     flow_pair_rates rows of earlier windows (the pairs' levels before this window), optional; the
-    window's own rows are the table flow_pair_rates."""
+    window's own rows are the table flow_pair_rates. `suspects`: the subjects of the NIC, switch and host
+    verdicts of earlier windows (prior_suspects), optional: of equal explanations, the one named before."""
     cfg = config or FlowConfig()
     if window_end_ns <= window_start_ns:
         raise ValueError(f"empty window [{window_start_ns}, {window_end_ns})")
@@ -149,7 +150,7 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
                              topo, wid, cfg, ipf=ipf.filter(pl.col("start_ns") >= window_start_ns),
                              pairs=labeled, steps_all=steps_all, ipf_all=ipf, bg_ip=bg_ip,
                              data_span=data_span, window=(window_start_ns, window_end_ns), history=history,
-                             levels_out=(levels := {}))
+                             levels_out=(levels := {}), suspects=suspects)
     tables["flow_pair_rates"] = FLOW_PAIR_RATES.validate(conform(levels.get("levels", pl.DataFrame()), FLOW_PAIR_RATES))
     tm["verdicts"] = time.perf_counter() - t
     notes += no_job_notes(win, outside.filter(pl.col("start_ns") >= window_start_ns), pairs, tables["jobs"])

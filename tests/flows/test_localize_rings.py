@@ -107,3 +107,20 @@ def test_a_congested_spine_is_named_and_not_the_nic_that_carries_the_rings_other
              bimodal_ring(SHARES, leaves=("leaf1",) * 4, seed=4, ring=3)]
     f, pairs = pl.concat([r[0] for r in rings]), pl.concat([r[1] for r in rings])
     assert loud(network_verdicts(f, pairs, 1, (0, 60 * S), "w", FlowConfig())) == [("switch", "spine")]
+
+
+def test_of_two_leaves_one_paced_ring_cannot_tell_apart_the_one_named_before_is_named_again():
+    # ring 1 crosses leaf3 and leaf4 on three hops each: slowed as a whole, its flows cannot tell
+    # which leaf holds it back; an earlier window that could (a job crossing only one of them) decides
+    f = ring_flows(RINGS, {"leaf4": 0.5})
+    first = localize(f, 1, (0, 60 * S), FlowConfig(), prior={"leaf4"})[0].select("kind", "cand").rows()
+    assert first == [("switch", "leaf4")]
+    other = localize(f, 1, (0, 60 * S), FlowConfig(), prior={"leaf3"})[0].select("kind", "cand").rows()
+    assert other == [("switch", "leaf3")]
+
+
+def test_a_cause_named_before_is_not_named_again_where_its_flows_are_fine_now():
+    f = ring_flows(RINGS, {"leaf4": 0.5})
+    assert localize(f, 1, (0, 60 * S), FlowConfig(), prior={"leaf1"})[0]["cand"].to_list() in (["leaf3"], ["leaf4"])
+    assert named(ring_flows(RINGS, {})) == [] and localize(ring_flows(RINGS, {}), 1, (0, 60 * S), FlowConfig(),
+                                                           prior={"leaf1", "leaf4"})[0].height == 0
