@@ -74,10 +74,16 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
     stream = [c for c in ("src_ip", "dst_ip", "src_port", "dst_port", "src_qp", "dst_qp") if c in f.columns]
     f = f.sort(*stream, "start_ns").with_columns(
         tid=(pl.col("start_ns") > pl.col("end_ns").shift(1).over(stream)).fill_null(True).cum_sum())
+    # ... and its rate is the transfer's, not each piece's: an exporter may stamp the pieces of a transfer
+    # unevenly (a retransmitting NIC's transfer as one long piece and one instant one), and only their sum
+    # over their span is a rate. A record that two mirror points both exported counts once.
+    once = pl.struct("start_ns", "end_ns", "bytes").is_first_distinct().over("tid")
+    f = f.with_columns(tb=pl.col("bytes").filter(once).sum().over("tid").cast(pl.Float64),
+                       tspan=(pl.col("end_ns").max() - pl.col("start_ns").min()).over("tid").cast(pl.Float64))
     f = f.with_row_index("fid").with_columns(
-        x=(pl.col("bytes").cast(pl.Float64) / (pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64)).log(),
+        x=(pl.col("tb") / pl.col("tspan")).log(),
         # transfers of one size class
-        size=pl.col("bytes").sum().over("tid").cast(pl.Float64).log(2).round(0).cast(pl.Int32),
+        size=pl.col("tb").log(2).round(0).cast(pl.Int32),
         bin=(pl.col("start_ns") // cfg.diag_bin_ns),
     )
     key = ["job_id", "comm_type", "size"]
