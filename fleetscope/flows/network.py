@@ -94,9 +94,12 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
     # messages move slower than its large ones): pair_levels
     f = f.with_columns(route=_route())
     f = f.with_columns(hid=pl.struct("src_ip", "dst_ip", "route", "size").hash())
-    # levels are trimmed means (stats.trimmed_mean: a median of bimodal rates flips between the modes)
-    f = f.with_columns(n_peer=pl.len().over(key + ["bin"]), base_peer=trimmed_mean(pl.col("x")).over(key + ["bin"]),
-                       n_hist=pl.len().over("hid"))
+    # a pair's level is a trimmed mean of its flows (stats.trimmed_mean: a median of a ring's chunks moving
+    # at two rates flips between the modes); the peers' level is the median of their pairs' levels (the
+    # pairs of one slowed ring, a minority, cannot drag it as they would a mean)
+    peer = f.group_by(*key, "bin", "src_ip", "dst_ip").agg(lp=trimmed_mean(pl.col("x")), k=pl.len()) \
+        .group_by(*key, "bin").agg(base_peer=pl.col("lp").median(), n_peer=pl.col("k").sum())
+    f = f.join(peer, on=[*key, "bin"], how="left", nulls_equal=True).with_columns(n_hist=pl.len().over("hid"))
     lv = pair_levels(f)
     # a rate that steps within the span is a fault's onset only where the job's steps slowed too (a
     # neighbour job stopping speeds a pair up; contention moves rates without hurting anyone)

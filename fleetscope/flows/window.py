@@ -58,7 +58,12 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
         has_hosts = False
     else:
         has_hosts = True
-    known = topo["ip"].implode()
+    # a topology that names the GPU of its addresses and none for some (its gpu left empty, or the
+    # address as ingestion defaults it) lists service hosts too (storage, monitoring): their traffic with
+    # a job (data loading, checkpoints) is never the job's own
+    named = pl.col("gpu").is_not_null() & (pl.col("gpu") != pl.col("ip"))
+    gpus = topo.filter(named) if topo.select(named.any()).item() else topo
+    known = gpus["ip"].implode()
     is_in = pl.col("src_ip").is_in(known) & pl.col("dst_ip").is_in(known)
     inside, outside = f.filter(is_in), f.filter(~is_in)
     if has_hosts and f.height and inside.height < 0.5 * f.height:
