@@ -95,10 +95,21 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
     f = f.with_columns(route=_route())
     f = f.with_columns(hid=pl.struct("src_ip", "dst_ip", "route", "size").hash())
     # a pair's level is a trimmed mean of its flows (stats.trimmed_mean: a median of a ring's chunks moving
-    # at two rates flips between the modes); the peers' level is the median of their pairs' levels (the
-    # pairs of one slowed ring, a minority, cannot drag it as they would a mean)
-    peer = f.group_by(*key, "bin", "src_ip", "dst_ip").agg(lp=trimmed_mean(pl.col("x")), k=pl.len()) \
-        .group_by(*key, "bin").agg(base_peer=pl.col("lp").median(), n_peer=pl.col("k").sum())
+    # at two rates flips between the modes). The peers' level of a collective's flows is the median of its
+    # pairs' levels, weighted by their flows (the pairs of one slowed ring, a minority of a job's rings,
+    # cannot drag it as they would a mean); a pipeline's few hops carry activations one way and
+    # gradients the other, at rates of their own: their peers' level is the trimmed mean of their flows
+    # (so is a collective's over fewer than three pairs of GPUs, where a median is no more robust than a mean)
+    pairs_lv = f.group_by(*key, "bin", "src_ip", "dst_ip").agg(lp=trimmed_mean(pl.col("x")), k=pl.len()) \
+        .sort(*key, "bin", "lp", nulls_last=True).with_columns(
+            cum=pl.col("k").cum_sum().over(key + ["bin"]), n_peer=pl.col("k").sum().over(key + ["bin"]))
+    pairs_lv = pairs_lv.with_columns(n_pairs=pl.struct(a=pl.min_horizontal("src_ip", "dst_ip"), b=pl.max_horizontal(
+        "src_ip", "dst_ip")).n_unique().over(key + ["bin"]))
+    peer = pairs_lv.filter(2 * pl.col("cum") >= pl.col("n_peer")).group_by(*key, "bin").agg(
+        med=pl.col("lp").first(), n_peer=pl.col("n_peer").first(), n_pairs=pl.col("n_pairs").first()) \
+        .join(f.group_by(*key, "bin").agg(tm=trimmed_mean(pl.col("x"))), on=[*key, "bin"], nulls_equal=True) \
+        .select(*key, "bin", "n_peer", base_peer=pl.when((pl.col("comm_type") == "DP") & (pl.col("n_pairs") >= 3))
+                .then("med").otherwise("tm"))
     f = f.join(peer, on=[*key, "bin"], how="left", nulls_equal=True).with_columns(n_hist=pl.len().over("hid"))
     lv = pair_levels(f)
     # a rate that steps within the span is a fault's onset only where the job's steps slowed too (a

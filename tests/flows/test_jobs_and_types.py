@@ -123,3 +123,24 @@ def test_bad_input_raises_clear_errors():
         analyze_window(flows, topo.drop("host"), 0, 5 * S)
     with pytest.raises(ValueError, match="empty window"):
         analyze_window(flows, topo, 5 * S, 5 * S)
+
+
+def test_a_service_host_of_the_topology_reading_every_step_from_a_job_is_not_a_member_of_it():
+    # the topology lists a storage server with no GPU named (ingestion defaults its gpu to its address)
+    # beside GPUs that have one; it streams the job's input to one GPU every step, in time with the steps
+    job = Job(hosts=[0, 1, 2, 3], gpus=[0, 1], dp=4, pp=1)
+    flows, topo, truths = fleet([job], 25, background=False)
+    t0 = int(flows["start_ns"].min())
+    reads = pl.DataFrame({"start_ns": [t0 + k * job.period_ns + 5 * MS for k in range(25)]}).with_columns(
+        end_ns=pl.col("start_ns") + 40 * MS, src_ip=pl.lit("172.20.0.2"), dst_ip=pl.lit("10.0.0.0"),
+        bytes=pl.lit(256 << 20, dtype=pl.Int64), path=pl.lit(None, dtype=pl.List(pl.Utf8)))
+    flows = pl.concat([flows, reads.with_columns(source_file=pl.lit("synth"),
+                                                 duration_ns=pl.col("end_ns") - pl.col("start_ns")).select(flows.columns)
+                       .cast(flows.schema)]).sort("start_ns")
+    topo = pl.concat([topo, pl.DataFrame({"ip": ["172.20.0.2"], "host": ["stor-001"], "gpu": ["172.20.0.2"]})],
+                     how="diagonal_relaxed")
+    out = analyze_window(flows, topo, 3 * S, 23 * S)
+    members = set(out["job_clusters"]["ip"].to_list())
+    assert members == set(truths[0]["ips"])
+    assert "172.20.0.2" not in set(out["comm_pairs"].filter(pl.col("comm_type").is_in(["DP", "PP"]))
+                                   .select(pl.concat_list("ip_a", "ip_b").explode()).to_series().to_list())
