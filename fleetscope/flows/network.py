@@ -2,22 +2,30 @@
 which NIC or switch slows the flows that cross it, judged against the flows' peers, never against a
 nominal bandwidth.
 
-Each DP/PP data flow gets a rate residual: log(bytes / duration) minus the median of its peers, the
-flows of the same job, type and size class in the same time bin (the same collective moving the same
-chunks at the same time); a second residual compares it with the same pair's flows of that size over
-the whole span (its own history), for a fault that slows most of a collective for a while.
+A transfer is the records of one stream that abut in time; its rate is its bytes over its span (an
+exporter may stamp a transfer's pieces unevenly; a record two mirror points both exported counts
+once). Each DP/PP data flow gets a rate residual against its peers, the flows of the same job, type
+and size class in the same time bin: for a collective over three or more GPU pairs, the flow-weighted
+median of its pairs' levels (one slowed ring among a job's rings cannot drag it), else the trimmed mean
+of the flows (a pipeline's hops move activations one way and gradients the other). A second residual
+compares it with the same pair's level over the span (its own history) or in earlier windows, for a
+fault that slows most of a collective for a while. Levels are trimmed means (stats.trimmed_mean): a
+ring's chunks often move at two rates, and a median of two equal modes flips between them.
 
 Localization is Boolean network tomography with the collectives' behaviour built in. Every flow is
 an observation of its path (both NICs and every switch it crosses). A candidate element is suspect in
-a time bin when the median residual of the flows crossing it is significantly below zero (against the
-fleet's residual spread, a Bonferroni bar from the detector's false-alarm budget, fleetscope.flows.stats)
-and by more than a practical floor (min_bw_drop). Suspects explain the slow flows greedily, the most
-severe first (the lowest median: a degraded NIC's own flows are slower than its ring neighbours' flows
-to others, a congested spine's flows slower than the same rings' flows that avoid it), the one
-crossing more flows on a tie. A chosen cause explains not only the flows crossing it but every flow of
-the collectives they belong to in those bins (a ring moves at its slowest hop's pace, so its other
-hops' flows slow down too): its job's DP group, or its pipeline pair. The rest are re-tested, so the
-NICs and rail leaves of a ring through a congested spine are never named for it.
+a time bin when the trimmed mean residual of the flows crossing it is significantly below zero (Yuen's
+test against the cell's own spread, never below the fleet's, a Bonferroni bar from the detector's
+false-alarm budget, fleetscope.flows.stats) and by more than a practical floor (min_bw_drop). Suspects
+explain the slow flows greedily, the largest explained variance first. A chosen cause explains not only
+the flows crossing it but every flow of the collectives they belong to (a ring moves at its slowest
+hop's pace, so its other hops' flows slow down too: the median of the collective's other flows, up to
+the median of its own hops across the cause), in the bins it was named in and their neighbours (its
+onset falls inside a bin). The rest are re-tested, so the NICs and rail leaves of a ring through a
+congested spine are never named for it. Equal explanations: a cause an earlier window named (prior
+suspects: the evidence that told it from its neighbours then may be gone), then the one carrying the
+most slow hops itself; both ends of the same slow flows tied with the switch between them name the
+switch. One ring paced as a whole cannot tell its elements apart: the tie is said in the evidence.
 
 A link that flaps stalls a few flows in episodes (stall_causes, a Poisson test per candidate)."""
 from __future__ import annotations
