@@ -2,10 +2,9 @@
 which NIC or switch slows the flows that cross it, judged against the flows' peers, never against a
 nominal bandwidth.
 
-A transfer is the records of one stream that abut in time; its rate is its bytes over its span (an
-exporter may stamp a transfer's pieces unevenly; a record two mirror points both exported counts
-once). Each DP/PP data flow gets a rate residual against its peers, the flows of the same job, type
-and size class in the same time bin: for a collective over three or more GPU pairs, the flow-weighted
+Each DP/PP data flow gets a rate residual (log bytes over duration) against its peers, the flows of
+the same job, type and size class (of its transfer: the records of one stream that abut in time) in
+the same time bin: for a collective over three or more GPU pairs, the flow-weighted
 median of its pairs' levels (one slowed ring among a job's rings cannot drag it), else the trimmed mean
 of the flows (a pipeline's hops move activations one way and gradients the other). A second residual
 compares it with the same pair's level over the span (its own history) or in earlier windows, for a
@@ -82,16 +81,10 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
     stream = [c for c in ("src_ip", "dst_ip", "src_port", "dst_port", "src_qp", "dst_qp") if c in f.columns]
     f = f.sort(*stream, "start_ns").with_columns(
         tid=(pl.col("start_ns") > pl.col("end_ns").shift(1).over(stream)).fill_null(True).cum_sum())
-    # ... and its rate is the transfer's, not each piece's: an exporter may stamp the pieces of a transfer
-    # unevenly (a retransmitting NIC's transfer as one long piece and one instant one), and only their sum
-    # over their span is a rate. A record that two mirror points both exported counts once.
-    once = pl.struct("start_ns", "end_ns", "bytes").is_first_distinct().over("tid")
-    f = f.with_columns(tb=pl.col("bytes").filter(once).sum().over("tid").cast(pl.Float64),
-                       tspan=(pl.col("end_ns").max() - pl.col("start_ns").min()).over("tid").cast(pl.Float64))
     f = f.with_row_index("fid").with_columns(
-        x=(pl.col("tb") / pl.col("tspan")).log(),
+        x=(pl.col("bytes").cast(pl.Float64) / (pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64)).log(),
         # transfers of one size class
-        size=pl.col("tb").log(2).round(0).cast(pl.Int32),
+        size=pl.col("bytes").sum().over("tid").cast(pl.Float64).log(2).round(0).cast(pl.Int32),
         bin=(pl.col("start_ns") // cfg.diag_bin_ns),
     )
     key = ["job_id", "comm_type", "size"]
@@ -115,23 +108,28 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
         "src_ip", "dst_ip")).n_unique().over(key + ["bin"]))
     peer = pairs_lv.filter(2 * pl.col("cum") >= pl.col("n_peer")).group_by(*key, "bin").agg(
         med=pl.col("lp").first(), n_peer=pl.col("n_peer").first(), n_pairs=pl.col("n_pairs").first()) \
-        .join(f.group_by(*key, "bin").agg(tm=trimmed_mean(pl.col("x"))), on=[*key, "bin"], nulls_equal=True) \
-        .select(*key, "bin", "n_peer", base_peer=pl.when((pl.col("comm_type") == "DP") & (pl.col("n_pairs") >= 3))
+        .join(f.group_by(*key, "bin").agg(tm=trimmed_mean(pl.col("x")), base_peer_s=pl.col("x").median()),
+              on=[*key, "bin"], nulls_equal=True) \
+        .select(*key, "bin", "n_peer", "base_peer_s", base_peer=pl.when((pl.col("comm_type") == "DP") & (pl.col("n_pairs") >= 3))
                 .then("med").otherwise("tm"))
     f = f.join(peer, on=[*key, "bin"], how="left", nulls_equal=True).with_columns(n_hist=pl.len().over("hid"))
-    lv = pair_levels(f)
+    # stall_causes judges single transfers against medians (a stalled transfer is an outlier of its
+    # pair's and its peers' typical one): the _s levels
+    lv = pair_levels(f).join(pair_levels(f, level=lambda x: x.median()).select(
+        "hid", base_med_s="base_med", base_step_s="base_step"), on="hid")
     # a rate that steps within the span is a fault's onset only where the job's steps slowed too (a
     # neighbour job stopping speeds a pair up; contention moves rates without hurting anyone)
     stepped = pl.col("job_id").is_in(list(slow_jobs)) if slow_jobs is not None else pl.lit(True)
     f = f.join(lv, on="hid", how="left").with_columns(
-        base_hist=pl.when(stepped.fill_null(False)).then("base_step").otherwise("base_med"))
+        base_hist=pl.when(stepped.fill_null(False)).then("base_step").otherwise("base_med"),
+        base_hist_s=pl.when(stepped.fill_null(False)).then("base_step_s").otherwise("base_med_s"))
     f = f.with_columns(lvl_win=pl.col("base_hist"))
     # the pair's level in earlier windows: a fault present through the whole window has its onset there
     # (the level the pair had before, where that is higher than the window's own)
     prev = history_levels(history, cfg)
     if prev is not None:
         f = f.join(prev, on=["src_ip", "dst_ip", "route", "size"], how="left").with_columns(
-            base_hist=pl.max_horizontal("base_hist", "lvl_prev"),
+            base_hist=pl.max_horizontal("base_hist", "lvl_prev"), base_hist_s=pl.max_horizontal("base_hist_s", "lvl_prev"),
             n_hist=pl.max_horizontal("n_hist", pl.col("n_prev").fill_null(0)))
     return f.with_columns(
         # background transfers have no peers moving the same thing at the same time (two storage
@@ -139,14 +137,18 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
         e_peer=pl.when((pl.col("n_peer") >= cfg.min_peer_flows) & (pl.col("comm_type") != "bg"))
         .then(pl.col("x") - pl.col("base_peer")),
         e_hist=pl.when(pl.col("n_hist") >= cfg.min_peer_flows).then(pl.col("x") - pl.col("base_hist")),
+        e_peer_s=pl.when((pl.col("n_peer") >= cfg.min_peer_flows) & (pl.col("comm_type") != "bg"))
+        .then(pl.col("x") - pl.col("base_peer_s")),
+        e_hist_s=pl.when(pl.col("n_hist") >= cfg.min_peer_flows).then(pl.col("x") - pl.col("base_hist_s")),
         unit=pl.when(pl.col("comm_type") == "DP").then(pl.lit("dp:") + pl.col("job_id") + "/" + pl.col("dp_group").cast(pl.Utf8))
         .otherwise(pl.col("comm_type") + ":" + pl.col("pid").cast(pl.Utf8)),
     ).select("fid", "job_id", "unit", "bin", "start_ns", "end_ns", "src_ip", "dst_ip", "path", "route", "size", "e_peer",
-             "e_hist", "lvl_win")
+             "e_hist", "lvl_win", "e_peer_s", "e_hist_s")
 
 
-def pair_levels(f: pl.DataFrame, min_side: int = 8) -> pl.DataFrame:
-    """Per pair and direction (hid): base_med, its level over the span (a trimmed mean of its log rates), and base_step, its healthy level
+def pair_levels(f: pl.DataFrame, min_side: int = 8, level=trimmed_mean) -> pl.DataFrame:
+    """Per pair and direction (hid): base_med, its level over the span (`level` of its log rates: a trimmed
+    mean; stall_causes uses medians), and base_step, its healthy level
     when its rate steps at one point (a fault's onset or end): the split of its flows in time with the
     largest t of the difference of the two sides' means, against the pair's robust spread, past a
     Bonferroni bar over every pair and split, gives the faster side; else base_med (a fault lasting
@@ -161,7 +163,7 @@ def pair_levels(f: pl.DataFrame, min_side: int = 8) -> pl.DataFrame:
                        / (pl.col("sig") * (1 / pl.col("k") + 1 / (pl.col("n") - pl.col("k"))).sqrt()))
     best = g.sort("t", descending=True).unique("hid", keep="first")
     bar = bonferroni_z(0.01, max(g.height, 1))
-    base = f.group_by("hid").agg(base_med=trimmed_mean(pl.col("x"))).join(best.select("hid", "t", "ml", "mr"), on="hid", how="left")
+    base = f.group_by("hid").agg(base_med=level(pl.col("x"))).join(best.select("hid", "t", "ml", "mr"), on="hid", how="left")
     return base.select("hid", "base_med", base_step=pl.when(pl.col("t") > bar).then(pl.max_horizontal("ml", "mr"))
                        .otherwise("base_med"))
 
@@ -368,7 +370,8 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     # stalled against both baselines it has: slower than the flows moving the same thing at the same time
     # (not a slow moment of its whole collective) and than its own pair's usual (not a pair that is
     # always that slow, a channel or a message of its own kind)
-    r = r.with_columns(stall=(pl.max_horizontal("e_peer", "e_hist") < thr).fill_null(False))
+    ep, eh = ("e_peer_s", "e_hist_s") if "e_peer_s" in r.columns else ("e_peer", "e_hist")
+    r = r.with_columns(stall=(pl.max_horizontal(ep, eh) < thr).fill_null(False))
     cand = _candidates(r) if cand is None else cand.filter(pl.col("kind") != "host")
     x = cand.join(r.select("fid", "stall", "start_ns", "end_ns", "job_id", "src_ip", "dst_ip"), on="fid")
     # only candidates with stalled flows can be causes (their other flows set the expectation)

@@ -126,27 +126,6 @@ def test_a_cause_named_before_is_not_named_again_where_its_flows_are_fine_now():
                                                            prior={"leaf1", "leaf4"})[0].height == 0
 
 
-def test_a_transfer_exported_in_unevenly_stamped_pieces_is_measured_at_its_own_rate():
-    # a retransmitting NIC's exporter writes a transfer as one long piece and one near-instant one, end to
-    # end (and a second mirror point writes each piece again): per piece, one looks 16x too fast and the
-    # other 2x too slow; the transfer moved its bytes at half its pair's usual rate
-    from fleetscope.flows.network import flow_residuals
-    f, pairs = bimodal_ring([1.0] * 6)
-    slow = (pl.col("pid") == 0) & (pl.col("start_ns") >= 30 * S)
-    f = f.with_columns(end_ns=pl.when(slow).then(pl.col("start_ns") + 2 * (pl.col("end_ns") - pl.col("start_ns")))
-                       .otherwise("end_ns"))
-    cut = f.filter(slow).with_columns(mid=pl.col("start_ns") + ((pl.col("end_ns") - pl.col("start_ns")) * 0.97).cast(pl.Int64))
-    pieces = pl.concat([cut.with_columns(end_ns="mid", bytes=pl.col("bytes") // 2),
-                        cut.with_columns(start_ns="mid", bytes=pl.col("bytes") - pl.col("bytes") // 2)]).drop("mid")
-    f = pl.concat([f.filter(~slow), pieces, pieces]).with_columns(src_port=pl.lit(1000) + pl.col("pid"))
-    r = flow_residuals(f, pairs, FlowConfig())
-    late = r.filter((pl.col("src_ip") == "10.0.0.1") & (pl.col("start_ns") >= 30 * S))
-    assert late.height == 2 * pieces.height
-    # history baseline: the pair's own earlier transfers; each piece carries the transfer's residual
-    assert abs(float(np.exp(late["e_hist"].median())) - 0.5) < 0.05
-    assert late["e_hist"].max() - late["e_hist"].min() < 0.2    # pieces alone would spread over log(32)
-
-
 def test_the_flows_window_reads_the_causes_earlier_windows_of_its_warehouse_named(tmp_path):
     from assets.flows import read_prior_suspects
     from fleetscope.findings.verdicts import make_verdicts
