@@ -270,7 +270,7 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         g = dj.group_by("kind", "cand", "bin").agg(dgain=(pl.col("nd") * pl.col("beta") ** 2).sum(), nd=pl.col("nd").sum(),
                                                    beta=pl.col("sd").sum() / pl.col("nd").sum())
         # pacing per collective it carries: each ring waits on its own slowest hop, as much as that
-        # hop is slowed (between its job's beta and 0), and no more
+        # hop is slowed, and no more
         du = fm.group_by("kind", "cand", "unit", "bin", *jkey).agg(n_cu=pl.col("w").sum(), s_cu=(pl.col("w") * pl.col("e")).sum())
         ut = flows.group_by("unit", "bin").agg(n_u=pl.col("w").sum(), s_u=(pl.col("w") * pl.col("e")).sum())
         # bounded by the collective's own hops through the candidate (a job's other collectives across it
@@ -331,15 +331,15 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         # ... in the bins it was named in and their neighbours (its onset or end falls inside a bin, which
         # then holds too few slow flows to be named on its own, and would be pinned on a neighbour)
         near = pl.concat([bins, bins - 1, bins + 1]).unique()
-        mine_ids = memb.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]) & pl.col("bin").is_in(near)) \
+        fit_ids = memb.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]) & pl.col("bin").is_in(near)) \
             .select("fid", "unit", "bin")
-        direct = mine_ids.join(flows.select("fid", "e"), on="fid").select("fid", fit="e")
+        direct = fit_ids.join(flows.select("fid", "e"), on="fid").select("fid", fit="e")
         # the pace taken off each of its collectives: the median of the collective's other flows, bounded by
         # the median of its own hops across the cause (medians: a ring's flows are bimodal, a share of its
         # chunks moving faster than the pair's usual level, and a mean would leave the ring half slow)
-        uf = flows.join(mine_ids.select("unit", "bin").unique(), on=["unit", "bin"])
-        own_u = uf.join(mine_ids.select("fid"), on="fid")
-        lvl = uf.join(mine_ids.select("fid"), on="fid", how="anti").group_by("unit", "bin").agg(m_o=pl.col("e").median()) \
+        uf = flows.join(fit_ids.select("unit", "bin").unique(), on=["unit", "bin"])
+        own_u = uf.join(fit_ids.select("fid"), on="fid")
+        lvl = uf.join(fit_ids.select("fid"), on="fid", how="anti").group_by("unit", "bin").agg(m_o=pl.col("e").median()) \
             .join(own_u.group_by("unit", "bin").agg(m_c=pl.col("e").median()), on=["unit", "bin"]) \
             .with_columns(gamma=pl.max_horizontal(pl.min_horizontal("m_c", 0.0), pl.min_horizontal("m_o", 0.0)))
         pacing = uf.join(own_u.select("fid"), on="fid", how="anti").join(lvl.select("unit", "bin", "gamma"), on=["unit", "bin"]) \
@@ -369,9 +369,8 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     thr = float(np.log(cfg.stall_ratio))
     # stalled against both baselines it has: slower than the flows moving the same thing at the same time
     # (not a slow moment of its whole collective) and than its own pair's usual (not a pair that is
-    # always that slow, a channel or a message of its own kind)
-    ep, eh = ("e_peer_s", "e_hist_s") if "e_peer_s" in r.columns else ("e_peer", "e_hist")
-    r = r.with_columns(stall=(pl.max_horizontal(ep, eh) < thr).fill_null(False))
+    # always that slow, a channel or a message of its own kind), both against median levels (e_peer_s, e_hist_s)
+    r = r.with_columns(stall=(pl.max_horizontal("e_peer_s", "e_hist_s") < thr).fill_null(False))
     cand = _candidates(r) if cand is None else cand.filter(pl.col("kind") != "host")
     x = cand.join(r.select("fid", "stall", "start_ns", "end_ns", "job_id", "src_ip", "dst_ip"), on="fid")
     # only candidates with stalled flows can be causes (their other flows set the expectation)
