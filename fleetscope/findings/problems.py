@@ -324,7 +324,7 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
     # or of a host or NIC the flows cannot tell it from (the same slow flows, or the same rings slowed
     # as a whole), is a cause at the same time: evidence of that GPU's problem
     def _flow_places(c: dict) -> set:
-        det = {"host": "flows.host_slow", "nic": "flows.nic_bandwidth"}.get(c["family"])
+        det = {"host": "flows.late_rank", "nic": "flows.nic_bandwidth"}.get(c["family"])
         if det is None or not all(d["detector"] == det for d in c["members"]):
             return set()
         ev = c["lead"]["ev"]

@@ -5,9 +5,10 @@ k-sigma as in the paper (k = 3), made robust: baseline = median, sigma = 1.4826 
 straggler being judged cannot inflate the deviation it is judged by; a relative floor
 (min_rel_excess) keeps the jitter of a perfectly regular job from being an anomaly.
 
-Cross-step and job life events: fleetscope.flows.job_health; NICs, switches, flapping links and
-slow tensor-parallel groups: fleetscope.flows.network (baselines from peers and history, bars from
-the false-alarm budget). Job-level findings a localized cause explains are kept as info."""
+Cross-step and job life events: fleetscope.flows.job_health; NICs, switches and flapping links:
+fleetscope.flows.network (rates against peers and history, bars from the false-alarm budget); ranks
+that compute late (their messages leave after their DP-group peers'): fleetscope.flows.late_ranks.
+Job-level findings a localized cause explains are kept as info."""
 from __future__ import annotations
 
 import json
@@ -17,6 +18,7 @@ import polars as pl
 from fleetscope.common import robust_sigma
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.job_health import job_health
+from fleetscope.flows.late_ranks import late_rank_verdicts, late_ranks, rank_lags
 from fleetscope.flows.network import network_verdicts
 from fleetscope.findings.verdicts import make_verdicts
 
@@ -103,6 +105,14 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
                                data_span or window, window[0], window[1], window_id, cfg)
             rows += jr
         rows += _cross_group(st, pairs, window_id, cfg)
+        if ipf_all is not None or ipf is not None:
+            win = window or (int(st["start_ns"].min()), int(st["end_ns"].max()) + 1)
+            n_jobs = max(tables["jobs"].height, 1) if "jobs" in tables else 1
+            lags = rank_lags(st, ipf_all if ipf_all is not None else ipf, pairs, cfg.min_data_bytes)
+            host = dict(zip(topology["ip"].to_list(), topology["host"].to_list())) if topology is not None and topology.height else {}
+            known = {ip for ip in lags["ip"].unique().to_list() if ip in (suspects or ()) or host.get(ip) in (suspects or ())}
+            late = late_ranks(lags, n_jobs, win, cfg, known=known)
+            rows += late_rank_verdicts(late, pairs, st, topology, window_id)
     if pairs.height:
         n_jobs = max(tables["jobs"].height, 1) if "jobs" in tables else 1
         win = window or (int(flows["start_ns"].min()), int(flows["end_ns"].max()) + 1) if flows.height else (0, 1)
@@ -113,7 +123,24 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
                                  history=history, levels_out=levels_out, suspects=suspects)
         if cfg.switch_dp_flow_capacity:
             rows += _oversubscription(flows, pairs, topology, window_id, cfg)
-    return make_verdicts(explain_symptoms(rows))
+    return make_verdicts(explain_symptoms(explain_late_ranks(rows)))
+
+
+def explain_late_ranks(rows: list[dict]) -> list[dict]:
+    """A late rank whose own NIC the network verdicts name at the same time: both stay (a slow link
+    delays the rank's messages, and a late receiver drains its inputs late, which slows its NIC's
+    flows: the flows cannot always tell which), each pointing at the other."""
+    links = [r for r in rows if r["scope"] == "link" and r["severity"] != "info"]
+    for r in rows:
+        if r["detector"] != "flows.late_rank" or r["severity"] == "info":
+            continue
+        ips = set(json.loads(r.get("evidence") or "{}").get("ips", []))
+        c = next((c for c in links if c["subject"] in ips and r["start_ns"] <= c["end_ns"] and r["end_ns"] >= c["start_ns"]), None)
+        if c is not None:
+            r["explanation"] += (f" (its NIC {c['subject']} is named slow at the same time ({c['detector']}): a lag of the "
+                                 "order of its messages' transfer times points at the link, a larger one at the GPU)")
+            c["explanation"] += f" (the rank on it also starts its traffic late: {r['detector']})"
+    return rows
 
 
 def explain_symptoms(rows: list[dict]) -> list[dict]:

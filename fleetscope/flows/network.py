@@ -168,24 +168,21 @@ def pair_levels(f: pl.DataFrame, min_side: int = 8, level=trimmed_mean) -> pl.Da
                        .otherwise("base_med"))
 
 
-def _candidates(r: pl.DataFrame, topology: pl.DataFrame | None = None) -> pl.DataFrame:
-    """The elements each flow crosses: switches on its path, both NICs and, with a topology, both hosts
-    (a host whose GPUs compute late holds back every ring through its NICs: the host is what those
-    rings share)."""
+def _candidates(r: pl.DataFrame) -> pl.DataFrame:
+    """The elements each flow crosses: switches on its path and both NICs. Hosts are not candidates
+    of this rate test: a host whose GPUs compute late moves no byte slower, it delays when its
+    messages leave (fleetscope.flows.late_ranks); as a candidate it only competed with the switch
+    whose rings pace its flows (the demo's congested spine was named as a host)."""
     sw = r.filter(pl.col("path").is_not_null()).select("fid", "bin", cand=pl.col("path")).explode("cand") \
         .with_columns(kind=pl.lit("switch"))
     nic = pl.concat([r.select("fid", "bin", cand=pl.col(c)) for c in ("src_ip", "dst_ip")]).with_columns(kind=pl.lit("nic"))
-    parts = [sw, nic]
-    if topology is not None and topology.height and topology["host"].null_count() < topology.height:
-        parts.append(nic.join(topology.select(cand="ip", h="host"), on="cand").filter(pl.col("h").is_not_null())
-                     .select("fid", "bin", cand="h", kind=pl.lit("host")))
-    return pl.concat(parts).filter(pl.col("cand").is_not_null()).unique(["fid", "kind", "cand"])
+    return pl.concat([sw, nic]).filter(pl.col("cand").is_not_null()).unique(["fid", "kind", "cand"])
 
 
 def element_tier(r: pl.DataFrame) -> pl.DataFrame:
     """Per switch on the flows' paths, the order in which elements carrying the same flows are named
     (localize): 2 for a spine (inside some path: it joins switches), 3 for a leaf (only at a path's
-    ends, next to NICs). NICs are 0, hosts 1 (set by localize). cand, tier."""
+    ends, next to NICs). NICs are 0 (set by localize). cand, tier."""
     p = r.filter(pl.col("path").is_not_null()).select(pl.col("path")).with_columns(n=pl.col("path").list.len()) \
         .with_row_index("fid").explode("path").with_columns(pos=pl.int_range(pl.len()).over("fid"))
     inner = (pl.col("pos") > 0) & (pl.col("pos") < pl.col("n") - 1)
@@ -282,7 +279,7 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         pace = pu.group_by("kind", "cand", "bin").agg(pgain=(pl.col("npc") * pl.col("gamma") ** 2).sum())
         g = g.join(pace, on=["kind", "cand", "bin"], how="left").with_columns(gain=pl.col("dgain") + pl.col("pgain").fill_null(0.0))
         sev = g.group_by("kind", "cand").agg(gain=pl.col("gain").sum(), dgain=pl.col("dgain").sum()).join(tier, on="cand", how="left") \
-            .with_columns(tier=pl.when(pl.col("kind") == "host").then(1).otherwise(pl.col("tier").fill_null(0)))
+            .with_columns(pl.col("tier").fill_null(0))
         top = sev["gain"].max()
         equal = sev.filter(pl.col("gain") >= 0.99 * top)
         # equal explanations: the one whose own flows carry the most of the slowness it explains (the
@@ -371,7 +368,7 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     # (not a slow moment of its whole collective) and than its own pair's usual (not a pair that is
     # always that slow, a channel or a message of its own kind), both against median levels (e_peer_s, e_hist_s)
     r = r.with_columns(stall=(pl.max_horizontal("e_peer_s", "e_hist_s") < thr).fill_null(False))
-    cand = _candidates(r) if cand is None else cand.filter(pl.col("kind") != "host")
+    cand = _candidates(r) if cand is None else cand
     x = cand.join(r.select("fid", "stall", "start_ns", "end_ns", "job_id", "src_ip", "dst_ip"), on="fid")
     # only candidates with stalled flows can be causes (their other flows set the expectation)
     x = x.join(x.filter("stall").select("kind", "cand").unique(), on=["kind", "cand"], how="semi")
@@ -425,7 +422,7 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
 
 
 # the detectors whose subject is a localized element (localize's causes)
-LOCALIZED = ("flows.switch_bandwidth", "flows.nic_bandwidth", "flows.host_slow")
+LOCALIZED = ("flows.switch_bandwidth", "flows.nic_bandwidth", "flows.late_rank")
 
 
 def prior_suspects(verdicts: pl.DataFrame | None) -> set[str]:
@@ -448,7 +445,7 @@ def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, wind
     res = flow_residuals(flows, pairs, cfg, slow_jobs=slow_jobs, history=history)
     if levels_out is not None and res.height:
         levels_out["levels"] = window_levels(res, wid, window[0])
-    cand = _candidates(res, topology) if res.height else None
+    cand = _candidates(res) if res.height else None
     causes, st = localize(res, n_jobs, window, cfg, cand=cand, prior=suspects)
     out = []
     named = set(causes["cand"].to_list())
@@ -476,16 +473,6 @@ def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, wind
         if paced:
             tie += (f" (or {', '.join(paced)}: its rings slowed as a whole, and a ring moves at its slowest hop's pace, "
                     "so their flows cannot tell which of them holds it back)")
-        if r["kind"] == "host":
-            out.append(dict(detector="flows.host_slow", scope="host", subject=r["cand"],
-                            job_id=jobs[0] if len(jobs) == 1 else None, start_ns=r["s"], end_ns=r["e"],
-                            metric="flow_rate_vs_peers", value=r["value"], baseline=1.0, severity=sev, team="operations",
-                            window_id=wid, evidence=ev,
-                            explanation=f"every collective through host {r['cand']}'s NICs moves at {r['value']:.0%} of its "
-                                        f"usual rate (jobs {', '.join(jobs)}){tie}, and no switch or single NIC explains it: "
-                                        "the host holds its rings back (its GPUs compute late, one slow GPU stalling its "
-                                        "tensor-parallel group, or the host's PCIe, CPU or NICs)"))
-            continue
         if r["kind"] == "switch":
             out.append(dict(detector="flows.switch_bandwidth", scope="switch", subject=r["cand"], job_id=None,
                             start_ns=r["s"], end_ns=r["e"], metric="flow_rate_vs_peers", value=r["value"], baseline=1.0,

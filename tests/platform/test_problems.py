@@ -155,13 +155,13 @@ def test_a_host_the_flows_single_out_joins_the_slow_gpu_on_a_host_they_cannot_te
     topo, jc, ranks = _fleet()
     v = make_verdicts([
         _v(detector="prism.stragglers", scope="rank", subject="3", capture_id="capA", job_id="capA-job", severity="critical"),
-        _v(detector="flows.host_slow", scope="host", subject="h2", evidence=json.dumps({"jobs": ["jobA"], "or_equally": ["h1"]})),
+        _v(detector="flows.late_rank", scope="host", subject="h2", evidence=json.dumps({"jobs": ["jobA"], "or_equally": ["h1"]})),
     ])
     problems, members = group_problems(v, topo, jc, ranks)
     assert problems.height == 1 and problems["cause"][0] == "gpu" and problems["host"][0] == "h1", problems.select("cause", "title")
     assert members.height == 2
     # a host finding with no GPU cause on it or on its alternatives stays a problem of its own
-    v2 = make_verdicts([_v(detector="flows.host_slow", scope="host", subject="h2", evidence=json.dumps({"jobs": ["jobB"]}))])
+    v2 = make_verdicts([_v(detector="flows.late_rank", scope="host", subject="h2", evidence=json.dumps({"jobs": ["jobB"]}))])
     assert group_problems(v2, topo, jc, ranks)[0]["cause"].to_list() == ["host"]
 
 

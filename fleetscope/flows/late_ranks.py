@@ -1,0 +1,206 @@
+"""Late ranks: compute faults seen in flows (issue 25, item 2).
+
+A GPU that computes slowly (a slow or throttled GPU, a straggling process, a busy host) moves no
+byte slower: its flows keep their rate, so the rate tomography (fleetscope.flows.network) cannot
+see it. What it changes is *when* its traffic leaves: every step, its first message (the next
+stage's activation, its first gradient bucket) leaves later than its same-stage peers' (the
+members of its DP group, which run the same code on the same shapes), while they wait for it.
+
+Per step and rank, the own lag is how much later its first sent message leaves than its DP-group
+peers' (the median of the others'), less how much later its first pipeline input arrived than
+theirs (a stage behind a slow one inherits its delay: that is waiting, not computing). A rank is
+late when its own lag is positive step after step: Yuen's trimmed-mean test over the window's
+steps (trimmed: a checkpoint or a collective hiccup in one step is not a pattern), its bar from
+the detector's false-alarm budget over every rank tested (Bonferroni, fleetscope.flows.stats).
+
+A pipeline replica holding a slow stage is late on every stage (the others wait in turn); the
+stage named is the one with the largest own lag, its pipeline neighbours' lags are its symptoms.
+Several late ranks of one host at once (a tensor-parallel group shares one slow GPU's delay, a
+host's CPU or PCIe slows all its GPUs) name the host: which of its GPUs holds the group back is
+not in the flows."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+
+from fleetscope.flows.config import FlowConfig
+from fleetscope.common import MAD_TO_SIGMA
+from fleetscope.flows.stats import bonferroni_z, fmt_ms, window_alpha
+
+# the shortest run of steps a rank must be late in (one or two late steps are hiccups, not a pattern)
+MIN_RUN = 5
+
+LAG_SCHEMA = {"job_id": pl.Utf8, "ip": pl.Utf8, "g": pl.Int64, "job_step": pl.Int64, "start_ns": pl.Int64,
+              "end_ns": pl.Int64, "lag": pl.Float64, "end_lag": pl.Float64}
+
+
+def _others_median(x: str, by: list[str]) -> pl.Expr:
+    """The median of x over the group's other members (with two members: the other one; with more,
+    the group's median, which one member moves little)."""
+    n = pl.col(x).count().over(by)
+    return pl.when(n == 2).then(pl.col(x).sum().over(by) - pl.col(x)).when(n >= 3).then(pl.col(x).median().over(by))
+
+
+def rank_lags(steps: pl.DataFrame, ipf: pl.DataFrame, pairs: pl.DataFrame, min_bytes: int = 0) -> pl.DataFrame:
+    """steps: step rows (job_id, ip, job_step, start_ns, end_ns); ipf: timelines.ip_flows rows;
+    pairs: labeled pairs with dp_group; min_bytes: a data message's least size (config
+    min_data_bytes). -> per (job_id, ip, job_step) the own lag in ns (LAG_SCHEMA),
+    for ranks in a DP group of >= 2 members that sent in the step."""
+    dp = pairs.filter((pl.col("comm_type") == "DP") & pl.col("dp_group").is_not_null())
+    if steps.height == 0 or ipf.height == 0 or dp.height == 0:
+        return pl.DataFrame(schema=LAG_SCHEMA)
+    grp = pl.concat([dp.select("job_id", ip="ip_a", g="dp_group"), dp.select("job_id", ip="ip_b", g="dp_group")]).unique(
+        ["job_id", "ip"])
+    s = steps.select("job_id", "ip", "job_step", "start_ns", "end_ns").join(grp, on=["job_id", "ip"])
+    # each message to the step of its rank that holds it, when it started: a send when the rank had
+    # it ready, a pipeline input when its sender had (its end is late when the receiver, busy,
+    # drains it late: that delay is the receiver's own)
+    # ... data messages only: a collective's last handshake spills past the step's boundary, and a
+    # transport's control messages (a receiver announcing it is ready) carry no work done
+    data = ipf.filter(pl.col("bytes") >= min_bytes)
+    ev = pl.concat([
+        data.filter(pl.col("role") == "send").select("job_id", "ip", t="start_ns", inp=pl.lit(False)),
+        data.filter((pl.col("role") == "recv") & (pl.col("comm_type") == "PP")).select("job_id", "ip", t="start_ns", inp=pl.lit(True)),
+    ]).sort("t")
+    at = ev.join_asof(s.sort("start_ns").select("job_id", "ip", "job_step", "start_ns", "end_ns"), left_on="t",
+                      right_on="start_ns", by=["job_id", "ip"], strategy="backward", check_sortedness=False) \
+        .filter(pl.col("job_step").is_not_null() & (pl.col("t") < pl.col("end_ns")))
+    first = at.group_by("job_id", "ip", "job_step").agg(
+        s1=pl.col("t").filter(~pl.col("inp")).min(), r1=pl.col("t").filter(pl.col("inp")).min())
+    # an input counts only when it came before the rank's first send (it waited for it)
+    x = s.join(first, on=["job_id", "ip", "job_step"]).filter(pl.col("s1").is_not_null()).with_columns(
+        r1=pl.when(pl.col("r1") < pl.col("s1")).then("r1"))
+    by = ["job_id", "g", "job_step"]
+    x = x.with_columns(s1=pl.col("s1").cast(pl.Float64), r1=pl.col("r1").cast(pl.Float64))
+    x = x.with_columns(e1=pl.col("end_ns").cast(pl.Float64))
+    x = x.with_columns(ref_s=_others_median("s1", by), ref_r=_others_median("r1", by), ref_e=_others_median("e1", by))
+    lag = (pl.col("s1") - pl.col("ref_s")) - pl.when(pl.col("r1").is_not_null() & pl.col("ref_r").is_not_null()).then(
+        pl.col("r1") - pl.col("ref_r")).otherwise(0.0)
+    # end_lag: how much later its step ends than its peers' (their collective ends together when the
+    # group is one; a late member's peers wait for it)
+    return x.filter(pl.col("ref_s").is_not_null()).with_columns(lag=lag, end_lag=pl.col("e1") - pl.col("ref_e")) \
+        .select(list(LAG_SCHEMA))
+
+
+def late_ranks(lags: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowConfig,
+               known: set[str] | None = None) -> pl.DataFrame:
+    """rank_lags rows of the window's steps -> per rank late for a run of steps: job_id, ip, g, n
+    (steps in the run), lag (its median, ns), z (the run's statistic), z_bar, s, e (the run's span).
+
+    A fault may last part of a window and start anywhere in it: each rank's lag series is scanned
+    for runs of MIN_RUN, 2 x MIN_RUN, 4 x MIN_RUN ... steps (rolling medians: a checkpoint or a
+    collective hiccup in one step of a run is not a pattern). The noise scale is the rank's own
+    step-to-step jitter (the spread of successive differences: an onset, or a lag present all along,
+    does not inflate it). Bonferroni over every run of every rank tested, within the detector's
+    false-alarm budget for the window. known: addresses an earlier window named late (they need no
+    onset in this one)."""
+    empty = pl.DataFrame(schema={"job_id": pl.Utf8, "ip": pl.Utf8, "g": pl.Int64, "n": pl.Int64, "lag": pl.Float64,
+                                 "z": pl.Float64, "z_bar": pl.Float64, "s": pl.Int64, "e": pl.Int64})
+    key = ["job_id", "ip", "g"]
+    x = lags.sort(*key, "job_step").with_columns(
+        k=pl.int_range(pl.len()).over(key), n=pl.len().over(key), dl=pl.col("lag").diff().over(key))
+    x = x.filter(pl.col("n") >= MIN_RUN)
+    if x.height == 0:
+        return empty
+    # jitter: MAD of successive differences / sqrt(2), never below 1 us (clock resolution)
+    x = x.with_columns(sig=pl.max_horizontal(pl.lit(1e3), MAD_TO_SIGMA / np.sqrt(2) * (
+        pl.col("dl") - pl.col("dl").median()).abs().median()).over(key))
+    runs, n_tests = [], 0
+    n_of = x.group_by(key).agg(n=pl.first("n"))["n"].to_numpy()
+    L = MIN_RUN
+    while L <= int(n_of.max()):
+        n_tests += int(np.clip(n_of - L + 1, 0, None).sum())
+        # the median's standard error is sqrt(pi / 2) times the mean's
+        r = x.filter(pl.col("n") >= L).with_columns(
+            med=pl.col("lag").rolling_median(L).over(key)).with_columns(
+            z=pl.col("med") / pl.col("sig") * np.sqrt(L / (np.pi / 2)), L=pl.lit(L))
+        runs.append(r.filter(pl.col("med").is_not_null()).select(*key, "k", "L", "z", "med"))
+        L *= 2
+    alpha = window_alpha(cfg.fa_per_job_hour, n_jobs, window[1] - window[0])
+    z_bar = bonferroni_z(alpha, n_tests)
+    # ... and late by more than the job's own step-to-step jitter (the same robust spread of its
+    # ranks' successive step durations): a lag the job's steps hide in their noise sets no pace
+    jit = x.with_columns(dd=(pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64).diff().over(key)).group_by(key).agg(
+        j=MAD_TO_SIGMA / np.sqrt(2) * (pl.col("dd") - pl.col("dd").median()).abs().median()).group_by("job_id").agg(
+        jitter=pl.col("j").median())
+    hit = pl.concat(runs).join(jit, on="job_id").filter((pl.col("z") > z_bar) & (pl.col("med") > pl.col("jitter")))
+    if hit.height == 0:
+        return empty
+    # per rank its strongest run; its median lag, and its span: the run's steps late by more than half
+    # of it (a run of 2^j steps may reach past the fault's onset or end)
+    best = hit.sort("z", descending=True).group_by(key, maintain_order=True).first()
+    span = x.join(best.select(*key, "med", k_end="k", L="L"), on=key).filter(
+        (pl.col("k") > pl.col("k_end") - pl.col("L")) & (pl.col("k") <= pl.col("k_end")) & (pl.col("lag") > pl.col("med") / 2)
+    ).group_by(key).agg(n=pl.len().cast(pl.Int64), lag=pl.col("lag").median(), end_lag=pl.col("end_lag").median(),
+                        s=pl.col("start_ns").min(), e=pl.col("end_ns").max())
+    # the peers wait: the member that starts late finishes the step with them (a collective ends
+    # together). A member late at both ends by as much is not in the same collective as its "peers"
+    # (a pipeline hop taken for a DP pair: the stages' steps are offset, not waiting on each other)
+    # ... and by less than half a step: steps of one job are matched across its ranks by ending within
+    # half a step (timelines), so a larger lag cannot be told from a step taken for its neighbour
+    per = x.with_columns(d=pl.col("end_ns") - pl.col("start_ns")).group_by("job_id").agg(p=pl.col("d").median())
+    span = span.join(per, on="job_id").filter(
+        (pl.col("end_lag").abs() < pl.col("lag") / 2) & (pl.col("n") >= MIN_RUN) & (pl.col("lag") < pl.col("p") / 2)).drop("p")
+    # an onset: the rank was not late before the run, in at least MIN_RUN steps of the window (the
+    # job's own history is the baseline: a constant offset between "peers" from the job's start is
+    # their layout, or a pipeline hop taken for a DP pair), unless an earlier window named it
+    before = x.join(span.select(*key, "lag", s0="s"), on=key).filter(pl.col("start_ns") < pl.col("s0")).group_by(key).agg(
+        nb=pl.len(), lb=pl.col("lag").median())
+    span = span.join(before, on=key, how="left").filter(
+        ((pl.col("nb").fill_null(0) >= MIN_RUN) & (pl.col("lb").abs() < pl.col("lag") / 4))
+        | pl.col("ip").is_in(list(known or ())))
+    return span.join(best.select(*key, "z"), on=key).with_columns(z_bar=pl.lit(z_bar)).select(list(empty.columns))
+
+
+def late_rank_verdicts(late: pl.DataFrame, pairs: pl.DataFrame, steps: pl.DataFrame, topology: pl.DataFrame | None,
+                       wid: str) -> list[dict]:
+    """Late ranks -> verdict rows (flows.late_rank): per host with several late ranks of one job, the
+    host; else the GPU address. A late unit with a pipeline neighbour later by more of its own is that
+    neighbour's symptom (info)."""
+    if late.height == 0:
+        return []
+    host = dict(zip(topology["ip"].to_list(), topology["host"].to_list())) if topology is not None and topology.height else {}
+    late = late.with_columns(host=pl.col("ip").replace_strict(host, default=None, return_dtype=pl.Utf8))
+    # units: a host's late ranks of one job together, a rank with no known host alone
+    late = late.with_columns(unit=pl.when(pl.col("host").is_not_null() & (pl.len().over("job_id", "host") >= 2))
+                             .then(pl.concat_str(pl.lit("host:"), "host")).otherwise(pl.concat_str(pl.lit("ip:"), "ip")))
+    units = late.group_by("job_id", "unit").agg(ips=pl.col("ip").sort(), lag=pl.col("lag").median(), n=pl.col("n").min(),
+                                               z=pl.col("z").min(), z_bar=pl.col("z_bar").max(), s=pl.col("s").min(),
+                                               e=pl.col("e").max(), host=pl.col("host").first())
+    pp = pairs.filter(pl.col("comm_type") == "PP").select("ip_a", "ip_b")
+    nb = set(zip(pp["ip_a"].to_list(), pp["ip_b"].to_list()))
+    period = steps.with_columns(d=pl.col("end_ns") - pl.col("start_ns")).group_by("job_id").agg(p=pl.col("d").median())
+    period = dict(zip(period["job_id"].to_list(), period["p"].to_list()))
+    rows = units.sort("lag", descending=True).to_dicts()
+    out = []
+    for i, u in enumerate(rows):
+        # a pipeline neighbour late by more of its own: this unit waits for it in turn
+        cause = next((v for v in rows[:i] if v["job_id"] == u["job_id"] and v["lag"] > u["lag"]
+                      and any((a, b) in nb or (b, a) in nb for a in u["ips"] for b in v["ips"])), None)
+        is_host = u["unit"].startswith("host:")
+        subject = u["host"] if is_host else u["ips"][0]
+        p = period.get(u["job_id"])
+        share = u["lag"] / p if p else None
+        what = (f"host {subject}'s ranks {', '.join(u['ips'])} of job {u['job_id']} start" if is_host
+                else f"GPU {subject} (job {u['job_id']}) starts")
+        expl = (f"{what} {'their' if is_host else 'its'} traffic {fmt_ms(u['lag'])} after the DP-group peers every step "
+                f"({u['n']} steps, z = {u['z']:.1f} over a bar of {u['z_bar']:.1f}"
+                + (f"; {share:.1%} of its step" if share is not None else "") + ") while the peers wait: ")
+        expl += ("a slow or throttled GPU, a straggling process or a busy host (its flows move at full rate: not the "
+                 "network)" if cause is None else
+                 f"it waits for its pipeline neighbour {cause['host'] if cause['unit'].startswith('host:') else cause['ips'][0]}, "
+                 "which is later by more of its own")
+        out.append(dict(detector="flows.late_rank", scope="host" if is_host else "gpu", subject=subject,
+                        job_id=u["job_id"], start_ns=int(u["s"]), end_ns=int(u["e"]), metric="own_lag_ns",
+                        value=float(u["lag"]), baseline=0.0, severity="info" if cause is not None else "warning",
+                        team="operations", window_id=wid,
+                        evidence=_ev(u, cause),
+                        explanation=expl))
+    return out
+
+
+def _ev(u: dict, cause: dict | None) -> str:
+    return json.dumps({"jobs": [u["job_id"]], "ips": u["ips"], "steps": u["n"], "z": round(float(u["z"]), 2),
+                       "z_bar": round(float(u["z_bar"]), 2), "waits_for": None if cause is None else cause["unit"]})
