@@ -127,19 +127,33 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
 
 
 def explain_late_ranks(rows: list[dict]) -> list[dict]:
-    """A late rank whose own NIC the network verdicts name at the same time: both stay (a slow link
-    delays the rank's messages, and a late receiver drains its inputs late, which slows its NIC's
-    flows: the flows cannot always tell which), each pointing at the other."""
-    links = [r for r in rows if r["scope"] == "link" and r["severity"] != "info"]
+    """Late ranks against the network causes named at the same time.
+    - On the late rank's own NIC: both stay, each pointing at the other (a slow link delays the
+      rank's messages, and a late receiver drains its inputs late, which slows its NIC's flows: the
+      flows cannot always tell which).
+    - Elsewhere on its job (a switch, another rank's link): the rank may be waiting on the slowed
+      collective rather than computing late: kept as info, pointing at the network cause."""
+    net = [r for r in rows if r["scope"] in ("link", "switch") and r["severity"] != "info"
+           and r["detector"] != "flows.late_rank"]
+
+    def jobs(c: dict) -> set:
+        return set(json.loads(c.get("evidence") or "{}").get("jobs") or []) | ({c["job_id"]} if c.get("job_id") else set())
+
     for r in rows:
         if r["detector"] != "flows.late_rank" or r["severity"] == "info":
             continue
         ips = set(json.loads(r.get("evidence") or "{}").get("ips", []))
-        c = next((c for c in links if c["subject"] in ips and r["start_ns"] <= c["end_ns"] and r["end_ns"] >= c["start_ns"]), None)
-        if c is not None:
-            r["explanation"] += (f" (its NIC {c['subject']} is named slow at the same time ({c['detector']}): a lag of the "
-                                 "order of its messages' transfer times points at the link, a larger one at the GPU)")
-            c["explanation"] += f" (the rank on it also starts its traffic late: {r['detector']})"
+        now = [c for c in net if r["start_ns"] <= c["end_ns"] and r["end_ns"] >= c["start_ns"]]
+        own = next((c for c in now if c["subject"] in ips), None)
+        if own is not None:
+            r["explanation"] += (f" (its NIC {own['subject']} is named slow at the same time ({own['detector']}): a lag of "
+                                 "the order of its messages' transfer times points at the link, a larger one at the GPU)")
+            own["explanation"] += f" (the rank on it also starts its traffic late: {r['detector']})"
+            continue
+        other = next((c for c in now if r.get("job_id") in jobs(c)), None)
+        if other is not None:
+            r["severity"] = "info"
+            r["explanation"] += f" (its job's traffic is slowed at the same time by {other['scope']} {other['subject']}: it may wait on it)"
     return rows
 
 

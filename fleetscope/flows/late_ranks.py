@@ -57,18 +57,24 @@ def rank_lags(steps: pl.DataFrame, ipf: pl.DataFrame, pairs: pl.DataFrame, min_b
     # each message to the step of its rank that holds it, when it started: a send when the rank had
     # it ready, a pipeline input when its sender had (its end is late when the receiver, busy,
     # drains it late: that delay is the receiver's own)
-    # ... data messages only: a collective's last handshake spills past the step's boundary, and a
-    # transport's control messages (a receiver announcing it is ready) carry no work done
-    data = ipf.filter(pl.col("bytes") >= min_bytes)
+    key = ["job_id", "ip", "job_step"]
     ev = pl.concat([
-        data.filter(pl.col("role") == "send").select("job_id", "ip", t="start_ns", inp=pl.lit(False)),
-        data.filter((pl.col("role") == "recv") & (pl.col("comm_type") == "PP")).select("job_id", "ip", t="start_ns", inp=pl.lit(True)),
+        ipf.filter(pl.col("role") == "send").select("job_id", "ip", "packets", t="start_ns", inp=pl.lit(False),
+                                                    data=pl.col("bytes") >= min_bytes),
+        # pipeline inputs: data only (a transport's control messages carry no activation)
+        ipf.filter((pl.col("role") == "recv") & (pl.col("comm_type") == "PP") & (pl.col("bytes") >= min_bytes))
+        .select("job_id", "ip", "packets", t="start_ns", inp=pl.lit(True), data=pl.lit(True)),
     ]).sort("t")
     at = ev.join_asof(s.sort("start_ns").select("job_id", "ip", "job_step", "start_ns", "end_ns"), left_on="t",
                       right_on="start_ns", by=["job_id", "ip"], strategy="backward", check_sortedness=False) \
         .filter(pl.col("job_step").is_not_null() & (pl.col("t") < pl.col("end_ns")))
-    first = at.group_by("job_id", "ip", "job_step").agg(
-        s1=pl.col("t").filter(~pl.col("inp")).min(), r1=pl.col("t").filter(pl.col("inp")).min())
+    # its arrival: the first message it sends in the step, small ones included (over gloo's or NCCL's
+    # rendezvous a rank announces it is ready, and a collective's data leaves only once every peer
+    # is: the data starts together, the announcement does not), but not a lone packet (the last
+    # collective's acknowledgements and probes spill past the step's boundary; timelines likewise)
+    arrival = at.filter(~pl.col("inp") & (pl.col("data") | (pl.col("packets").fill_null(2) > 1))) \
+        .group_by(key).agg(s1=pl.col("t").min())
+    first = at.filter("inp").group_by(key).agg(r1=pl.col("t").min()).join(arrival, on=key, how="right")
     # an input counts only when it came before the rank's first send (it waited for it)
     x = s.join(first, on=["job_id", "ip", "job_step"]).filter(pl.col("s1").is_not_null()).with_columns(
         r1=pl.when(pl.col("r1") < pl.col("s1")).then("r1"))

@@ -1,6 +1,7 @@
 """Late ranks (fleetscope.flows.late_ranks): a rank that computes late is named from when its messages
 leave against its DP-group peers', on real gloo recordings (truth from the scripts' logs, never read
 by the analysis) and on hand-built lag series for the rules (an onset, peers that wait)."""
+import json
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 
 from benchmarks.flows_accuracy import run_folder
 from fleetscope.flows.config import FlowConfig
+from fleetscope.flows.diagnosis import explain_late_ranks
 from fleetscope.flows.late_ranks import LAG_SCHEMA, late_rank_verdicts, late_ranks
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -112,3 +114,24 @@ def test_a_lag_inside_the_jobs_step_jitter_is_not_named():
     lag = np.where(np.arange(40) >= 20, 1e6, 0.0)
     assert _flagged(_series(lag, sd=1e5)) == []
     assert _flagged(_series(10 * lag, sd=1e5)) == ["a"]
+
+
+def test_a_late_rank_on_a_job_the_network_slows_waits_on_it_unless_its_own_nic_is_named():
+    """A switch slowing the job at the same time: the late rank may wait on it (info). Its own NIC named
+    slow: both stay loud, each pointing at the other (the flows cannot always tell a slow link from a
+    receiver draining late)."""
+    def late(ip):
+        return dict(detector="flows.late_rank", scope="gpu", subject=ip, job_id="j", start_ns=0, end_ns=10, severity="warning",
+                    explanation="late", evidence=json.dumps({"jobs": ["j"], "ips": [ip]}))
+
+    sw = dict(detector="flows.switch_bandwidth", scope="switch", subject="leaf1", job_id=None, start_ns=5, end_ns=20,
+              severity="critical", explanation="slow", evidence=json.dumps({"jobs": ["j"]}))
+    rows = explain_late_ranks([late("a"), sw])
+    assert rows[0]["severity"] == "info" and "leaf1" in rows[0]["explanation"]
+    nic = dict(detector="flows.nic_bandwidth", scope="link", subject="a", job_id="j", start_ns=5, end_ns=20,
+               severity="warning", explanation="slow", evidence=json.dumps({"jobs": ["j"]}))
+    rows = explain_late_ranks([late("a"), nic, sw])
+    assert rows[0]["severity"] == "warning" and "NIC a" in rows[0]["explanation"]
+    # another job's slow switch explains nothing here
+    other = dict(sw, evidence=json.dumps({"jobs": ["k"]}))
+    assert explain_late_ranks([late("a"), other])[0]["severity"] == "warning"
