@@ -123,37 +123,56 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
                                  history=history, levels_out=levels_out, suspects=suspects)
         if cfg.switch_dp_flow_capacity:
             rows += _oversubscription(flows, pairs, topology, window_id, cfg)
-    return make_verdicts(explain_symptoms(explain_late_ranks(rows)))
+    impact = (lambda c, job: network_impact(c, job, flows, pairs, st)) if pairs.height and st.height else None
+    return make_verdicts(explain_symptoms(explain_late_ranks(rows, impact)))
 
 
-def explain_late_ranks(rows: list[dict]) -> list[dict]:
-    """Late ranks against the network causes named at the same time.
-    - On the late rank's own NIC: both stay, each pointing at the other (a slow link delays the
-      rank's messages, and a late receiver drains its inputs late, which slows its NIC's flows: the
-      flows cannot always tell which).
-    - Elsewhere on its job (a switch, another rank's link): the rank may be waiting on the slowed
-      collective rather than computing late: kept as info, pointing at the network cause."""
+def network_impact(c: dict, job: str, flows: pl.DataFrame, pairs: pl.DataFrame, st: pl.DataFrame) -> float | None:
+    """What a NIC or switch rate finding costs one job per step: the extra transfer time of the job's
+    flows through it (duration x (1 - rate vs peers)) over the job's steps in its span, in ns; None
+    where the finding is no rate (stalls)."""
+    if c["detector"] not in ("flows.nic_bandwidth", "flows.switch_bandwidth") or not c.get("value"):
+        return None
+    f = flows.join(pairs.filter(pl.col("job_id") == job).select("pid"), on="pid").filter(
+        (pl.col("start_ns") >= c["start_ns"]) & (pl.col("start_ns") <= c["end_ns"]))
+    through = (pl.col("src_ip") == c["subject"]) | (pl.col("dst_ip") == c["subject"]) if c["scope"] == "link" \
+        else pl.col("path").list.contains(c["subject"])
+    extra = f.filter(through).select(((pl.col("end_ns") - pl.col("start_ns")) * (1 - c["value"])).sum()).item() or 0.0
+    n = st.filter((pl.col("job_id") == job) & (pl.col("end_ns") >= c["start_ns"]) & (pl.col("start_ns") <= c["end_ns"])) \
+        ["job_step"].n_unique()
+    return float(extra) / max(n, 1)
+
+
+def explain_late_ranks(rows: list[dict], impact=None) -> list[dict]:
+    """Late ranks against the NIC and switch findings of their job at the same time: the one that
+    costs the job's steps less is the other's symptom (info, pointing at it). A rank that computes
+    late slows its rings (its peers wait, its inputs drain late): a rate finding on its job costing
+    a few ms per step is its effect; a slow link makes the ranks behind it start late by about its
+    extra transfer time: a late rank by no more than that is the link's. impact(c, job): the
+    finding's cost per step (network_impact); unknown (a stall finding, no flows): the late rank
+    yields."""
     net = [r for r in rows if r["scope"] in ("link", "switch") and r["severity"] != "info"
            and r["detector"] != "flows.late_rank"]
 
     def jobs(c: dict) -> set:
         return set(json.loads(c.get("evidence") or "{}").get("jobs") or []) | ({c["job_id"]} if c.get("job_id") else set())
 
-    for r in rows:
-        if r["detector"] != "flows.late_rank" or r["severity"] == "info":
-            continue
+    for r in [r for r in rows if r["detector"] == "flows.late_rank" and r["severity"] != "info"]:
         ips = set(json.loads(r.get("evidence") or "{}").get("ips", []))
-        now = [c for c in net if r["start_ns"] <= c["end_ns"] and r["end_ns"] >= c["start_ns"]]
-        own = next((c for c in now if c["subject"] in ips), None)
-        if own is not None:
-            r["explanation"] += (f" (its NIC {own['subject']} is named slow at the same time ({own['detector']}): a lag of "
-                                 "the order of its messages' transfer times points at the link, a larger one at the GPU)")
-            own["explanation"] += f" (the rank on it also starts its traffic late: {r['detector']})"
-            continue
-        other = next((c for c in now if r.get("job_id") in jobs(c)), None)
-        if other is not None:
-            r["severity"] = "info"
-            r["explanation"] += f" (its job's traffic is slowed at the same time by {other['scope']} {other['subject']}: it may wait on it)"
+        for c in net:
+            if not (r["start_ns"] <= c["end_ns"] and r["end_ns"] >= c["start_ns"]) or \
+                    (c["subject"] not in ips and r.get("job_id") not in jobs(c)):
+                continue
+            cost = impact(c, r["job_id"]) if impact is not None else None
+            if cost is not None and r["value"] > cost:
+                c["severity"] = "info"
+                c["explanation"] += (f" (its extra transfer time, {cost / 1e6:.1f} ms per step of {r['job_id']}, is less than "
+                                     f"{r['scope']} {r['subject']} starting {r['value'] / 1e6:.1f} ms late: the rings wait on it)")
+            else:
+                r["severity"] = "info"
+                r["explanation"] += (f" (its job's traffic is slowed at the same time by {c['scope']} {c['subject']}"
+                                     + (f", {cost / 1e6:.1f} ms per step" if cost is not None else "") + ": it may wait on it)")
+                break
     return rows
 
 

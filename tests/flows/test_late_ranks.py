@@ -116,22 +116,24 @@ def test_a_lag_inside_the_jobs_step_jitter_is_not_named():
     assert _flagged(_series(10 * lag, sd=1e5)) == ["a"]
 
 
-def test_a_late_rank_on_a_job_the_network_slows_waits_on_it_unless_its_own_nic_is_named():
-    """A switch slowing the job at the same time: the late rank may wait on it (info). Its own NIC named
-    slow: both stay loud, each pointing at the other (the flows cannot always tell a slow link from a
-    receiver draining late)."""
-    def late(ip):
+def test_of_a_late_rank_and_a_slow_nic_or_switch_the_one_costing_the_steps_less_is_the_symptom():
+    """A switch slowing the job by more per step than the rank is late: the rank may wait on it (info).
+    A NIC whose extra transfer time per step is less than the rank's lag: the rings wait on the rank
+    (the NIC finding is info). A finding with no rate (stalls): the rank yields."""
+    def late(ip, lag):
         return dict(detector="flows.late_rank", scope="gpu", subject=ip, job_id="j", start_ns=0, end_ns=10, severity="warning",
-                    explanation="late", evidence=json.dumps({"jobs": ["j"], "ips": [ip]}))
+                    value=lag, explanation="late", evidence=json.dumps({"jobs": ["j"], "ips": [ip]}))
 
     sw = dict(detector="flows.switch_bandwidth", scope="switch", subject="leaf1", job_id=None, start_ns=5, end_ns=20,
-              severity="critical", explanation="slow", evidence=json.dumps({"jobs": ["j"]}))
-    rows = explain_late_ranks([late("a"), sw])
-    assert rows[0]["severity"] == "info" and "leaf1" in rows[0]["explanation"]
-    nic = dict(detector="flows.nic_bandwidth", scope="link", subject="a", job_id="j", start_ns=5, end_ns=20,
-               severity="warning", explanation="slow", evidence=json.dumps({"jobs": ["j"]}))
-    rows = explain_late_ranks([late("a"), nic, sw])
-    assert rows[0]["severity"] == "warning" and "NIC a" in rows[0]["explanation"]
+              severity="critical", value=0.4, explanation="slow", evidence=json.dumps({"jobs": ["j"]}))
+    rows = explain_late_ranks([late("a", 5e6), sw], impact=lambda c, job: 40e6)
+    assert rows[0]["severity"] == "info" and rows[1]["severity"] == "critical" and "leaf1" in rows[0]["explanation"]
+    nic = dict(detector="flows.nic_bandwidth", scope="link", subject="b", job_id="j", start_ns=5, end_ns=20,
+               severity="warning", value=0.73, explanation="slow", evidence=json.dumps({"jobs": ["j"]}))
+    rows = explain_late_ranks([late("a", 150e6), nic], impact=lambda c, job: 3e6)
+    assert rows[0]["severity"] == "warning" and rows[1]["severity"] == "info" and "a starting" in rows[1]["explanation"]
+    stall = dict(nic, detector="flows.link_stalls", value=12.0, severity="warning", explanation="stalls")
+    assert explain_late_ranks([late("a", 150e6), stall], impact=lambda c, job: None)[0]["severity"] == "info"
     # another job's slow switch explains nothing here
     other = dict(sw, evidence=json.dumps({"jobs": ["k"]}))
-    assert explain_late_ranks([late("a"), other])[0]["severity"] == "warning"
+    assert explain_late_ranks([late("a", 5e6), other], impact=lambda c, job: 40e6)[0]["severity"] == "warning"
