@@ -111,7 +111,7 @@ def job_health(st_all: pl.DataFrame, ipf_all: pl.DataFrame, bg_ip: pl.DataFrame,
     # the run's own steps must be slow too (an alternation of short and long steps can lift a
     # rolling median while its steps are typical: a reconstruction artefact, not a slowdown)
     runs = runs.filter(pl.col("dur") > (1 + cfg.min_rel_excess) * pl.col("base"))
-    # ... and together more than the job's own steps would be by chance: k of the run's n steps long
+    # ... and together more than the job's own steps would be by chance: k of the run's m steps long
     # (over min_rel_excess above the typical step) against the share q of long steps among all the
     # job's judged steps, binomial tail, Bonferroni over the runs tested. A job whose steps are long
     # one time in three (a reconstruction that splits a step unevenly) has runs of them by chance; a
@@ -119,10 +119,12 @@ def job_health(st_all: pl.DataFrame, ipf_all: pl.DataFrame, bg_ip: pl.DataFrame,
     # them are distinct
     long_ = pl.col("dur") > (1 + cfg.min_rel_excess) * pl.col("base")
     q = js.filter(pl.col("claimed") & ~warm).group_by("job_id").agg(q=long_.mean())
-    kk = js.filter("in_run").group_by("job_id", "run").agg(k=long_.sum())
+    # (the run from its first long step to its last: a rolling median's run reaches L - 1 steps back)
+    kk = js.filter("in_run").with_columns(i=pl.int_range(pl.len()).over("job_id", "run")).group_by("job_id", "run").agg(
+        k=long_.sum(), m=pl.col("i").filter(long_).max() - pl.col("i").filter(long_).min() + 1)
     runs = runs.join(kk, on=["job_id", "run"]).join(q, on="job_id", how="left")
     if runs.height:
-        p = binom.sf(runs["k"].to_numpy() - 1, runs["n"].to_numpy(), runs["q"].fill_null(0.0).to_numpy())
+        p = binom.sf(runs["k"].to_numpy() - 1, runs["m"].fill_null(0).to_numpy(), runs["q"].fill_null(0.0).to_numpy())
         runs = runs.filter(pl.Series(p < window_alpha(cfg.fa_per_job_hour, n_jobs, we - ws) / max(n_tests / L, 1)))
     for r in runs.iter_rows(named=True):
         rows.append(dict(
