@@ -18,7 +18,7 @@ import polars as pl
 from fleetscope.common import robust_sigma
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.job_health import job_health
-from fleetscope.flows.late_ranks import late_rank_verdicts, late_ranks, rank_lags
+from fleetscope.flows.late_ranks import late_rank_rows
 from fleetscope.flows.network import network_verdicts
 from fleetscope.findings.verdicts import make_verdicts
 
@@ -106,20 +106,17 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
             rows += jr
         rows += _cross_group(st, pairs, window_id, cfg)
         if ipf_all is not None or ipf is not None:
-            win = window or (int(st["start_ns"].min()), int(st["end_ns"].max()) + 1)
-            n_jobs = max(tables["jobs"].height, 1) if "jobs" in tables else 1
-            lags = rank_lags(st, ipf_all if ipf_all is not None else ipf, pairs, cfg.min_data_bytes)
-            host = dict(zip(topology["ip"].to_list(), topology["host"].to_list())) if topology is not None and topology.height else {}
-            known = {ip for ip in lags["ip"].unique().to_list() if ip in (suspects or ()) or host.get(ip) in (suspects or ())}
-            late = late_ranks(lags, n_jobs, win, cfg, known=known)
-            rows += late_rank_verdicts(late, pairs, st, topology, window_id)
+            rows += late_rank_rows(st, ipf_all if ipf_all is not None else ipf, pairs, topology,
+                                   max(tables["jobs"].height, 1) if "jobs" in tables else 1,
+                                   window or (int(st["start_ns"].min()), int(st["end_ns"].max()) + 1), window_id, cfg,
+                                   suspects=suspects)
     if pairs.height:
         n_jobs = max(tables["jobs"].height, 1) if "jobs" in tables else 1
         win = window or (int(flows["start_ns"].min()), int(flows["end_ns"].max()) + 1) if flows.height else (0, 1)
         # jobs whose steps slowed, or whose steps are too unclear to clear them: a pair rate's step
         # change there may be a fault's onset (elsewhere it is a neighbour starting or stopping)
         slow_jobs = {r["job_id"] for r in rows if r["detector"] == "flows.cross_step"}
-        rows += network_verdicts(flows, pairs, n_jobs, win, window_id, cfg, topology=topology, slow_jobs=slow_jobs,
+        rows += network_verdicts(flows, pairs, n_jobs, win, window_id, cfg, slow_jobs=slow_jobs,
                                  history=history, levels_out=levels_out, suspects=suspects)
         if cfg.switch_dp_flow_capacity:
             rows += _oversubscription(flows, pairs, topology, window_id, cfg)

@@ -26,7 +26,7 @@ import numpy as np
 import polars as pl
 
 from fleetscope.flows.config import FlowConfig
-from fleetscope.common import MAD_TO_SIGMA
+from fleetscope.common import robust_sigma
 from fleetscope.flows.stats import bonferroni_z, fmt_ms, window_alpha
 
 # the shortest run of steps a rank must be late in (one or two late steps are hiccups, not a pattern)
@@ -93,7 +93,8 @@ def rank_lags(steps: pl.DataFrame, ipf: pl.DataFrame, pairs: pl.DataFrame, min_b
 def late_ranks(lags: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowConfig,
                known: set[str] | None = None) -> pl.DataFrame:
     """rank_lags rows of the window's steps -> per rank late for a run of steps: job_id, ip, g, n
-    (steps in the run), lag (its median, ns), z (the run's statistic), z_bar, s, e (the run's span).
+    (steps in the run), lag (its median, ns), z (the run's statistic), z_bar, s, e (the run's span),
+    p (the job's median step, ns).
 
     A fault may last part of a window and start anywhere in it: each rank's lag series is scanned
     for runs of MIN_RUN, 2 x MIN_RUN, 4 x MIN_RUN ... steps (rolling medians: a checkpoint or a
@@ -103,16 +104,15 @@ def late_ranks(lags: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Fl
     false-alarm budget for the window. known: addresses an earlier window named late (they need no
     onset in this one)."""
     empty = pl.DataFrame(schema={"job_id": pl.Utf8, "ip": pl.Utf8, "g": pl.Int64, "n": pl.Int64, "lag": pl.Float64,
-                                 "z": pl.Float64, "z_bar": pl.Float64, "s": pl.Int64, "e": pl.Int64})
+                                 "z": pl.Float64, "z_bar": pl.Float64, "s": pl.Int64, "e": pl.Int64, "p": pl.Float64})
     key = ["job_id", "ip", "g"]
     x = lags.sort(*key, "job_step").with_columns(
         k=pl.int_range(pl.len()).over(key), n=pl.len().over(key), dl=pl.col("lag").diff().over(key))
     x = x.filter(pl.col("n") >= MIN_RUN)
     if x.height == 0:
         return empty
-    # jitter: MAD of successive differences / sqrt(2), never below 1 us (clock resolution)
-    x = x.with_columns(sig=pl.max_horizontal(pl.lit(1e3), MAD_TO_SIGMA / np.sqrt(2) * (
-        pl.col("dl") - pl.col("dl").median()).abs().median()).over(key))
+    # jitter: robust spread of successive differences / sqrt(2), never below 1 us (clock resolution)
+    x = x.with_columns(sig=pl.max_horizontal(pl.lit(1e3), robust_sigma(pl.col("dl")) / np.sqrt(2)).over(key))
     runs, n_tests = [], 0
     n_of = x.group_by(key).agg(n=pl.first("n"))["n"].to_numpy()
     L = MIN_RUN
@@ -129,8 +129,7 @@ def late_ranks(lags: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Fl
     # ... and late by more than the job's own step-to-step jitter (the same robust spread of its
     # ranks' successive step durations): a lag the job's steps hide in their noise sets no pace
     jit = x.with_columns(dd=(pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64).diff().over(key)).group_by(key).agg(
-        j=MAD_TO_SIGMA / np.sqrt(2) * (pl.col("dd") - pl.col("dd").median()).abs().median()).group_by("job_id").agg(
-        jitter=pl.col("j").median())
+        j=robust_sigma(pl.col("dd")) / np.sqrt(2)).group_by("job_id").agg(jitter=pl.col("j").median())
     hit = pl.concat(runs).join(jit, on="job_id").filter((pl.col("z") > z_bar) & (pl.col("med") > pl.col("jitter")))
     if hit.height == 0:
         return empty
@@ -146,9 +145,9 @@ def late_ranks(lags: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Fl
     # (a pipeline hop taken for a DP pair: the stages' steps are offset, not waiting on each other)
     # ... and by less than half a step: steps of one job are matched across its ranks by ending within
     # half a step (timelines), so a larger lag cannot be told from a step taken for its neighbour
-    per = x.with_columns(d=pl.col("end_ns") - pl.col("start_ns")).group_by("job_id").agg(p=pl.col("d").median())
+    per = x.with_columns(d=pl.col("end_ns") - pl.col("start_ns")).group_by("job_id").agg(p=pl.col("d").median().cast(pl.Float64))
     span = span.join(per, on="job_id").filter(
-        (pl.col("end_lag").abs() < pl.col("lag") / 2) & (pl.col("n") >= MIN_RUN) & (pl.col("lag") < pl.col("p") / 2)).drop("p")
+        (pl.col("end_lag").abs() < pl.col("lag") / 2) & (pl.col("n") >= MIN_RUN) & (pl.col("lag") < pl.col("p") / 2))
     # an onset: the rank was not late before the run, in at least MIN_RUN steps of the window (the
     # job's own history is the baseline: a constant offset between "peers" from the job's start is
     # their layout, or a pipeline hop taken for a DP pair), unless an earlier window named it
@@ -160,25 +159,21 @@ def late_ranks(lags: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Fl
     return span.join(best.select(*key, "z"), on=key).with_columns(z_bar=pl.lit(z_bar)).select(list(empty.columns))
 
 
-def late_rank_verdicts(late: pl.DataFrame, pairs: pl.DataFrame, steps: pl.DataFrame, topology: pl.DataFrame | None,
-                       wid: str) -> list[dict]:
+def late_rank_verdicts(late: pl.DataFrame, pairs: pl.DataFrame, host: dict[str, str], wid: str) -> list[dict]:
     """Late ranks -> verdict rows (flows.late_rank): per host with several late ranks of one job, the
     host; else the GPU address. A late unit with a pipeline neighbour later by more of its own is that
-    neighbour's symptom (info)."""
+    neighbour's symptom (info). host: address -> host name (topology)."""
     if late.height == 0:
         return []
-    host = dict(zip(topology["ip"].to_list(), topology["host"].to_list())) if topology is not None and topology.height else {}
     late = late.with_columns(host=pl.col("ip").replace_strict(host, default=None, return_dtype=pl.Utf8))
     # units: a host's late ranks of one job together, a rank with no known host alone
     late = late.with_columns(unit=pl.when(pl.col("host").is_not_null() & (pl.len().over("job_id", "host") >= 2))
                              .then(pl.concat_str(pl.lit("host:"), "host")).otherwise(pl.concat_str(pl.lit("ip:"), "ip")))
     units = late.group_by("job_id", "unit").agg(ips=pl.col("ip").sort(), lag=pl.col("lag").median(), n=pl.col("n").min(),
                                                z=pl.col("z").min(), z_bar=pl.col("z_bar").max(), s=pl.col("s").min(),
-                                               e=pl.col("e").max(), host=pl.col("host").first())
+                                               e=pl.col("e").max(), host=pl.col("host").first(), p=pl.col("p").first())
     pp = pairs.filter(pl.col("comm_type") == "PP").select("ip_a", "ip_b")
     nb = set(zip(pp["ip_a"].to_list(), pp["ip_b"].to_list()))
-    period = steps.with_columns(d=pl.col("end_ns") - pl.col("start_ns")).group_by("job_id").agg(p=pl.col("d").median())
-    period = dict(zip(period["job_id"].to_list(), period["p"].to_list()))
     rows = units.sort("lag", descending=True).to_dicts()
     out = []
     for i, u in enumerate(rows):
@@ -187,8 +182,7 @@ def late_rank_verdicts(late: pl.DataFrame, pairs: pl.DataFrame, steps: pl.DataFr
                       and any((a, b) in nb or (b, a) in nb for a in u["ips"] for b in v["ips"])), None)
         is_host = u["unit"].startswith("host:")
         subject = u["host"] if is_host else u["ips"][0]
-        p = period.get(u["job_id"])
-        share = u["lag"] / p if p else None
+        share = u["lag"] / u["p"] if u["p"] else None
         what = (f"host {subject}'s ranks {', '.join(u['ips'])} of job {u['job_id']} start" if is_host
                 else f"GPU {subject} (job {u['job_id']}) starts")
         expl = (f"{what} {'their' if is_host else 'its'} traffic {fmt_ms(u['lag'])} after the DP-group peers every step "
@@ -210,3 +204,15 @@ def late_rank_verdicts(late: pl.DataFrame, pairs: pl.DataFrame, steps: pl.DataFr
 def _ev(u: dict, cause: dict | None) -> str:
     return json.dumps({"jobs": [u["job_id"]], "ips": u["ips"], "steps": u["n"], "z": round(float(u["z"]), 2),
                        "z_bar": round(float(u["z_bar"]), 2), "waits_for": None if cause is None else cause["unit"]})
+
+
+def late_rank_rows(steps: pl.DataFrame, ipf: pl.DataFrame, pairs: pl.DataFrame, topology: pl.DataFrame | None,
+                   n_jobs: int, window: tuple[int, int], wid: str, cfg: FlowConfig,
+                   suspects: set[str] | None = None) -> list[dict]:
+    """The window's late-rank verdict rows (flow_verdicts' entry point). suspects: subjects earlier
+    windows named (network.prior_suspects): a rank named there, or on a host named there, needs no
+    onset in this window."""
+    host = dict(zip(topology["ip"].to_list(), topology["host"].to_list())) if topology is not None and topology.height else {}
+    lags = rank_lags(steps, ipf, pairs, cfg.min_data_bytes)
+    known = {ip for ip in lags["ip"].unique().to_list() if ip in (suspects or ()) or host.get(ip) in (suspects or ())}
+    return late_rank_verdicts(late_ranks(lags, n_jobs, window, cfg, known=known), pairs, host, wid)

@@ -435,7 +435,7 @@ def prior_suspects(verdicts: pl.DataFrame | None) -> set[str]:
 
 
 def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tuple[int, int], wid: str,
-                     cfg: FlowConfig, topology: pl.DataFrame | None = None, slow_jobs: set | None = None,
+                     cfg: FlowConfig, slow_jobs: set | None = None,
                      history: pl.DataFrame | None = None, levels_out: dict | None = None,
                      suspects: set[str] | None = None) -> list[dict]:
     """slow_jobs: the jobs whose steps slowed in the window (their pairs' rate may step inside it at a

@@ -60,10 +60,10 @@ def test_a_late_pipeline_neighbour_later_by_less_is_the_symptom():
     """Two late ranks on one pipeline: the one with the larger own lag is the cause; the other, its
     PP neighbour, is info pointing at it. A late rank on another pipeline stays a cause."""
     late = pl.DataFrame({"job_id": ["j"] * 3, "ip": ["a", "c", "x"], "g": [0, 1, 2], "n": [10] * 3,
-                         "lag": [150e6, 40e6, 30e6], "z": [50.0] * 3, "z_bar": [5.0] * 3, "s": [0] * 3, "e": [10**10] * 3})
+                         "lag": [150e6, 40e6, 30e6], "z": [50.0] * 3, "z_bar": [5.0] * 3, "s": [0] * 3, "e": [10**10] * 3,
+                         "p": [1e9] * 3})
     pairs = pl.DataFrame({"ip_a": ["a", "x"], "ip_b": ["c", "y"], "comm_type": ["PP", "PP"]})
-    steps = pl.DataFrame({"job_id": ["j"], "start_ns": [0], "end_ns": [10**9]})
-    rows = {r["subject"]: r for r in late_rank_verdicts(late, pairs, steps, None, "w")}
+    rows = {r["subject"]: r for r in late_rank_verdicts(late, pairs, {}, "w")}
     assert rows["a"]["severity"] == "warning" and rows["x"]["severity"] == "warning"
     assert rows["c"]["severity"] == "info" and "a" in rows["c"]["explanation"]
 
