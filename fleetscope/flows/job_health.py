@@ -3,7 +3,8 @@ events told apart from slowdowns.
 
 A step is judged against the job's own robust history (the window and its margin): a sustained
 slowdown is a run of steps whose rolling median over `step_run` steps stands above the job's typical
-rolling median by more than the bar (one long step, a checkpoint or a stall, cannot lift it). The scale of that test is the spread of the job's own rolling
+rolling median (its faster level where its steps shift level inside the span: a slowdown that began
+early leaves most steps slow) by more than the bar (one long step, a checkpoint or a stall, cannot lift it). The scale of that test is the spread of the job's own rolling
 means (so scheduling noise that comes in short bursts widens it), and the bar is the Bonferroni z
 of the window's false-alarm budget (fleetscope.flows.stats), plus a practical floor
 (min_rel_excess). Benign events are `info`, never warnings:
@@ -23,7 +24,7 @@ from scipy.stats import binom
 
 from fleetscope.flows.config import FlowConfig
 from fleetscope.common import robust_sigma
-from fleetscope.flows.stats import bonferroni_z, fmt_ms, typical, window_alpha
+from fleetscope.flows.stats import bonferroni_z, fmt_ms, level_shift, typical, typical_split, window_alpha
 
 
 def job_steps(st_all: pl.DataFrame) -> pl.DataFrame:
@@ -68,15 +69,24 @@ def job_health(st_all: pl.DataFrame, ipf_all: pl.DataFrame, bg_ip: pl.DataFrame,
     typical0 = typical(pl.col("dur"), pl.col("dur").median().over("job_id"), cfg.max_rel_spread)
     js = js.with_columns(first_typical=pl.col("k").filter(typical0).min().over("job_id").fill_null(0))
     warm = pl.col("launched") & (pl.col("k") < pl.max_horizontal(pl.lit(cfg.warmup_steps), "first_typical"))
+    # the job's level may shift once in the span (a slowdown's onset, or its end: stats.level_shift):
+    # its baseline is then the faster level (most of the span may already be slow), and its scales the
+    # spread around each level (two levels are no spread of the job's steps)
+    seq = js.filter(~warm).group_by("job_id", maintain_order=True).agg(pl.col("job_step"), pl.col("dur"))
+    cuts = [(j, st[k] if k else None) for j, st, d in zip(seq["job_id"], seq["job_step"], seq["dur"])
+            for k in [level_shift(d.to_numpy(), L, cfg.min_rel_excess)]]
+    js = js.join(pl.DataFrame(cuts, schema={"job_id": pl.Utf8, "cut": js.schema["job_step"]}, orient="row"),
+                 on="job_id", how="left").with_columns(seg=(pl.col("job_step") >= pl.col("cut")).fill_null(False))
     js = js.with_columns(
-        base=pl.col("dur").filter(~warm).median().over("job_id"),
-        scale1=robust_sigma(pl.col("dur").filter(~warm)).over("job_id"),
         # warm-up steps never enter a rolling median of later steps
         roll=pl.when(~warm).then("dur").rolling_median(L).over("job_id"),
-    )
+        lvl=pl.col("dur").filter(~warm).median().over("job_id", "seg"),
+    ).with_columns(rlvl=pl.col("roll").filter(~warm).median().over("job_id", "seg"))
     js = js.with_columns(
-        roll_base=pl.col("roll").filter(~warm).median().over("job_id"),
-        roll_scale=robust_sigma(pl.col("roll").filter(~warm)).over("job_id"),
+        base=pl.col("lvl").min().over("job_id"),
+        scale1=robust_sigma((pl.col("dur") - pl.col("lvl")).filter(~warm)).over("job_id"),
+        roll_base=pl.col("rlvl").min().over("job_id"),
+        roll_scale=robust_sigma((pl.col("roll") - pl.col("rlvl")).filter(~warm)).over("job_id"),
     ).with_columns(
         # a perfectly regular job has no spread: a floor keeps sub-percent jitter from being news
         roll_scale=pl.max_horizontal("roll_scale", cfg.min_rel_scale * pl.col("base")),
@@ -85,9 +95,13 @@ def job_health(st_all: pl.DataFrame, ipf_all: pl.DataFrame, bg_ip: pl.DataFrame,
     n_jobs = js["job_id"].n_unique()
     # a job whose steps are mostly far from its typical step (fewer than min_typical of them within
     # max_rel_spread of it) is one whose steps were not reconstructed reliably: nothing is judged
-    # on them (said as info); a real slowdown leaves most steps typical
-    share = typical(pl.col("dur"), pl.col("base"), cfg.max_rel_spread).filter(~warm).mean().over("job_id")
-    js = js.with_columns(reliable=share >= cfg.min_typical)
+    # on them (said as info); a real slowdown leaves most steps typical of their level, which may
+    # shift once (stats.typical_split: a slowdown's onset)
+    share = js.filter(~warm).group_by("job_id").agg(pl.col("dur")).with_columns(
+        share=pl.col("dur").map_elements(lambda d: typical_split(d.to_numpy(), cfg.max_rel_spread, L)[0],
+                                         return_dtype=pl.Float64)).select("job_id", "share")
+    js = js.join(share, on="job_id", how="left").with_columns(
+        reliable=pl.col("share").fill_null(1.0) >= cfg.min_typical).drop("share")
     warm = warm | ~pl.col("reliable")
     judged = js.filter(pl.col("claimed") & ~warm & pl.col("roll").is_not_null())
     n_tests = max(judged.height, 1)
@@ -118,7 +132,8 @@ def job_health(st_all: pl.DataFrame, ipf_all: pl.DataFrame, bg_ip: pl.DataFrame,
     # slowdown clusters its long steps, however many it has. Runs of L steps overlap: n_tests / L of
     # them are distinct
     long_ = pl.col("dur") > (1 + cfg.min_rel_excess) * pl.col("base")
-    q = js.filter(pl.col("claimed") & ~warm).group_by("job_id").agg(q=long_.mean())
+    # (where the job's level shifted, its steps at the faster level: the slower one is the slowdown)
+    q = js.filter(pl.col("claimed") & ~warm & (pl.col("lvl") == pl.col("base"))).group_by("job_id").agg(q=long_.mean())
     # (the run from its first long step to its last: a rolling median's run reaches L - 1 steps back)
     kk = js.filter("in_run").with_columns(i=pl.int_range(pl.len()).over("job_id", "run")).group_by("job_id", "run").agg(
         k=long_.sum(), m=pl.col("i").filter(long_).max() - pl.col("i").filter(long_).min() + 1)

@@ -8,6 +8,7 @@ alpha / m). The baseline and scale of every test come from the data: a job's own
 or NIC's peers in the same collective, never from nominal bandwidths."""
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 from scipy.stats import norm
 
@@ -17,6 +18,56 @@ def typical(value: pl.Expr, ref: pl.Expr, spread: float) -> pl.Expr:
     reference, the job's median step. One definition for the splits' regularity, the withholding of
     unclear steps and the cross-step warm-up."""
     return (value / ref - 1).abs() <= spread
+
+
+def _splits(n: int, min_side: int) -> np.ndarray:
+    """Candidate split points of a sequence of n (each side at least min_side), on a grid of at most
+    ~64 (a shift is found within a few steps of it)."""
+    if n < 2 * min_side:
+        return np.zeros(0, dtype=int)
+    return np.unique(np.linspace(min_side, n - min_side, num=min(64, n - 2 * min_side + 1)).astype(int))
+
+
+def typical_split(d: np.ndarray, spread: float, min_side: int) -> tuple[float, int]:
+    """(share, k): the share of a job's steps (durations in order) typical of their level, allowing
+    the level one shift, and where it shifts (0: no shift). The best single split (each side at least
+    min_side steps) into two runs, each judged against its own median (stats.typical), or none. A
+    slowdown's onset (or its end) moves a job's steps to a new level where they stay typical; a split
+    that does not find the steps' boundaries leaves steps that stray from any level. A median over the
+    whole window would call every step after a large slowdown atypical and withhold exactly the steps
+    that show it."""
+    d = np.asarray(d, dtype=np.float64)
+    n = len(d)
+    if n == 0:
+        return 1.0, 0
+
+    def share(x: np.ndarray) -> float:
+        m = np.median(x)
+        return float((np.abs(x / m - 1) <= spread).sum()) if m > 0 else 0.0
+
+    best, at = share(d), 0
+    for k in _splits(n, min_side):
+        v = share(d[:k]) + share(d[k:])
+        if v > best:
+            best, at = v, int(k)
+    return best / n, at
+
+
+def level_shift(d: np.ndarray, min_side: int, min_rel: float) -> int:
+    """Where a job's steps (durations in order) move from one level to another: the split with the
+    least absolute deviation around the two sides' medians (a robust single change point), kept when
+    the two levels differ by more than min_rel of the lower; 0 when there is none. A slowdown that
+    began early in the span leaves most steps slow, and their median is no baseline: the faster
+    level is the job's own (a fault slows a job, never speeds it up)."""
+    d = np.asarray(d, dtype=np.float64)
+    n = len(d)
+    ks = _splits(n, min_side)
+    if len(ks) == 0:
+        return 0
+    cost = [np.abs(d[:k] - np.median(d[:k])).sum() + np.abs(d[k:] - np.median(d[k:])).sum() for k in ks]
+    k = int(ks[int(np.argmin(cost))])
+    a, b = np.median(d[:k]), np.median(d[k:])
+    return k if min(a, b) > 0 and max(a, b) > (1 + min_rel) * min(a, b) else 0
 
 
 # share trimmed off each side by trimmed_mean (20 %: Wilcox's usual choice for Yuen's test)

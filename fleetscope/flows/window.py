@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import polars as pl
 
 from fleetscope.analysis import Analysis, skipped
@@ -15,7 +16,7 @@ from fleetscope.flows.jobs import pair_summary, recognize_jobs
 from fleetscope.flows.prepare import add_pairs, check_flows, check_topology, empty_topology, segment
 from fleetscope.flows.schemas import COMM_PAIRS, FLOW_BACKGROUND, FLOW_PAIR_RATES, JOB_CLUSTERS, JOBS, STEP_TIMELINES
 from fleetscope.flows.timelines import ip_flows, perfetto_trace, reconstruct_steps
-from fleetscope.flows.stats import typical
+from fleetscope.flows.stats import typical, typical_split
 from fleetscope.schemas.base import conform
 from fleetscope.ingest.windows import window_id_for
 
@@ -103,8 +104,16 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
     steps_all = reconstruct_steps(ipf, window_start_ns, window_end_ns, wid, cfg)
     # a job whose steps mostly stray from its typical step was not split reliably (its step gaps do
     # not stand out: traffic streaming through the whole step): its steps are withheld, and said so
-    spread = steps_all.filter("start_observed").with_columns(d=pl.col("end_ns") - pl.col("start_ns")).group_by("job_id").agg(
-        share=typical(pl.col("d"), pl.col("d").median(), cfg.max_rel_spread).mean(), n=pl.len())
+    # ... of its level, which may shift once (stats.typical_split, on the job's per-step medians: a
+    # slowdown's onset is no straying); each address's steps are judged against the level of their side
+    d = steps_all.filter("start_observed").with_columns(d=pl.col("end_ns") - pl.col("start_ns"))
+    per_step = d.group_by("job_id", "job_step").agg(pl.col("d").median()).sort("job_id", "job_step")
+    cuts = [(j, st[k] if k else None) for j, st, x in per_step.group_by("job_id", maintain_order=True).agg(
+        pl.col("job_step"), pl.col("d")).iter_rows() for k in [typical_split(np.asarray(x), cfg.max_rel_spread, cfg.step_run)[1]]]
+    cut = pl.DataFrame(cuts, schema={"job_id": pl.Utf8, "cut": d.schema["job_step"]}, orient="row")
+    spread = d.join(cut, on="job_id", how="left").with_columns(seg=(pl.col("job_step") >= pl.col("cut")).fill_null(False)) \
+        .with_columns(ref=pl.col("d").median().over("job_id", "seg")).group_by("job_id").agg(
+        share=typical(pl.col("d"), pl.col("ref"), cfg.max_rel_spread).mean(), n=pl.len())
     unclear = spread.filter((pl.col("share") < cfg.min_typical) & (pl.col("n") >= 4))["job_id"]
     for j in unclear.to_list():
         notes.append(f"NOTE: steps of {j} withheld: its step boundaries do not stand out in its flows (most reconstructed "

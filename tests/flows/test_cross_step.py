@@ -1,6 +1,7 @@
 """The cross-step detector (fleetscope.flows.job_health) on hand-built step timelines: a sustained
 slowdown is a warning; two steps the flows did not split (one row, twice the time and twice the
-gradient bytes) and a long warm-up after a launch are not."""
+gradient bytes) and a long warm-up after a launch are not. A slowdown that covers most of the span,
+or ends inside it, is judged against the job's faster level (stats.level_shift)."""
 import polars as pl
 
 from fleetscope.flows import FlowConfig
@@ -66,3 +67,37 @@ def test_steps_long_one_time_in_four_by_chance_are_not_a_slowdown():
     # the same job with a sustained slowdown (twelve long steps in a row) is still a warning
     d2 = d[:150] + [2.0] * 12 + d[150:]
     assert [r["detector"] for r in warnings([v * j for v, j in zip(d2, jitter(312))])] == ["flows.cross_step"]
+
+
+def test_a_slowdown_over_most_of_the_span_is_a_warning():
+    """A fault that began early in the span (ten steps in) leaves most steps slow: their median is no
+    baseline, the job's level before the shift is."""
+    for before in (30, 20, 10):
+        w = warnings(jitter(before) + jitter(60, 1.35))
+        assert [r["detector"] for r in w] == ["flows.cross_step"], before
+        assert 0.95e9 < w[0]["baseline"] < 1.05e9 and 1.3e9 < w[0]["value"] < 1.4e9
+
+
+def test_a_slowdown_that_ends_inside_the_span_is_a_warning():
+    w = warnings(jitter(45, 1.35) + jitter(25))
+    assert [r["detector"] for r in w] == ["flows.cross_step"]
+    assert 0.95e9 < w[0]["baseline"] < 1.05e9
+
+
+def test_a_level_shift_keeps_a_split_typical_and_pieces_do_not():
+    """stats.typical_split: steps that move to a new level stay typical of it; a split that cuts steps
+    into pieces of two sizes (a step's halves, ring chunks of two kinds) does not become regular by
+    allowing a shift; neither does a jittery split."""
+    import numpy as np
+
+    from fleetscope.flows.stats import level_shift, typical_split
+
+    shift = np.array(jitter(28, 0.81) + jitter(30, 1.10))
+    assert typical_split(shift, 0.25, 5) > (0.95, 27)
+    assert level_shift(shift, 5, 0.10) == 28
+    pieces = np.array(([0.15, 0.15, 0.30, 0.30] * 8) + ([0.04, 0.04, 0.08, 0.08] * 8))
+    assert typical_split(pieces, 0.25, 5)[0] < 0.6
+    rng = np.random.default_rng(1)
+    assert typical_split(rng.uniform(0.3, 1.7, 80), 0.25, 5)[0] < 0.6
+    # healthy jitter: no shift, whatever the split
+    assert level_shift(np.array(jitter(80)), 5, 0.10) == 0
