@@ -153,7 +153,12 @@ def pair_levels(f: pl.DataFrame, min_side: int = 8, level=trimmed_mean) -> pl.Da
     largest t of the difference of the two sides' means, against the pair's robust spread, past a
     Bonferroni bar over every pair and split, gives the faster side; else base_med (a fault lasting
     most of the span would otherwise make the slow level the baseline)."""
+    # the sides' means of rates winsorized at the pair's own 1st and 99th percentiles: an exporter's
+    # degenerate record (a piece cut to 1 ns carries its bytes at a petabyte per second) would
+    # otherwise lift one side's mean, and the faster side is the pair's healthy level
     g = f.select("hid", "start_ns", "x").sort("hid", "start_ns").with_columns(
+        pl.col("x").clip(pl.col("x").quantile(0.01).over("hid"), pl.col("x").quantile(0.99).over("hid")))
+    g = g.with_columns(
         k=pl.int_range(1, pl.len() + 1).over("hid"), n=pl.len().over("hid"),
         cs=pl.col("x").cum_sum().over("hid"), tot=pl.col("x").sum().over("hid"),
         sig=pl.max_horizontal(pl.lit(0.01), MAD_TO_SIGMA * (pl.col("x") - pl.col("x").median()).abs().median()).over("hid"))

@@ -143,3 +143,21 @@ def test_the_flows_window_reads_the_causes_earlier_windows_of_its_warehouse_name
     # the 120 s before the window that starts at 200 s: named causes only, not info, not later
     assert read_prior_suspects(wh, 200 * S, 120) == {"leaf4", "10.0.0.9"}
     assert read_prior_suspects(Warehouse(tmp_path / "empty.duckdb"), 200 * S, 120) == set()
+
+
+def test_degenerate_records_fake_no_rate_step():
+    """network.pair_levels: a pair moving at one rate all along, with a few records an exporter cut to
+    1 ns (its bytes at a petabyte per second) on one side of the span, has no faster level to return
+    to (demo seed 374 named a healthy NIC on such a pipeline pair); a real halving of the rate still
+    gives the faster side as the pair's healthy level."""
+    from fleetscope.flows.network import pair_levels
+
+    n = 600
+    t = np.arange(n) * 100_000_000
+    x = np.full(n, 3.6)
+    x[[40, 90, 130]] = 14.0                      # three degenerate pieces, all in the first third
+    lv = pair_levels(pl.DataFrame({"hid": [1] * n, "start_ns": t, "x": x}))
+    assert abs(lv["base_step"][0] - 3.6) < 0.05 and abs(lv["base_med"][0] - 3.6) < 0.05
+    y = np.where(np.arange(n) < 200, 3.6, 3.6 + np.log(0.5)) + np.random.default_rng(0).normal(0, 0.02, n)
+    lv = pair_levels(pl.DataFrame({"hid": [1] * n, "start_ns": t, "y": y}).rename({"y": "x"}))
+    assert abs(lv["base_step"][0] - 3.6) < 0.05
