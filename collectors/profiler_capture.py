@@ -127,9 +127,14 @@ class ProfilerCapture:
                 prof.step()      # closes ProfilerStep#n, opens #n+1
                 return
             self.active = None
+            t0 = time.time_ns()
             prof.stop()          # (a last step() would open an empty ProfilerStep)
+            # the profile's steps end at t0; stopping it (seconds with stacks on) is the tracer's own cost
+            self.tr.switch_capture(req["_previous_capture"], at_ns=t0)
+            self.tr.add("api", "profiler.stop", t0, t0, time.time_ns())
+            # exporting takes longer still, but stays on the training thread: tried on a thread
+            # beside it, a rank missed a hang's stack dump during the export and a trace came out corrupt
             self._export(prof, req)
-            self.tr.switch_capture(req["_previous_capture"])
             return
         w = self.wanted
         if w is None or step < w["first_step"]:
@@ -142,7 +147,6 @@ class ProfilerCapture:
         w["_previous_capture"] = self.tr.capture
         w["_first"] = step
         self._capture_json(self.tr.landing / "timings" / w["capture"], w)
-        self.tr.switch_capture(w["capture"])
         acts = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             acts.append(torch.profiler.ProfilerActivity.CUDA)
@@ -150,10 +154,18 @@ class ProfilerCapture:
         prof = torch.profiler.profile(activities=acts, record_shapes=True, with_stack=self.with_stack,
                                       schedule=lambda s: torch.profiler.ProfilerAction.RECORD)
         prof.step_num = step
-        prof.start()
+        # flush first: the first flush imports pyarrow, and imports inside a profile with stacks
+        # on get garbage frame names from torch's Python tracer (one with a quote broke the JSON)
+        self.tr.flush()
+        t0 = time.time_ns()
+        prof.start()         # can take a second (stacks on): timed, and left out of the profile's capture
+        t1 = time.time_ns()
+        self.tr.add("api", "profiler.start", t0, t0, t1)
+        self.tr.switch_capture(w["capture"], at_ns=t1)
         self.active = (prof, w, max(1, int(w.get("steps", 3))))
 
     def _export(self, prof, req):
+        t0 = time.time_ns()
         capture = req["capture"]
         out = self.tr.landing / "traces" / capture
         out.mkdir(parents=True, exist_ok=True)
@@ -166,6 +178,7 @@ class ProfilerCapture:
         tmp.unlink()
         self._capture_json(out, req)
         self.done.append(final)
+        self.tr.add("api", "profiler.export", t0, t0, time.time_ns())
 
     def _capture_json(self, d: Path, req: dict):
         cj = d / "capture.json"

@@ -32,7 +32,7 @@ from fleetscope.collectors.tracer_watchdog import Watchdog, _Coll, _work_duratio
 
 COLUMNS = ["rank", "host", "kind", "name", "issue_ns", "start_ns", "end_ns", "stream", "flops", "bytes",
            "group", "group_size", "shape", "step", "microbatch", "model_chunk"]
-_I_END, _I_STEP = 6, 13
+_I_START, _I_END, _I_STEP = 5, 6, 13
 _now = time.time_ns
 
 
@@ -68,6 +68,7 @@ class _Tracer(Watchdog):
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fleetscope-tracer", daemon=True)
         self._last_flush = time.monotonic()
+        self._before: tuple[Path, int] | None = None   # (earlier capture's folder, switch time): see switch_capture
         self.on_step_end = []                # callbacks(step) run on the training thread (profiler capture)
         self.layout: dict[str, int] = {}     # stage / dp_rank / tp_rank when the job says
         # collective progress and the hang watchdog
@@ -153,22 +154,22 @@ class _Tracer(Watchdog):
             self.pending[:0] = keep
             self.rows.extend(out)
 
-    def switch_capture(self, capture: str) -> None:
+    def switch_capture(self, capture: str, at_ns: int | None = None) -> None:
         """Write the rows buffered so far to the current capture, then record into `capture` (the
-        profiler capture uses it so a profile's traces and timings share one capture id)."""
+        profiler capture uses it so a profile's traces and timings share one capture id). Rows that
+        started before `at_ns` but end later (the op around the hook that switched, a GC during the
+        profiler's own start) still go to the capture they started in."""
         if capture == self.capture:
             return
         self.flush()
         with self.lock:
+            self._before = (self.out_dir, at_ns) if at_ns is not None else None
             self.capture = capture
             self.out_dir = self.landing / "timings" / capture
             self.out_dir.mkdir(parents=True, exist_ok=True)
 
     # -- writing ---------------------------------------------------------------------------
     def flush(self):
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         with self.lock:
             if self.use_cuda:
                 self._poll_gpu()
@@ -176,30 +177,44 @@ class _Tracer(Watchdog):
                 rows, self.rows = self.rows, []
             if not rows:
                 return None
-            cols = list(zip(*rows))
-            table = pa.table({
-                "rank": pa.array(cols[0], pa.int32()), "host": pa.array(cols[1], pa.string()),
-                "kind": pa.array(cols[2], pa.string()), "name": pa.array(cols[3], pa.string()),
-                "issue_ns": pa.array(cols[4], pa.int64()), "start_ns": pa.array(cols[5], pa.int64()),
-                "end_ns": pa.array(cols[6], pa.int64()), "stream": pa.array(cols[7], pa.int64()),
-                "flops": pa.array(cols[8], pa.float64()), "bytes": pa.array(cols[9], pa.int64()),
-                "group": pa.array(cols[10], pa.string()), "group_size": pa.array(cols[11], pa.int32()),
-                "shape": pa.array(cols[12], pa.string()), "step": pa.array(cols[13], pa.int64()),
-                "microbatch": pa.array(cols[14], pa.int32()), "model_chunk": pa.array(cols[15], pa.int32()),
-            })
-            for col, val in self.layout.items():  # the rank's constant place in the parallel layout
-                table = table.append_column(col, pa.array([int(val)] * len(rows), pa.int32()))
-            path = self.out_dir / f"rank{self.rank}-{self.n_files:05d}.parquet"
-            tmp = path.with_suffix(".parquet.tmp")
-            # delta-encoded ns timestamps compress far better than plain int64
-            pq.write_table(table, tmp, compression="zstd", compression_level=3, use_dictionary=
-                           ["host", "kind", "name", "group", "shape"],
-                           column_encoding={c: "DELTA_BINARY_PACKED" for c in ("issue_ns", "start_ns", "end_ns", "step")})
-            os.replace(tmp, path)  # atomic: the platform never sees half a file
-            self.n_files += 1
-            self.rows_written += len(rows)
-            self.bytes_written += path.stat().st_size
-            return path
+            if self._before is not None:
+                d, at = self._before
+                early = [r for r in rows if r[_I_START] < at]
+                if early:
+                    self._write(early, d)
+                    rows = [r for r in rows if r[_I_START] >= at]
+                    if not rows:
+                        return None
+            return self._write(rows, self.out_dir)
+
+    def _write(self, rows: list[tuple], out_dir: Path) -> Path:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        cols = list(zip(*rows))
+        table = pa.table({
+            "rank": pa.array(cols[0], pa.int32()), "host": pa.array(cols[1], pa.string()),
+            "kind": pa.array(cols[2], pa.string()), "name": pa.array(cols[3], pa.string()),
+            "issue_ns": pa.array(cols[4], pa.int64()), "start_ns": pa.array(cols[5], pa.int64()),
+            "end_ns": pa.array(cols[6], pa.int64()), "stream": pa.array(cols[7], pa.int64()),
+            "flops": pa.array(cols[8], pa.float64()), "bytes": pa.array(cols[9], pa.int64()),
+            "group": pa.array(cols[10], pa.string()), "group_size": pa.array(cols[11], pa.int32()),
+            "shape": pa.array(cols[12], pa.string()), "step": pa.array(cols[13], pa.int64()),
+            "microbatch": pa.array(cols[14], pa.int32()), "model_chunk": pa.array(cols[15], pa.int32()),
+        })
+        for col, val in self.layout.items():  # the rank's constant place in the parallel layout
+            table = table.append_column(col, pa.array([int(val)] * len(rows), pa.int32()))
+        path = out_dir / f"rank{self.rank}-{self.n_files:05d}.parquet"
+        tmp = path.with_suffix(".parquet.tmp")
+        # delta-encoded ns timestamps compress far better than plain int64
+        pq.write_table(table, tmp, compression="zstd", compression_level=3, use_dictionary=
+                       ["host", "kind", "name", "group", "shape"],
+                       column_encoding={c: "DELTA_BINARY_PACKED" for c in ("issue_ns", "start_ns", "end_ns", "step")})
+        os.replace(tmp, path)  # atomic: the platform never sees half a file
+        self.n_files += 1
+        self.rows_written += len(rows)
+        self.bytes_written += path.stat().st_size
+        return path
 
     def _loop(self):
         while not self._stop.wait(self.poll_interval_s):
