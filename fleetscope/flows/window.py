@@ -102,23 +102,9 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
     t = time.perf_counter()
     ipf = ip_flows(inside, labeled)
     steps_all = reconstruct_steps(ipf, window_start_ns, window_end_ns, wid, cfg)
-    # a job whose steps mostly stray from its typical step was not split reliably (its step gaps do
-    # not stand out: traffic streaming through the whole step): its steps are withheld, and said so
-    # ... of its level, which may shift once (stats.typical_split, on the job's per-step medians: a
-    # slowdown's onset is no straying); each address's steps are judged against the level of their side
-    d = steps_all.filter("start_observed").with_columns(d=pl.col("end_ns") - pl.col("start_ns"))
-    per_step = d.group_by("job_id", "job_step").agg(pl.col("d").median()).sort("job_id", "job_step")
-    cuts = [(j, st[k] if k else None) for j, st, x in per_step.group_by("job_id", maintain_order=True).agg(
-        pl.col("job_step"), pl.col("d")).iter_rows() for k in [typical_split(np.asarray(x), cfg.max_rel_spread, cfg.step_run)[1]]]
-    cut = pl.DataFrame(cuts, schema={"job_id": pl.Utf8, "cut": d.schema["job_step"]}, orient="row")
-    spread = d.join(cut, on="job_id", how="left").with_columns(seg=(pl.col("job_step") >= pl.col("cut")).fill_null(False)) \
-        .with_columns(ref=pl.col("d").median().over("job_id", "seg")).group_by("job_id").agg(
-        share=typical(pl.col("d"), pl.col("ref"), cfg.max_rel_spread).mean(), n=pl.len())
-    unclear = spread.filter((pl.col("share") < cfg.min_typical) & (pl.col("n") >= 4))["job_id"]
-    for j in unclear.to_list():
-        notes.append(f"NOTE: steps of {j} withheld: its step boundaries do not stand out in its flows (most reconstructed "
-                     "steps stray from its typical step); its jobs and pairs are reported")
-    steps_all = steps_all.filter(~pl.col("job_id").is_in(unclear.implode()))
+    withheld = withheld_jobs(steps_all, cfg)
+    notes += [f"NOTE: steps of {j} withheld: {why}; its jobs and pairs are reported" for j, why in withheld.items()]
+    steps_all = steps_all.filter(~pl.col("job_id").is_in(list(withheld)))
     steps = steps_all.filter("claimed")
     tm["timelines"] = time.perf_counter() - t
 
@@ -195,3 +181,33 @@ def no_job_notes(win: pl.DataFrame, outside: pl.DataFrame, pairs: pl.DataFrame, 
                 "record per connection instead of per message/burst."]
     return [f"WARNING: {n_periodic} pairs carry recurring traffic but none forms a training job (too few steps or "
             "traffic judged background). Check the window length against the jobs' step time."]
+
+
+def withheld_jobs(steps_all: pl.DataFrame, cfg: FlowConfig) -> dict[str, str]:
+    """{job_id: why} for the jobs whose reconstructed steps are not to be judged (by any detector).
+
+    A job whose steps mostly stray from its typical step was not split reliably (its step gaps do
+    not stand out: traffic streaming through the whole step). Typical of its level, which may shift
+    once (stats.typical_split, on the job's per-step medians: a slowdown's onset is no straying);
+    each address's steps are judged against the level of their side.
+
+    And a job whose steps are not job-wide: every step of a synchronous job involves all its ranks,
+    so its median step covers at least half of its addresses. Pieces of one collective are not: a
+    job launched late in the window shows one all-reduce, whose ring chunks are evenly spaced and
+    each ring's seen on its own addresses only (a 2,048-GPU healthy fleet: 17 ms "steps" of a
+    3.7 s job, each on one ring of eight, read as a slowdown)."""
+    d = steps_all.filter("start_observed").with_columns(d=pl.col("end_ns") - pl.col("start_ns"))
+    per_step = d.group_by("job_id", "job_step").agg(pl.col("d").median(), n=pl.col("ip").n_unique()).sort("job_id", "job_step")
+    cuts = [(j, st[k] if k else None) for j, st, x in per_step.group_by("job_id", maintain_order=True).agg(
+        pl.col("job_step"), pl.col("d")).iter_rows() for k in [typical_split(np.asarray(x), cfg.max_rel_spread, cfg.step_run)[1]]]
+    cut = pl.DataFrame(cuts, schema={"job_id": pl.Utf8, "cut": d.schema["job_step"]}, orient="row")
+    spread = d.join(cut, on="job_id", how="left").with_columns(seg=(pl.col("job_step") >= pl.col("cut")).fill_null(False)) \
+        .with_columns(ref=pl.col("d").median().over("job_id", "seg")).group_by("job_id").agg(
+        share=typical(pl.col("d"), pl.col("ref"), cfg.max_rel_spread).mean(), n=pl.len())
+    out = {j: "its step boundaries do not stand out in its flows (most reconstructed steps stray from its typical step)"
+           for j in spread.filter((pl.col("share") < cfg.min_typical) & (pl.col("n") >= 4))["job_id"].to_list()}
+    cover = per_step.join(steps_all.group_by("job_id").agg(n_ip=pl.col("ip").n_unique()), on="job_id") \
+        .group_by("job_id").agg(cov=(pl.col("n") / pl.col("n_ip")).median(), n=pl.len())
+    for j, c in cover.filter((pl.col("cov") < 0.5) & (pl.col("n") >= 4)).select("job_id", "cov").iter_rows():
+        out.setdefault(j, f"its reconstructed steps are not job-wide (the median step is seen on {c:.0%} of its addresses)")
+    return out

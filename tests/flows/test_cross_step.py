@@ -101,3 +101,27 @@ def test_a_level_shift_keeps_a_split_typical_and_pieces_do_not():
     assert typical_split(rng.uniform(0.3, 1.7, 80), 0.25, 5)[0] < 0.6
     # healthy jitter: no shift, whatever the split
     assert level_shift(np.array(jitter(80)), 5, 0.10) == 0
+
+
+def test_pieces_of_one_collective_are_withheld_and_job_wide_steps_are_not():
+    """A job launched late in the window shows one all-reduce: each of its rings' evenly spaced
+    chunks reconstructs as a "step" seen on that ring's addresses only (2,048-GPU seed 1800: a
+    17 ms level shift among them read as a slowdown). Its steps are withheld as not job-wide; a job
+    whose every step covers all its ranks (one rank missing a step at an edge included) is kept."""
+    from fleetscope.flows.window import withheld_jobs
+
+    ms = 1_000_000
+    rows = []
+    rings = [[f"10.1.{r}.{i}" for i in range(4)] for r in range(8)]
+    k = 0
+    for r, ring in enumerate(rings):
+        t0 = (10_000 + 40 * r) * ms
+        for c in range(19):  # this ring's chunks, 17 ms apart, at its own time
+            rows += [("job-late", ip, k, t0 + c * 17 * ms, t0 + (c + 1) * 17 * ms, True) for ip in ring]
+            k += 1
+    ips = [f"10.2.0.{i}" for i in range(8)]
+    for s in range(12):  # job-wide 1 s steps; one rank misses the last one
+        rows += [("job-ok", ip, s, s * 1000 * ms, (s + 1) * 1000 * ms, s > 0) for ip in ips if not (s == 11 and ip == ips[0])]
+    st = pl.DataFrame(rows, schema=["job_id", "ip", "job_step", "start_ns", "end_ns", "start_observed"], orient="row")
+    out = withheld_jobs(st, FlowConfig())
+    assert list(out) == ["job-late"] and "not job-wide" in out["job-late"]
