@@ -334,7 +334,9 @@ class Recorder:
         self._event("launch", job_id=j.job_id)
 
     def _on_stop(self, j: Job):
-        j.control["stop_step"] = j.progress() + 2   # a future step every rank reaches: they agree
+        # a future step every rank reaches, so they agree; never before a window's profile is whole (a
+        # profile cut short or never started leaves a capture the truth names without its trace)
+        j.control["stop_step"] = max([j.progress() + 2] + [w["profile_step"] + w["profile_steps"] for w in j.windows])
         j.write_control()
         self._event("stop_requested", job_id=j.job_id, stop_step=j.control["stop_step"])
 

@@ -220,6 +220,11 @@ class Rank:
         if self.prof_left > 0:
             self.prof.step()   # closes ProfilerStep#n, opens #n+1
             return
+        self._profile_export()
+
+    def _profile_export(self):
+        """Stop the profile and land its trace (also at a stop that cuts the profile short: a process
+        that exits with Kineto still recording segfaults in teardown)."""
         self.prof.stop()       # (a last step() would open an empty ProfilerStep#n+1)
         out = self.landing / "traces" / self.prof_capture
         self._capture_json(out)
@@ -421,6 +426,8 @@ class Rank:
             self.log.write("step", step=step, start_ns=t0, end_ns=now(), extra_ms=self.extra_ms)
             self._profile_step_end()
             step += 1
+        if self.prof is not None:  # stopped inside a profile window: land the steps it recorded
+            self._profile_export()
         import fleetscope.collectors.tracer as ft
 
         ft.stop()
