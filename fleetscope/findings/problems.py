@@ -128,20 +128,31 @@ def _gpu_col(topology: pl.DataFrame) -> pl.Expr:
     return pl.col("gpu").fill_null(pl.col("ip")) if "gpu" in topology.columns else pl.col("ip").alias("gpu")
 
 
-def link_captures_to_jobs(capture_ranks: pl.DataFrame, job_clusters: pl.DataFrame) -> dict[str, str]:
-    """capture_id -> the job recognized from flows on the same GPUs (capture_ranks resolved to
-    addresses: the flow job holding most of them, when it holds most of them), else on the same hosts
-    (the flow job holding all of the capture's hosts; two jobs on one host's two halves tie there)."""
+def link_captures_to_jobs(capture_ranks: pl.DataFrame, job_clusters: pl.DataFrame) -> dict[str, list[str]]:
+    """capture_id -> the jobs recognized from flows on the same GPUs, the one holding most of the
+    capture's addresses first. By address (capture_ranks resolved to addresses): the flow job holding
+    most of them; else the flow jobs that lie within them and together hold most of them (a job whose
+    pipeline and tensor-parallel traffic stays inside its hosts shows in the network as one job per
+    replica ring: its parts). Else by host: the flow job holding all of the capture's hosts (two jobs
+    on one host's two halves tie there)."""
     if capture_ranks.height == 0 or job_clusters.height == 0:
         return {}
-    out = {}
+    out: dict[str, list[str]] = {}
     if "ip" in capture_ranks.columns and "ip" in job_clusters.columns:
         caps = capture_ranks.filter(pl.col("ip").is_not_null()).select("capture_id", "ip").unique()
-        j = caps.join(job_clusters.select("job_id", "ip").unique(), on="ip").group_by("capture_id", "job_id").agg(
-            shared=pl.len()).join(caps.group_by("capture_id").agg(n=pl.len()), on="capture_id")
-        best = j.filter(2 * pl.col("shared") > pl.col("n")).sort(["shared", "job_id"], descending=[True, False]) \
-            .unique("capture_id", keep="first", maintain_order=True)
-        out = dict(best.select("capture_id", "job_id").iter_rows())
+        fj = job_clusters.select("job_id", "ip").unique()
+        j = (caps.join(fj, on="ip").group_by("capture_id", "job_id").agg(shared=pl.len())
+             .join(caps.group_by("capture_id").agg(n=pl.len()), on="capture_id")
+             .join(fj.group_by("job_id").agg(size=pl.len()), on="job_id")
+             .sort(["shared", "job_id"], descending=[True, False]))
+        for (cap,), g in j.group_by("capture_id", maintain_order=True):
+            n = g["n"][0]
+            if 2 * g["shared"][0] > n:
+                out[cap] = g["job_id"][:1].to_list()
+                continue
+            parts = g.filter(2 * pl.col("shared") > pl.col("size"))   # flow jobs mostly inside the capture
+            if 2 * parts["shared"].sum() > n:
+                out[cap] = parts["job_id"].to_list()
     if "host" not in job_clusters.columns:
         return out
     caps = capture_ranks.filter(pl.col("host").is_not_null()).select("capture_id", "host").unique()
@@ -152,7 +163,7 @@ def link_captures_to_jobs(capture_ranks: pl.DataFrame, job_clusters: pl.DataFram
     # id, so the same tables give the same answer whatever order they were read in
     best = j.join(need, on="capture_id").filter(pl.col("shared") == pl.col("hosts")) \
         .sort(["shared", "job_id"], descending=[True, False]).unique("capture_id", keep="first", maintain_order=True)
-    return {**dict(best.select("capture_id", "job_id").iter_rows()), **out}
+    return {**{c: [jb] for c, jb in best.select("capture_id", "job_id").iter_rows()}, **out}
 
 
 def resolve_ranks(capture_ranks: pl.DataFrame, topology: pl.DataFrame) -> pl.DataFrame:
@@ -177,8 +188,11 @@ def resolve_ranks(capture_ranks: pl.DataFrame, topology: pl.DataFrame) -> pl.Dat
     return out.select(list(schema))
 
 
-def _resolve(v: pl.DataFrame, topology: pl.DataFrame, ranks: pl.DataFrame, cap_job: dict[str, str]) -> list[dict]:
-    """Per verdict: its cause family and key, the names people use, and its (flow) job."""
+def _resolve(v: pl.DataFrame, topology: pl.DataFrame, ranks: pl.DataFrame, cap_job: dict[str, list[str]],
+             ips_of_job: dict[str, set]) -> list[dict]:
+    """Per verdict: its cause family and key, the names people use, and its (flow) job: `flow_job`
+    the one it names (a capture's rank: the flow job holding the rank's address), `flow_jobs` every
+    flow job it is about (a capture's job may show in flows as several)."""
     topo = {r["ip"]: r for r in topology.select("ip", "host", _gpu_col(topology),
                                                  *(["leaf"] if "leaf" in topology.columns else [])).iter_rows(named=True)} \
         if topology.height else {}
@@ -187,8 +201,9 @@ def _resolve(v: pl.DataFrame, topology: pl.DataFrame, ranks: pl.DataFrame, cap_j
     for r in v.iter_rows(named=True):
         d = dict(r)
         cap = r.get("capture_id")
-        job = cap_job.get(cap, r.get("job_id")) if cap else r.get("job_id")
-        d["flow_job"] = job
+        parts = cap_job.get(cap) if cap else None
+        job = parts[0] if parts else r.get("job_id")
+        d["flow_job"], d["flow_jobs"] = job, (set(parts) if parts else {job} - {None})
         d["host"] = d["gpu"] = d["ip"] = d["switch"] = None
         d["ranks"] = []
         try:
@@ -215,6 +230,7 @@ def _resolve(v: pl.DataFrame, topology: pl.DataFrame, ranks: pl.DataFrame, cap_j
             if m and m.get("ip"):
                 d.update(host=m["host"], gpu=m["gpu"], ip=m["ip"])
                 d["family"], d["key"] = "gpu", f"gpu:{m['ip']}"
+                d["flow_job"] = next((jb for jb in sorted(d["flow_jobs"]) if m["ip"] in ips_of_job.get(jb, ())), job)
             elif m and m.get("host"):
                 d.update(host=m["host"])
                 d["family"], d["key"] = "rank", f"rank:{cap}:{subj}"
@@ -285,11 +301,11 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
     with_ip = capture_ranks.with_columns(pl.col("rank").cast(pl.Int64)).join(
         ranks.select("capture_id", "rank", "ip"), on=["capture_id", "rank"], how="left") if ranks.height else capture_ranks
     cap_job = link_captures_to_jobs(with_ip, job_clusters)
-    rows = _resolve(v.sort("verdict_id"), topology, ranks, cap_job)
     ips_of_job = {}
     if job_clusters.height:
         for j, ip in job_clusters.select("job_id", "ip").unique().iter_rows():
             ips_of_job.setdefault(j, set()).add(ip)
+    rows = _resolve(v.sort("verdict_id"), topology, ranks, cap_job, ips_of_job)
 
     # causes: one cluster per subject key, split where findings are far apart in time
     causes: list[dict] = []
@@ -311,7 +327,7 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
         real = [d for d in c["members"] if not d.get("evidence_only")] or c["members"]
         c["lead"] = max(real, key=lambda d: (_SEV[d["severity"]], abs((d.get("value") or 1) - (d.get("baseline") or 1))))
         c["family"] = c["lead"]["family"] if not c["lead"].get("evidence_only") else "gpu"
-        c["jobs"] = {d["flow_job"] for d in c["members"] if d.get("flow_job")}
+        c["jobs"] = set().union(*(d["flow_jobs"] for d in c["members"]))
         if c["family"] == "switch":
             for d in c["members"]:
                 c["jobs"] |= set(d["ev"].get("jobs") or [])
@@ -362,7 +378,7 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
     explained: dict[int, list[dict]] = {}
     orphans = []
     for s in symptoms:
-        cands = [i for i, c in enumerate(causes) if s["flow_job"] in c["jobs"] and _overlaps(s, c)]
+        cands = [i for i, c in enumerate(causes) if s["flow_jobs"] & c["jobs"] and _overlaps(s, c)]
         if not cands:
             orphans.append(s)
             continue
@@ -374,7 +390,7 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
     for i, c in enumerate(causes):
         if c["family"] != "switch":
             continue
-        slow_jobs = {s["flow_job"] for s in symptoms if s["flow_job"] in c["jobs"] and _overlaps(s, c)}
+        slow_jobs = {s["flow_job"] for s in symptoms if s["flow_jobs"] & c["jobs"] and _overlaps(s, c)}
         # (the flows' own localization already weighed the switch against NICs and hosts: only another
         # source's cause, a slow GPU in the traces, can take its place)
         others = [k for k, o in enumerate(causes) if k != i and o["family"] not in ("switch", "code")

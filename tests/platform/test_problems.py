@@ -180,3 +180,34 @@ def test_a_nic_the_flows_cannot_place_in_a_ring_joins_the_slow_gpu_of_that_ring(
     problems, _ = group_problems(make_verdicts([
         gpu, _v(detector="flows.nic_bandwidth", scope="link", subject="10.0.2.0", evidence=other)]), topo, jc, ranks)
     assert sorted(problems["cause"].to_list()) == ["gpu", "nic"], problems.select("cause", "title")
+
+
+def test_a_capture_job_seen_in_flows_as_several_jobs_keeps_its_parts_and_leaves_other_jobs_alone():
+    """Demo seed 385's shape: hosts h1, h2 of 8 GPUs each; job X on gpu0-3 (one flow job), job Y on
+    gpu4-7 with pipeline and tensor-parallel traffic inside its hosts, so flows see one job per DP
+    ring (Y1: gpu4-5 of both hosts, Y2: gpu6, Y3: gpu7). Y's capture names rank 7 (h2/gpu7); the
+    slowdowns of Y's flow parts are its symptoms, and a switch slowing X is not Y's GPU's evidence."""
+    topo = pl.DataFrame({"ip": [f"10.0.{h}.{g}" for h in (1, 2) for g in range(8)],
+                         "host": [f"h{h}" for h in (1, 2) for _ in range(8)],
+                         "gpu": [f"h{h}/gpu{g}" for h in (1, 2) for g in range(8)], "leaf": ["leaf-1"] * 16})
+    part = {0: "X", 1: "X", 2: "X", 3: "X", 4: "Y1", 5: "Y1", 6: "Y2", 7: "Y3"}
+    jc = pl.DataFrame({"job_id": [part[g] for h in (1, 2) for g in range(8)], "ip": [f"10.0.{h}.{g}" for h in (1, 2) for g in range(8)],
+                       "host": [f"h{h}" for h in (1, 2) for _ in range(8)]})
+    ranks = pl.DataFrame({"capture_id": ["capY"] * 8, "rank": list(range(8)), "host": ["h1"] * 4 + ["h2"] * 4,
+                          "device": [4, 5, 6, 7] * 2})
+    v = make_verdicts([
+        _v(detector="prism.stragglers", scope="rank", subject="7", capture_id="capY", job_id="job-Y", severity="critical"),
+        _v(detector="flows.cross_step", scope="job", subject="Y1", job_id="Y1", team="infrastructure"),
+        _v(detector="flows.cross_step", scope="job", subject="Y2", job_id="Y2", team="infrastructure"),
+        _v(detector="flows.switch_bandwidth", scope="switch", subject="spine-1", severity="critical",
+           evidence=json.dumps({"jobs": ["X"]})),
+    ])
+    problems, members = group_problems(v, topo, jc, ranks)
+    assert sorted(problems["cause"].to_list()) == ["gpu", "switch"], problems.select("cause", "title")
+    gpu = problems.filter(pl.col("cause") == "gpu").row(0, named=True)
+    assert gpu["ip"] == "10.0.2.7" and "rank 7 of job Y3" in gpu["title"]   # the flow job holding the rank's GPU
+    assert {"Y1", "Y2", "Y3"} <= set(gpu["job_ids"].split(","))
+    sym = members.filter((pl.col("problem_id") == gpu["problem_id"]) & (pl.col("role") == "symptom")).height
+    assert sym == 2
+    sw = problems.filter(pl.col("cause") == "switch").row(0, named=True)
+    assert sw["switch"] == "spine-1" and sw["job_ids"] == "X"
