@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --with-collectors --with-system
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest -q -rs "$@"
+# the slowest tests in every log: where the CI time goes (aim: under 15 min)
+exec .venv/bin/python -m pytest -q -rs --durations=25 "$@"

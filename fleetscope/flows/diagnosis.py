@@ -106,7 +106,11 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
             rows += jr
         rows += _cross_group(st, pairs, window_id, cfg)
         if ipf_all is not None or ipf is not None:
-            rows += late_rank_rows(st, ipf_all if ipf_all is not None else ipf, pairs, topology,
+            # the margin's steps too: the onset's baseline where a fault begins with the window
+            lag_steps = st
+            if steps_all is not None and window is not None and "claimed" in steps_all.columns:
+                lag_steps = pl.concat([steps_all.filter(~pl.col("claimed") & (pl.col("start_ns") < window[0])).select(st.columns), st])
+            rows += late_rank_rows(lag_steps, ipf_all if ipf_all is not None else ipf, pairs, topology,
                                    max(tables["jobs"].height, 1) if "jobs" in tables else 1,
                                    window or (int(st["start_ns"].min()), int(st["end_ns"].max()) + 1), window_id, cfg,
                                    suspects=suspects)

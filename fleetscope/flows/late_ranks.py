@@ -102,7 +102,9 @@ def late_ranks(lags: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Fl
     step-to-step jitter (the spread of successive differences: an onset, or a lag present all along,
     does not inflate it). Bonferroni over every run of every rank tested, within the detector's
     false-alarm budget for the window. known: addresses an earlier window named late (they need no
-    onset in this one)."""
+    onset in this one). The lags may include steps of the window's margin (the job's steps just
+    before the window): they are the onset's baseline, never a run of their own (a run must end in the
+    window; its span is the window's part)."""
     empty = pl.DataFrame(schema={"job_id": pl.Utf8, "ip": pl.Utf8, "g": pl.Int64, "n": pl.Int64, "lag": pl.Float64,
                                  "z": pl.Float64, "z_bar": pl.Float64, "s": pl.Int64, "e": pl.Int64, "p": pl.Float64})
     key = ["job_id", "ip", "g"]
@@ -117,12 +119,13 @@ def late_ranks(lags: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Fl
     n_of = x.group_by(key).agg(n=pl.first("n"))["n"].to_numpy()
     L = MIN_RUN
     while L <= int(n_of.max()):
-        n_tests += int(np.clip(n_of - L + 1, 0, None).sum())
+        # runs that end in the window (the margin's steps are baseline only)
+        n_tests += x.filter((pl.col("n") >= L) & (pl.col("k") >= L - 1) & (pl.col("start_ns") >= window[0])).height
         # the median's standard error is sqrt(pi / 2) times the mean's
         r = x.filter(pl.col("n") >= L).with_columns(
             med=pl.col("lag").rolling_median(L).over(key)).with_columns(
             z=pl.col("med") / pl.col("sig") * np.sqrt(L / (np.pi / 2)), L=pl.lit(L))
-        runs.append(r.filter(pl.col("med").is_not_null()).select(*key, "k", "L", "z", "med"))
+        runs.append(r.filter(pl.col("med").is_not_null() & (pl.col("start_ns") >= window[0])).select(*key, "k", "L", "z", "med"))
         L *= 2
     alpha = window_alpha(cfg.fa_per_job_hour, n_jobs, window[1] - window[0])
     z_bar = bonferroni_z(alpha, n_tests)
@@ -138,6 +141,7 @@ def late_ranks(lags: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Fl
     best = hit.sort("z", descending=True).group_by(key, maintain_order=True).first()
     span = x.join(best.select(*key, "med", k_end="k", L="L"), on=key).filter(
         (pl.col("k") > pl.col("k_end") - pl.col("L")) & (pl.col("k") <= pl.col("k_end")) & (pl.col("lag") > pl.col("med") / 2)
+        & (pl.col("start_ns") >= window[0])
     ).group_by(key).agg(n=pl.len().cast(pl.Int64), lag=pl.col("lag").median(), end_lag=pl.col("end_lag").median(),
                         s=pl.col("start_ns").min(), e=pl.col("end_ns").max())
     # the peers wait: the member that starts late finishes the step with them (a collective ends
@@ -148,9 +152,9 @@ def late_ranks(lags: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Fl
     per = x.with_columns(d=pl.col("end_ns") - pl.col("start_ns")).group_by("job_id").agg(p=pl.col("d").median().cast(pl.Float64))
     span = span.join(per, on="job_id").filter(
         (pl.col("end_lag").abs() < pl.col("lag") / 2) & (pl.col("n") >= MIN_RUN) & (pl.col("lag") < pl.col("p") / 2))
-    # an onset: the rank was not late before the run, in at least MIN_RUN steps of the window (the
-    # job's own history is the baseline: a constant offset between "peers" from the job's start is
-    # their layout, or a pipeline hop taken for a DP pair), unless an earlier window named it
+    # an onset: the rank was not late before the run, in at least MIN_RUN steps of the window and its
+    # margin (the job's own history is the baseline: a constant offset between "peers" from the job's
+    # start is their layout, or a pipeline hop taken for a DP pair), unless an earlier window named it
     before = x.join(span.select(*key, "lag", s0="s"), on=key).filter(pl.col("start_ns") < pl.col("s0")).group_by(key).agg(
         nb=pl.len(), lb=pl.col("lag").median())
     span = span.join(before, on=key, how="left").filter(
@@ -209,7 +213,8 @@ def _ev(u: dict, cause: dict | None) -> str:
 def late_rank_rows(steps: pl.DataFrame, ipf: pl.DataFrame, pairs: pl.DataFrame, topology: pl.DataFrame | None,
                    n_jobs: int, window: tuple[int, int], wid: str, cfg: FlowConfig,
                    suspects: set[str] | None = None) -> list[dict]:
-    """The window's late-rank verdict rows (flow_verdicts' entry point). suspects: subjects earlier
+    """The window's late-rank verdict rows (flow_verdicts' entry point). steps: the window's and its
+    margin's (a fault that begins as the window does has its baseline there); suspects: subjects earlier
     windows named (network.prior_suspects): a rank named there, or on a host named there, needs no
     onset in this window."""
     host = dict(zip(topology["ip"].to_list(), topology["host"].to_list())) if topology is not None and topology.height else {}

@@ -108,6 +108,22 @@ def test_a_constant_offset_from_the_first_step_is_no_onset_unless_an_earlier_win
     assert _flagged(_series(lag), known={"a"}) == ["a"]
 
 
+def test_a_fault_that_begins_with_the_window_has_its_onset_in_the_margin():
+    """Steps 0-19 lie in the window's margin (before its start), the rank is late from the window's
+    first step on: the margin is the baseline, so it is named, its span starts in the window, and a
+    rank late all along (margin included) still is no onset."""
+    lags = _series(np.where(np.arange(40) >= 20, 120e6, 0.0))
+    win = (20 * 1_000_000_000, 60_000_000_000)
+    late = late_ranks(lags, 1, win, FlowConfig())
+    assert late["ip"].to_list() == ["a"] and late["s"][0] >= win[0]
+    assert late_ranks(lags.filter(pl.col("start_ns") >= win[0]), 1, win, FlowConfig()).height == 0   # no margin: no onset
+    assert late_ranks(_series(np.full(40, 120e6)), 1, win, FlowConfig()).height == 0
+    # a run wholly in the margin is the previous window's
+    k = np.arange(40)
+    early = _series(np.where((k >= 8) & (k < 18), 120e6, 0.0))
+    assert late_ranks(early, 1, win, FlowConfig()).height == 0
+
+
 def test_a_rank_late_at_both_ends_of_its_step_is_not_waited_for():
     """Its peers do not wait for it (its step ends as late as it starts): not one collective."""
     lag = np.where(np.arange(40) >= 20, 120e6, 0.0)
