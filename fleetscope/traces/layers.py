@@ -19,7 +19,6 @@ across stages in stage order (stage s starts after the layers of stages < s), wh
 re-partition needs."""
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import polars as pl
@@ -37,24 +36,28 @@ SPAN_COLUMNS = {"rank": pl.Int32, "pid": pl.Utf8, "tid": pl.Utf8, "s0": pl.Int64
 def repeat_unit(tokens: np.ndarray) -> tuple[int, int, int]:
     """(start, period, copies) of the tandem repeat covering the most tokens (k >= 2 copies; ties:
     the shorter period); (0, 0, 0) when nothing repeats."""
-    n = tokens.size
-    best = (0, 0, 0, 0)  # coverage, -period, start, copies
+    return _repeat_unit(np.ascontiguousarray(tokens, np.int64))
+
+
+@njit(cache=True)
+def _repeat_unit(t):
+    # for each period p, the longest run of t[j] == t[j + p] (its first occurrence) is k = run // p + 1
+    # copies of the unit starting where the run starts
+    n = t.size
+    best_cov, best_p, best_i, best_k = 0, 0, 0, 0
     for p in range(1, n // 2 + 1):
-        eq = tokens[:-p] == tokens[p:]
-        if not eq.any():
-            continue
-        # longest run of equalities: k = run // p + 1 copies of the unit starting at the run's start
-        d = np.diff(np.concatenate(([0], eq.view(np.int8), [0])))
-        starts, ends = np.flatnonzero(d == 1), np.flatnonzero(d == -1)
-        lens = ends - starts
-        i = int(np.argmax(lens))
-        k = int(lens[i]) // p + 1
-        if k < 2:
-            continue
-        cov = k * p
-        if (cov, -p) > best[:2]:
-            best = (cov, -p, int(starts[i]), k)
-    return (best[2], -best[1], best[3]) if best[0] else (0, 0, 0)
+        run, top, top_start = 0, 0, 0
+        for j in range(n - p):
+            if t[j] == t[j + p]:
+                run += 1
+                if run > top:
+                    top, top_start = run, j - run + 1
+            else:
+                run = 0
+        k = top // p + 1
+        if k >= 2 and k * p > best_cov:  # p grows: an equal coverage never replaces a shorter unit
+            best_cov, best_p, best_i, best_k = k * p, p, top_start, k
+    return best_i, best_p, best_k
 
 
 def forward_segments(events: pl.DataFrame, ops: pl.DataFrame | None = None) -> pl.DataFrame:
@@ -150,59 +153,53 @@ def infer_layer_spans(events: pl.DataFrame, stage_of_rank: dict[int, int] | None
     ops = training_ops(events) if ops is None else ops
     if ops.height == 0:
         return pl.DataFrame(schema=SPAN_COLUMNS)
-    vocab = {n: i for i, n in enumerate(ops["name"].unique().sort().to_list())}
-    model_tok = {i for n, i in vocab.items() if re.search(MODEL_OP, n)}
-    tok = np.fromiter((vocab[x] for x in ops["name"].to_list()), np.int64, ops.height)
-    ts, end, cut = ops["ts_ns"].to_numpy(), ops["end_ns"].to_numpy(), ops["cut"].to_numpy()
-    rank, step = ops["rank"].to_numpy(), ops["step"].to_list()
-    pid, tid = ops["pid"].to_list(), ops["tid"].to_list()
-    # children of a row: a contiguous range once the rows are ordered by parent (found only where searched)
-    parent = ops["parent"].to_numpy()
-    by_parent = np.argsort(parent, kind="stable")
-    sorted_parent = parent[by_parent]
-
-    def children(r: int) -> np.ndarray:
-        lo, hi = np.searchsorted(sorted_parent, [r, r + 1])
-        return by_parent[lo:hi]
-    top = {(r, st): np.asarray(rows, np.int64) for r, st, rows in
-           ops.filter(pl.col("depth") == 0).group_by("rank", "step", maintain_order=True).agg(pl.col("row")).iter_rows()}
-    cache: dict[tuple, tuple[int, int, int]] = {}
-    out: list[tuple] = []
-    scope = [0]
-
-    def search(rows: np.ndarray, stop: int, level: int) -> None:
-        # forward runs: the rows between cutting operators
-        bounds = np.flatnonzero(cut[rows])
-        starts = np.concatenate(([0], bounds + 1))
-        ends = np.concatenate((bounds, [rows.size]))
-        for a, b in zip(starts, ends):
-            run = rows[a:b]
-            if run.size == 0:
-                continue
-            i, p, k = (0, 0, 0)
-            if run.size >= 2:
-                key = tuple(tok[run].tolist())
+    coded = ops.select(tok=pl.col("name").rank("dense").cast(pl.Int64), model=pl.col("name").str.contains(MODEL_OP),
+                       top=pl.struct("rank", "step").rank("dense").cast(pl.Int64))
+    tok = coded["tok"].to_numpy()
+    model_tok = set(coded.filter("model")["tok"].unique().to_list())
+    model = coded["model"].fill_null(False).to_numpy()
+    ts, end, cut = ops["ts_ns"].to_numpy(), ops["end_ns"].to_numpy(), ops["cut"].fill_null(False).to_numpy()
+    depth, parent = ops["depth"].to_numpy(), ops["parent"].to_numpy()
+    # siblings share a group: their parent row, or at the top level their (rank, step) (numbered below 0);
+    # a top-level group ends with its last operator
+    group = np.where(depth == 0, -1 - coded["top"].to_numpy(), parent)
+    top_rows = np.flatnonzero(depth == 0)
+    group_end = dict(zip(group[top_rows].tolist(), end[top_rows].tolist()))
+    cache: dict[bytes, tuple[int, int, int]] = {}
+    out: list[tuple[int, int, int, int]] = []  # first row of a layer, its run (seg), its end (s1), its number
+    searched = np.zeros(ops.height, bool)  # operators whose children the next level searches
+    # level by level, every group of a level at once (rows are in time order within a group); a run is
+    # the rows of a group between cutting operators
+    for level in range(5):
+        level_rows = top_rows if level == 0 else np.flatnonzero((depth == level) & searched[np.maximum(parent, 0)])
+        if level_rows.size == 0:
+            break
+        g, c = group[level_rows], cut[level_rows]
+        new = np.ones(level_rows.size, bool)
+        new[1:] = (g[1:] != g[:-1]) | c[:-1]
+        pos = np.flatnonzero(~c)  # each run row's place among the level's rows: the row after a run is its next place
+        run_id = np.cumsum(new)[pos]
+        starts = np.flatnonzero(np.r_[True, run_id[1:] != run_id[:-1]])
+        for a, b in zip(starts.tolist(), np.r_[starts[1:], pos.size].tolist()):
+            run = level_rows[pos[a:b]]
+            i = p = k = 0
+            if run.size >= 2 and model[run].any():  # a unit must hold a model operator
+                t = tok[run]
+                key = t.tobytes()
                 if key not in cache:
-                    i0, p0, k0 = repeat_unit(tok[run])
-                    cache[key] = (i0, p0, k0) if p0 and model_tok & set(tok[run][i0:i0 + p0].tolist()) else (0, 0, 0)
+                    i0, p0, k0 = repeat_unit(t)
+                    cache[key] = (i0, p0, k0) if p0 and model_tok & set(t[i0:i0 + p0].tolist()) else (0, 0, 0)
                 i, p, k = cache[key]
             if k:
-                nxt = ts[rows[b]] if b < rows.size else stop
-                scope[0] += 1
-                for j in range(k):
-                    x, y = i + j * p, i + (j + 1) * p
-                    s1 = ts[run[y]] if y < run.size else nxt
-                    out.append((int(rank[run[x]]), pid[run[x]], tid[run[x]], step[run[x]], scope[0], int(ts[run[x]]), int(s1), j))
+                q, gg = pos[b - 1] + 1, int(g[pos[a]])  # the layer after the last copy: up to the next sibling, else the group's end
+                nxt = ts[level_rows[q]] if q < level_rows.size and g[q] == gg else (end[gg] if gg >= 0 else group_end[gg])
+                out += [(int(run[i + j * p]), len(out), int(ts[run[i + (j + 1) * p]]) if i + (j + 1) * p < run.size else int(nxt), j)
+                        for j in range(k)]
             elif level < 4:  # nothing repeats here: look inside its operators
-                for r in run:
-                    ch = children(int(r))
-                    if ch.size:
-                        search(ch, int(end[r]), level + 1)
-
-    for rows in top.values():
-        search(rows, int(end[rows[-1]]), 0)
+                searched[run] = True
     if not out:
         return pl.DataFrame(schema=SPAN_COLUMNS)
-    spans = pl.DataFrame(out, orient="row", schema={"rank": pl.Int32, "pid": pl.Utf8, "tid": pl.Utf8, "step": pl.Utf8, "seg": pl.Int32,
-                                                     "s0": pl.Int64, "s1": pl.Int64, "layer": pl.Int32})
-    return _number(spans, stage_of_rank).select(list(SPAN_COLUMNS))
+    first, seg, s1, layer = (np.asarray(v, np.int64) for v in zip(*out))
+    spans = ops[first].select(pl.col("rank").cast(pl.Int32), "pid", "tid", "step", s0=pl.col("ts_ns").cast(pl.Int64)).with_columns(
+        seg=pl.Series(seg, dtype=pl.Int32), s1=pl.Series(s1), layer=pl.Series(layer, dtype=pl.Int32), _r=pl.Series(first))
+    return _number(spans.sort("_r").drop("_r"), stage_of_rank).select(list(SPAN_COLUMNS))
