@@ -271,6 +271,17 @@ def _fault_kinds() -> str:
         return "see fleetscope/sim/faults.py"
 
 
+def _fill_epilog_on_help(parser: argparse.ArgumentParser, mark: str, text) -> None:
+    """Fill `mark` in the parser's epilog with text() only when its help is shown: the fault kinds come
+    from the simulator, whose import (~2 s) every other command would otherwise pay."""
+    show = parser.format_help
+
+    def format_help() -> str:
+        parser.epilog = (parser.epilog or "").replace(mark, text())
+        return show()
+    parser.format_help = format_help
+
+
 def build_parser() -> argparse.ArgumentParser:
     env_l = f"default: $FLEETSCOPE_LANDING, else {DEFAULT_LANDING}"
     env_w = f"default: $FLEETSCOPE_WAREHOUSE, else {DEFAULT_WAREHOUSE}"
@@ -309,9 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("simulate", formatter_class=_Help, help="write a simulated landing folder and its ground truth",
                        description="Write a simulated fleet's landing folder (DIR/landing) and its ground truth "
                                    "(DIR/ground_truth: jobs, pairs, steps, faults), with conventions drawn per seed.",
-                       epilog=f"fault SPEC: comma-separated KIND:COUNT, e.g. congested_switch:1,slow_gpu:2; `random:N` draws N "
-                              f"kinds; empty, `none` or `healthy` injects nothing.\nkinds: {_fault_kinds()}\n\nexample:\n"
+                       epilog="fault SPEC: comma-separated KIND:COUNT, e.g. congested_switch:1,slow_gpu:2; `random:N` draws N "
+                              "kinds; empty, `none` or `healthy` injects nothing.\nkinds: {kinds}\n\nexample:\n"
                               "  fleetscope simulate --out /tmp/fleet --gpus 256 --minutes 2 --faults degraded_nic:1 --seed 3")
+    _fill_epilog_on_help(s, "{kinds}", _fault_kinds)
     s.add_argument("--out", required=True, metavar="DIR", help="an empty folder (or one a previous simulate wrote)")
     s.add_argument("--gpus", type=int, default=64, help="GPUs in the fleet (a multiple of 8)")
     s.add_argument("--jobs", type=int, help="number of training jobs (default: drawn from the fleet size)")
