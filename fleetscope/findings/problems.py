@@ -373,6 +373,8 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
         merged.append(c)
     causes = merged
 
+    rails = _rails(topology)
+
     # symptoms: attach each to the best cause in its job overlapping in time
     symptoms = [d for d in rows if d["family"] == "job"]
     explained: dict[int, list[dict]] = {}
@@ -393,9 +395,11 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
         slow_jobs = {s["flow_job"] for s in symptoms if s["flow_jobs"] & c["jobs"] and _overlaps(s, c)}
         # (the flows' own localization already weighed the switch against NICs and hosts: only another
         # source's cause, a slow GPU in the traces, can take its place)
+        # ... and only one whose rings cross it: a slow GPU paces the rings of its own rail, never a
+        # switch of another rail (a rail-optimized fabric: a leaf or spine carries one rail's rings)
         others = [k for k, o in enumerate(causes) if k != i and o["family"] not in ("switch", "code")
                   and not all(d["detector"].startswith("flows.") for d in o["members"])
-                  and o["jobs"] & c["jobs"] and _overlaps(o, c)]
+                  and o["jobs"] & c["jobs"] and _overlaps(o, c) and _may_pace(o, c, rails)]
         # ... and a switch that slowed the flows of a job no other cause touches has evidence of its own
         covered = set().union(*(causes[k]["jobs"] for k in others)) if others else set()
         if len(slow_jobs) < 2 and others and c["jobs"] <= covered:
@@ -422,6 +426,27 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
     problems = PROBLEMS.validate(conform(pl.DataFrame(out, infer_schema_length=None), PROBLEMS))
     problems = problems.sort(pl.col("severity").replace_strict(_SEV, default=0), "n_verdicts", descending=[True, True])
     return problems, PROBLEM_MEMBERS.validate(pl.DataFrame(members, schema=["problem_id", "verdict_id", "role"], orient="row"))
+
+
+def _rails(topology: pl.DataFrame) -> dict[str, set]:
+    """The rails of each switch, address and host (topology's `rail` per address; empty without it)."""
+    if not topology.height or "rail" not in topology.columns:
+        return {}
+    out: dict[str, set] = {}
+    keys = [c for c in ("ip", "host", "leaf", "spine") if c in topology.columns]
+    for row in topology.filter(pl.col("rail").is_not_null()).select(*keys, "rail").iter_rows(named=True):
+        for k in keys:
+            if row[k] is not None:
+                out.setdefault(str(row[k]), set()).add(row["rail"])
+    return out
+
+
+def _may_pace(cause: dict, switch: dict, rails: dict[str, set]) -> bool:
+    """Whether a cause's rings can cross the switch: their rails meet (unknown rails: they may)."""
+    sw = rails.get(switch["lead"].get("switch") or switch["lead"]["subject"])
+    lead = cause["lead"]
+    own = rails.get(lead.get("ip") or "") if cause["family"] in ("gpu", "nic") and lead.get("ip") else rails.get(lead.get("host") or "")
+    return not sw or not own or bool(sw & own)
 
 
 def _overlaps(a: dict, b: dict) -> bool:

@@ -211,3 +211,23 @@ def test_a_capture_job_seen_in_flows_as_several_jobs_keeps_its_parts_and_leaves_
     assert sym == 2
     sw = problems.filter(pl.col("cause") == "switch").row(0, named=True)
     assert sw["switch"] == "spine-1" and sw["job_ids"] == "X"
+
+
+def test_a_switch_of_another_rail_is_its_own_problem_beside_the_slow_gpu_of_its_job():
+    """Demo seed 701's shape: a slow GPU on rail 0 and a congested rail-3 leaf slowing the same (only)
+    job. A slow GPU paces the rings of its own rail, so a rail-0 switch flagged with it may be its
+    evidence; a rail-3 switch cannot be, and is a problem of its own."""
+    topo, jc, ranks = _fleet()
+    topo = topo.with_columns(rail=pl.Series([g for _ in (1, 2) for g in range(4)], dtype=pl.Int32),
+                             leaf=pl.Series([f"leaf-r{g}" for _ in (1, 2) for g in range(4)]))
+    gpu = _v(detector="prism.stragglers", scope="rank", subject="0", capture_id="capA", job_id="capA-job", severity="critical")
+
+    def switch(name):
+        return _v(detector="flows.switch_bandwidth", scope="switch", subject=name, severity="critical",
+                  evidence=json.dumps({"jobs": ["jobA"]}))
+    problems, _ = group_problems(make_verdicts([gpu, switch("leaf-r3")]), topo, jc, ranks)
+    assert sorted(problems["cause"].to_list()) == ["gpu", "switch"], problems.select("cause", "title")
+    assert problems.filter(pl.col("cause") == "switch")["switch"][0] == "leaf-r3"
+    # the GPU's own rail: the switch may be its rings' pacing, evidence of the GPU's problem
+    problems, members = group_problems(make_verdicts([gpu, switch("leaf-r0")]), topo, jc, ranks)
+    assert problems["cause"].to_list() == ["gpu"] and members.height == 2, problems.select("cause", "title")
