@@ -267,7 +267,11 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         # direct level per (candidate, bin, job): a weighted mean of its flows' log-rate residuals (a
         # fault divides the rate of every flow crossing it; each job's baseline is its own, so each
         # job's flows measure the shift afresh), weights 1/sigma of the flow's kind of traffic
-        dj = fm.group_by("kind", "cand", "bin", *jkey).agg(nd=pl.col("w").sum(), sd=(pl.col("w") * pl.col("e")).sum()) \
+        # ... the jobs' flows only: a background transfer has no peers to tell its own slowness from the
+        # pacing of a ring it may belong to (a job's pair whose label was lost in this window moves at
+        # its ring's pace, on a path that avoids the cause), so it confirms or exonerates (cells), and
+        # never outweighs the element the jobs' slow flows share
+        dj = fm.filter(~pl.col("unit").str.starts_with("bg:")).group_by("kind", "cand", "bin", *jkey).agg(nd=pl.col("w").sum(), sd=(pl.col("w") * pl.col("e")).sum()) \
             .with_columns(beta=pl.min_horizontal(pl.col("sd") / pl.col("nd"), pl.lit(0.0)))
         g = dj.group_by("kind", "cand", "bin").agg(dgain=(pl.col("nd") * pl.col("beta") ** 2).sum(), nd=pl.col("nd").sum(),
                                                    beta=pl.col("sd").sum() / pl.col("nd").sum())

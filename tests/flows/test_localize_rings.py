@@ -161,3 +161,17 @@ def test_degenerate_records_fake_no_rate_step():
     y = np.where(np.arange(n) < 200, 3.6, 3.6 + np.log(0.5)) + np.random.default_rng(0).normal(0, 0.02, n)
     lv = pair_levels(pl.DataFrame({"hid": [1] * n, "start_ns": t, "y": y}).rename({"y": "x"}))
     assert abs(lv["base_step"][0] - 3.6) < 0.05
+
+
+def test_a_pair_that_lost_its_label_does_not_outweigh_the_element_the_jobs_slow_flows_share():
+    """Demo seed 700's shape: a congested spine paces two rings; in this window one ring's hop inside
+    leaf4 lost its DP label (a background unit: no peers, no job) and carries more flows than any
+    labeled hop, all at the ring's pace. It avoids the spine, yet as direct evidence it made leaf4
+    (and leaf2) the causes; background flows confirm or exonerate, the jobs' flows weigh the causes."""
+    f = ring_flows(RINGS, {"spine": 0.5})
+    hop = (pl.col("src_ip") == "q") & (pl.col("dst_ip") == "r")
+    lost = pl.concat([f.filter(hop).with_columns(pl.col("start_ns") + k * 30_000_000, pl.col("end_ns") + k * 30_000_000)
+                      for k in range(4)]).with_columns(unit=pl.lit("bg:q-r"), job_id=pl.lit(None, pl.Utf8),
+                                                       e_peer=pl.lit(None, pl.Float64))
+    g = pl.concat([f.filter(~hop), lost]).drop("fid").with_row_index("fid").with_columns(pl.col("fid").cast(pl.Int64))
+    assert named(g) == [("switch", "spine")]
