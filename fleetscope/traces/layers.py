@@ -19,7 +19,6 @@ across stages in stage order (stage s starts after the layers of stages < s), wh
 re-partition needs."""
 from __future__ import annotations
 
-
 import numpy as np
 import polars as pl
 from numba import njit
