@@ -87,6 +87,12 @@ ACTIONS = {
     "code": "look at this function in the job's code or framework version; compare with a healthy run of the same job",
     "job": "the job is slow but no single machine, link or stage explains it: profile it (a capture) or look at its own changes",
 }
+# job-level causes the job's owners fix in its launch, named by their own detector
+JOB_CAUSES = {
+    "flows.nic_overload": ("sends each host's traffic through one NIC",
+                           "launch the job with every GPU NIC of its hosts (NCCL_IB_HCA / NCCL_SOCKET_IFNAME listing "
+                           "them all, or unset); its collectives then use each host's full bandwidth"),
+}
 _SLACK_NS = 10 * 60 * 1_000_000_000   # findings about one subject this close in time are one problem
 
 
@@ -381,7 +387,7 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
     orphans = []
     for s in symptoms:
         cands = [i for i, c in enumerate(causes) if s["flow_jobs"] & c["jobs"] and _overlaps(s, c)]
-        if not cands:
+        if not cands or s["detector"] in JOB_CAUSES:   # the job's own launch: a cause of its own
             orphans.append(s)
             continue
         best = min(cands, key=lambda i: (_PRIORITY.get(causes[i]["family"], 8), -_SEV[causes[i]["lead"]["severity"]]))
@@ -418,7 +424,7 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
         members += [(out[-1]["problem_id"], d["verdict_id"], "cause" if d is c["lead"] else "evidence") for d in ev_members + extra]
         members += [(out[-1]["problem_id"], d["verdict_id"], "symptom") for d in sym]
     for job, ss in _group_orphans(orphans).items():
-        lead = max(ss, key=lambda d: (_SEV[d["severity"]], d.get("value") or 0))
+        lead = max(ss, key=lambda d: (d["detector"] in JOB_CAUSES, _SEV[d["severity"]], d.get("value") or 0))
         c = {"key": f"job:{job}", "members": ss, "lead": lead, "family": "job", "jobs": {job},
              "start_ns": min((d.get("start_ns") for d in ss if d.get("start_ns") is not None), default=None)}
         out.append(_problem(c, ss, [], [], demoted_switches=[]))
@@ -478,7 +484,10 @@ def _problem(c: dict, members: list[dict], extra: list[dict], symptoms: list[dic
     headline = _headline(lead["explanation"])
     if lead["scope"] in ("function", "kernel"):  # the full kernel name is evidence, not a title
         headline = headline.replace(lead["subject"], short_name(lead["subject"]))
-    if fam == "job":
+    own = JOB_CAUSES.get(lead["detector"]) if fam == "job" else None
+    if own:
+        title = f"job {lead['flow_job'] or lead['subject']} {own[0]}: {headline}"
+    elif fam == "job":
         title = f"job {lead['flow_job'] or lead['subject']} is slow and no machine, link or stage explains it: {headline}"
     else:
         title = f"{label}: {headline}"
@@ -498,7 +507,7 @@ def _problem(c: dict, members: list[dict], extra: list[dict], symptoms: list[dic
     return dict(
         problem_id=problem_id(c["key"], c.get("start_ns")), title=title, severity=severity, team=team,
         team_reason=reason, cause=fam, subject=label, host=lead.get("host"), gpu=lead.get("gpu"), ip=lead.get("ip"),
-        switch=lead.get("switch"), action=ACTIONS[fam], job_ids=",".join(jobs) or None,
+        switch=lead.get("switch"), action=own[1] if own else ACTIONS[fam], job_ids=",".join(jobs) or None,
         detectors=",".join(sorted({d["detector"] for d in all_members})),
         metrics=",".join(sorted({d["metric"] for d in all_members})), n_verdicts=len(ids),
         start_ns=min((d["start_ns"] for d in all_members if d.get("start_ns") is not None), default=None),

@@ -7,7 +7,8 @@ straggler being judged cannot inflate the deviation it is judged by; a relative 
 
 Cross-step and job life events: fleetscope.flows.job_health; NICs, switches and flapping links:
 fleetscope.flows.network (rates against peers and history, bars from the false-alarm budget); ranks
-that compute late (their messages leave after their DP-group peers'): fleetscope.flows.late_ranks.
+that compute late (their messages leave after their DP-group peers'): fleetscope.flows.late_ranks;
+jobs that funnel a host's traffic through one NIC: fleetscope.flows.nic_use.
 Job-level findings a localized cause explains are kept as info."""
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.job_health import job_health
 from fleetscope.flows.late_ranks import late_rank_rows
 from fleetscope.flows.network import network_verdicts
+from fleetscope.flows.nic_use import nic_overload_rows
 from fleetscope.findings.verdicts import make_verdicts
 
 
@@ -124,6 +126,7 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
                                  history=history, levels_out=levels_out, suspects=suspects)
         if cfg.switch_dp_flow_capacity:
             rows += _oversubscription(flows, pairs, topology, window_id, cfg)
+        rows += nic_overload_rows(pairs, topology, win, window_id)
     impact = (lambda c, job: network_impact(c, job, flows, pairs, st)) if pairs.height and st.height else None
     return make_verdicts(explain_symptoms(explain_late_ranks(rows, impact)))
 
@@ -184,7 +187,8 @@ def explain_symptoms(rows: list[dict]) -> list[dict]:
     if not causes:
         return rows
     for r in rows:
-        if r["scope"] not in ("job", "dp_group", "step") or r["severity"] == "info":
+        # a job's own launch configuration (its NICs) is a cause, not a symptom
+        if r["scope"] not in ("job", "dp_group", "step") or r["severity"] == "info" or r["detector"] == "flows.nic_overload":
             continue
         for c in causes:
             jobs = json.loads(c.get("evidence") or "{}").get("jobs", []) + ([c["job_id"]] if c.get("job_id") else [])

@@ -231,3 +231,21 @@ def test_a_switch_of_another_rail_is_its_own_problem_beside_the_slow_gpu_of_its_
     # the GPU's own rail: the switch may be its rings' pacing, evidence of the GPU's problem
     problems, members = group_problems(make_verdicts([gpu, switch("leaf-r0")]), topo, jc, ranks)
     assert problems["cause"].to_list() == ["gpu"] and members.height == 2, problems.select("cause", "title")
+
+
+def test_a_job_pinned_to_one_nic_is_its_own_problem_for_its_owners_beside_a_slow_gpu_of_the_job():
+    """A job's launch that funnels each host through one NIC is a cause the job's owners fix, not a
+    symptom of another cause on the job: its own problem, with what to change in the launch."""
+    topo, jc, ranks = _fleet()
+    gpu = _v(detector="prism.stragglers", scope="rank", subject="0", capture_id="capA", job_id="capA-job", severity="critical")
+    slow = _v(detector="flows.cross_step", scope="job", subject="jobA", job_id="jobA", explanation="jobA slowed 20 %")
+    pinned = _v(detector="flows.nic_overload", scope="job", subject="jobA", job_id="jobA", team="algorithm", value=1.0,
+                explanation="job jobA sends all of its traffic on each of its 2 hosts through one NIC (10.0.1.0, 10.0.2.0)")
+    problems, members = group_problems(make_verdicts([gpu, slow, pinned]), topo, jc, ranks)
+    assert sorted(problems["cause"].to_list()) == ["gpu", "job"], problems.select("cause", "title")
+    own = problems.filter(pl.col("cause") == "job")
+    assert own["team"][0] == "algorithm" and own["title"][0].startswith("job jobA sends each host's traffic through one NIC")
+    assert "NCCL_IB_HCA" in own["action"][0]
+    # the job's slowdown stays the slow GPU's symptom
+    gid = problems.filter(pl.col("cause") == "gpu")["problem_id"][0]
+    assert members.filter((pl.col("problem_id") == gid) & (pl.col("role") == "symptom")).height == 1

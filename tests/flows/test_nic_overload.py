@@ -1,0 +1,60 @@
+"""NIC overload (fleetscope.flows.nic_use): a job that sends a host's traffic through one of its NICs is
+named for the job's owners; jobs that use their hosts' NICs, and hosts with one NIC, raise nothing.
+On the fleet simulator the truth (which job was pinned to one NIC) is never read by the analysis."""
+import json
+
+import polars as pl
+import pytest
+
+import fleetscope.sim as sim
+from benchmarks.flows_common import load_landing, load_truth
+from fleetscope.flows import analyze_window
+from fleetscope.flows.nic_use import nic_overload_rows
+from fleetscope.sim.scoring import match_jobs
+
+W = (0, 60_000_000_000)
+
+
+def _topo(hosts: int, nics: int) -> pl.DataFrame:
+    return pl.DataFrame({"ip": [f"10.{n}.0.{h}" for h in range(hosts) for n in range(nics)],
+                         "host": [f"h{h}" for h in range(hosts) for _ in range(nics)]})
+
+
+def _pairs(rows: list[tuple[str, str, str]]) -> pl.DataFrame:
+    return pl.DataFrame(rows, schema=["job_id", "ip_a", "ip_b"], orient="row").with_columns(comm_type=pl.lit("DP"))
+
+
+def test_a_job_funnelling_every_host_through_one_nic_is_named_for_its_owners():
+    topo = _topo(3, 4)
+    # a ring over three hosts, all through each host's first NIC; the other three NICs carry nothing
+    pairs = _pairs([("job-a", "10.0.0.0", "10.0.0.1"), ("job-a", "10.0.0.1", "10.0.0.2"), ("job-a", "10.0.0.0", "10.0.0.2")])
+    rows = nic_overload_rows(pairs, topo, W, "w0")
+    assert [(r["scope"], r["subject"], r["team"], r["severity"]) for r in rows] == [("job", "job-a", "algorithm", "warning")]
+    assert json.loads(rows[0]["evidence"])["ips"] == ["10.0.0.0", "10.0.0.1", "10.0.0.2"]
+
+
+def test_a_job_using_its_hosts_nics_and_hosts_with_one_nic_raise_nothing():
+    topo = _topo(2, 4)
+    # one ring per NIC (rail): every NIC of both hosts carries the job's traffic
+    rails = _pairs([("job-a", f"10.{n}.0.0", f"10.{n}.0.1") for n in range(4)])
+    assert nic_overload_rows(rails, topo, W, "w0") == []
+    # hosts with one NIC (the real recorder's namespaces): nothing to funnel
+    assert nic_overload_rows(_pairs([("job-b", "10.0.0.0", "10.0.0.1")]), _topo(2, 1), W, "w0") == []
+    # one NIC per host, but the host's other NICs busy with another job: a co-tenant, not idle NICs
+    two = _pairs([("job-a", "10.0.0.0", "10.0.0.1")] + [("job-b", f"10.{n}.0.0", f"10.{n}.0.1") for n in (1, 2, 3)])
+    assert nic_overload_rows(two, topo, W, "w0") == []
+    # a job on one host only: no inter-host traffic to judge
+    assert nic_overload_rows(_pairs([("job-a", "10.0.0.0", "10.1.0.0")]), topo, W, "w0") == []
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_the_simulators_nic_overload_is_named_on_its_job_and_nothing_on_the_others(tmp_path, seed):
+    sim.simulate(tmp_path, gpus=64, minutes=1.0, faults="nic_overload:1", seed=seed, captures=False)
+    flows, topo, _ = load_landing(tmp_path / "landing")
+    truth = load_truth(tmp_path / "ground_truth")
+    w = json.loads((tmp_path / "ground_truth" / "summary.json").read_text())["window"]
+    out = analyze_window(flows, topo, w[0], w[1])
+    v = out["anomaly_verdicts"].filter(pl.col("detector") == "flows.nic_overload")
+    m = match_jobs(out["job_clusters"], truth["jobs"], (w[0], w[1]))
+    named = set(m.filter(pl.col("job_id").is_in(v["subject"].implode()))["truth_job_id"].to_list())
+    assert named == {truth["faults"]["job_id"][0]}, v.select("subject", "explanation").rows()
