@@ -126,7 +126,7 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
                                  history=history, levels_out=levels_out, suspects=suspects)
         if cfg.switch_dp_flow_capacity:
             rows += _oversubscription(flows, pairs, topology, window_id, cfg)
-        rows += nic_overload_rows(pairs, topology, win, window_id)
+        rows += nic_overload_rows(flows, pairs, topology, win, window_id)
     impact = (lambda c, job: network_impact(c, job, flows, pairs, st)) if pairs.height and st.height else None
     return make_verdicts(explain_symptoms(explain_late_ranks(rows, impact)))
 

@@ -8,9 +8,14 @@ nothing in a step changes (it is there from the launch on). What the flows do sh
 job's traffic goes: on each of its hosts one NIC carries all of it, and the host's other NICs
 carry no job's traffic at all.
 
-No cut-off decides: the evidence is structural (the topology's NICs per host against the NICs
-the job's pairs use). A job with one GPU per host on otherwise idle hosts looks the same; schedulers
-hand multi-host jobs whole hosts (or equal shares of them), so the finding names both readings."""
+Where the traffic goes is structural evidence (the topology's NICs per host against the NICs the
+job's pairs use), but not enough alone: a job whose collectives are small may use one NIC per host
+on purpose (NCCL picks few channels; one GPU per host), and costs nothing. What a funnel costs is
+time on the one NIC: all of the host's traffic queues on it, so it is busy for a larger share of
+the job's time than any NIC of a job that spreads its traffic. The finding is loud only when the
+funnel NIC is busier (the union of its flows' spans over its active span) than the NICs of every
+other job in the fleet: the fleet is the baseline, no nominal duty decides. Otherwise it is kept
+as information."""
 from __future__ import annotations
 
 import json
@@ -18,12 +23,26 @@ import json
 import polars as pl
 
 
-def nic_overload_rows(pairs: pl.DataFrame, topology: pl.DataFrame | None, window: tuple[int, int],
-                      wid: str) -> list[dict]:
+def nic_duty(flows: pl.DataFrame, jp: pl.DataFrame) -> pl.DataFrame:
+    """Per NIC with job traffic: job_id, ip, duty = the union of its job flows' spans (sent or
+    received) over the span from its first to its last one."""
+    f = flows.join(jp.select("pid", "job_id"), on="pid")
+    x = pl.concat([f.select("job_id", ip="src_ip", s="start_ns", e="end_ns"),
+                   f.select("job_id", ip="dst_ip", s="start_ns", e="end_ns")]).sort("ip", "s")
+    # a flow adds what it reaches past every earlier flow's end (the union of intervals, in one pass)
+    x = x.with_columns(m=pl.col("e").cum_max().shift(1).over("ip"))
+    added = (pl.col("e") - pl.max_horizontal("s", pl.col("m").fill_null(pl.col("s")))).clip(lower_bound=0)
+    return x.group_by("job_id", "ip").agg(busy=added.sum(), span=pl.col("e").max() - pl.col("s").min()) \
+        .filter(pl.col("span") > 0).select("job_id", "ip", duty=pl.col("busy") / pl.col("span"))
+
+
+def nic_overload_rows(flows: pl.DataFrame, pairs: pl.DataFrame, topology: pl.DataFrame | None,
+                      window: tuple[int, int], wid: str) -> list[dict]:
     """Jobs that use exactly one NIC on each of their (>= 2) hosts while every one of those hosts has
     NICs that carry no job's traffic -> verdict rows (flows.nic_overload, scope job, team algorithm:
-    the job's launch configuration). pairs: classify_pairs output (job_id, ip_a, ip_b, comm_type);
-    topology: ip -> host."""
+    the job's launch configuration); warning when the funnel NICs are busier than every other job's
+    NICs, else info. flows: the window's flows with their pair key pid; pairs: classify_pairs output
+    (pid, job_id, ip_a, ip_b, comm_type); topology: ip -> host."""
     if topology is None or topology.height == 0 or "host" not in topology.columns or pairs.height == 0:
         return []
     jp = pairs.filter(pl.col("job_id").is_not_null() & pl.col("comm_type").is_in(["DP", "PP"]))
@@ -40,17 +59,32 @@ def nic_overload_rows(pairs: pl.DataFrame, topology: pl.DataFrame | None, window
         hosts=pl.len(), funnel=((pl.col("used") == 1) & (pl.col("idle") >= 1)).all(),
         ips=pl.col("ip").sort(), host_names=pl.col("host").sort(), nics=pl.col("nics").min(), idle=pl.col("idle").min())
     bad = jobs.filter((pl.col("hosts") >= 2) & pl.col("funnel")).sort("job_id")
+    if bad.height == 0:
+        return []
+    duty = nic_duty(flows, jp).group_by("job_id").agg(duty=pl.col("duty").median())
+    d = dict(zip(duty["job_id"].to_list(), duty["duty"].to_list()))
     out = []
     for r in bad.iter_rows(named=True):
+        own = d.get(r["job_id"])
+        others = [v for j, v in d.items() if j != r["job_id"]]
+        ref = max(others) if others else None
+        loud = own is not None and ref is not None and own > ref
+        cost = (f"its NICs are busy {own:.0%} of the time, more than any NIC of the fleet's other {len(others)} jobs "
+                f"(at most {ref:.0%})" if loud else
+                f"its NICs are busy {own:.0%} of the time, " + (f"no more than the busiest NICs of the fleet's other jobs "
+                                                                 f"({ref:.0%}): no cost seen" if ref is not None else
+                                                                 "with no other job to compare")) if own is not None else \
+            "its NICs' use could not be measured"
         out.append(dict(
             detector="flows.nic_overload", scope="job", subject=r["job_id"], job_id=r["job_id"],
-            start_ns=int(window[0]), end_ns=int(window[1]), metric="nics_per_host", value=1.0,
-            baseline=float(r["nics"]), severity="warning", team="algorithm", window_id=wid,
+            start_ns=int(window[0]), end_ns=int(window[1]), metric="nic_duty", value=own,
+            baseline=ref, severity="warning" if loud else "info", team="algorithm", window_id=wid,
             evidence=json.dumps({"jobs": [r["job_id"]], "ips": r["ips"], "hosts": r["host_names"],
                                  "nics_per_host": r["nics"], "idle_nics_per_host": r["idle"]}),
             explanation=(f"job {r['job_id']} sends all of its traffic on each of its {r['hosts']} hosts through one NIC "
                          f"({', '.join(r['ips'][:4])}{' ...' if len(r['ips']) > 4 else ''}) while each host has "
-                         f"{r['nics']} NICs and at least {r['idle']} of them carry no job's traffic: its launch pins the "
-                         "transport to one interface (NCCL_IB_HCA / NCCL_SOCKET_IFNAME), so all of a host's ranks share "
-                         "one NIC's bandwidth (or the job has one GPU per host on otherwise idle hosts)")))
+                         f"{r['nics']} NICs and at least {r['idle']} of them carry no job's traffic; {cost}: "
+                         + ("its launch pins the transport to one interface (NCCL_IB_HCA / NCCL_SOCKET_IFNAME), so all of "
+                            "a host's ranks share one NIC's bandwidth" if loud else
+                            "a launch pinned to one interface, or a job whose collectives need no more"))))
     return out

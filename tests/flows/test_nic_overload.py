@@ -13,6 +13,7 @@ from fleetscope.flows.nic_use import nic_overload_rows
 from fleetscope.sim.scoring import match_jobs
 
 W = (0, 60_000_000_000)
+S = 1_000_000_000
 
 
 def _topo(hosts: int, nics: int) -> pl.DataFrame:
@@ -21,30 +22,54 @@ def _topo(hosts: int, nics: int) -> pl.DataFrame:
 
 
 def _pairs(rows: list[tuple[str, str, str]]) -> pl.DataFrame:
-    return pl.DataFrame(rows, schema=["job_id", "ip_a", "ip_b"], orient="row").with_columns(comm_type=pl.lit("DP"))
+    return pl.DataFrame(rows, schema=["job_id", "ip_a", "ip_b"], orient="row").with_columns(
+        comm_type=pl.lit("DP"), pid=pl.int_range(pl.len()))
 
 
-def test_a_job_funnelling_every_host_through_one_nic_is_named_for_its_owners():
-    topo = _topo(3, 4)
-    # a ring over three hosts, all through each host's first NIC; the other three NICs carry nothing
-    pairs = _pairs([("job-a", "10.0.0.0", "10.0.0.1"), ("job-a", "10.0.0.1", "10.0.0.2"), ("job-a", "10.0.0.0", "10.0.0.2")])
-    rows = nic_overload_rows(pairs, topo, W, "w0")
+def _flows(pairs: pl.DataFrame, busy: dict[str, float]) -> pl.DataFrame:
+    """One flow per pair and second, busy for the job's share of each second."""
+    p = pairs.with_columns(b=pl.col("job_id").replace_strict(busy, return_dtype=pl.Float64))
+    return p.join(pl.DataFrame({"t": list(range(0, 60 * S, S))}), how="cross").select(
+        "pid", src_ip="ip_a", dst_ip="ip_b", start_ns=pl.col("t"), end_ns=pl.col("t") + (pl.col("b") * S).cast(pl.Int64))
+
+
+def _rows(pairs, topo, busy):
+    return nic_overload_rows(_flows(pairs, busy), pairs, topo, W, "w0")
+
+
+# a ring over three hosts through each host's first NIC (the other NICs carry nothing), and another
+# job spreading its traffic over two NICs per host of hosts 3 and 4
+FUNNEL = [("job-a", "10.0.0.0", "10.0.0.1"), ("job-a", "10.0.0.1", "10.0.0.2"), ("job-a", "10.0.0.0", "10.0.0.2")]
+SPREAD = [("job-b", f"10.{n}.0.3", f"10.{n}.0.4") for n in (0, 1)]
+
+
+def test_a_job_funnelling_every_host_through_one_busy_nic_is_named_for_its_owners():
+    rows = _rows(_pairs(FUNNEL + SPREAD), _topo(5, 4), {"job-a": 0.9, "job-b": 0.2})
     assert [(r["scope"], r["subject"], r["team"], r["severity"]) for r in rows] == [("job", "job-a", "algorithm", "warning")]
     assert json.loads(rows[0]["evidence"])["ips"] == ["10.0.0.0", "10.0.0.1", "10.0.0.2"]
+    assert rows[0]["value"] == pytest.approx(0.9, rel=0.02) and rows[0]["baseline"] == pytest.approx(0.2, rel=0.02)
+
+
+def test_one_nic_per_host_no_busier_than_the_fleets_nics_is_information_only():
+    """Small collectives on one NIC (few channels) cost nothing: named, not loud; with no other job to
+    compare with, not loud either."""
+    rows = _rows(_pairs(FUNNEL + SPREAD), _topo(5, 4), {"job-a": 0.1, "job-b": 0.2})
+    assert [(r["subject"], r["severity"]) for r in rows] == [("job-a", "info")]
+    rows = _rows(_pairs(FUNNEL), _topo(3, 4), {"job-a": 0.9})
+    assert [(r["subject"], r["severity"]) for r in rows] == [("job-a", "info")]
 
 
 def test_a_job_using_its_hosts_nics_and_hosts_with_one_nic_raise_nothing():
     topo = _topo(2, 4)
     # one ring per NIC (rail): every NIC of both hosts carries the job's traffic
-    rails = _pairs([("job-a", f"10.{n}.0.0", f"10.{n}.0.1") for n in range(4)])
-    assert nic_overload_rows(rails, topo, W, "w0") == []
+    assert _rows(_pairs([("job-a", f"10.{n}.0.0", f"10.{n}.0.1") for n in range(4)]), topo, {"job-a": 0.9}) == []
     # hosts with one NIC (the real recorder's namespaces): nothing to funnel
-    assert nic_overload_rows(_pairs([("job-b", "10.0.0.0", "10.0.0.1")]), _topo(2, 1), W, "w0") == []
+    assert _rows(_pairs([("job-b", "10.0.0.0", "10.0.0.1")]), _topo(2, 1), {"job-b": 0.9}) == []
     # one NIC per host, but the host's other NICs busy with another job: a co-tenant, not idle NICs
     two = _pairs([("job-a", "10.0.0.0", "10.0.0.1")] + [("job-b", f"10.{n}.0.0", f"10.{n}.0.1") for n in (1, 2, 3)])
-    assert nic_overload_rows(two, topo, W, "w0") == []
+    assert _rows(two, topo, {"job-a": 0.9, "job-b": 0.1}) == []
     # a job on one host only: no inter-host traffic to judge
-    assert nic_overload_rows(_pairs([("job-a", "10.0.0.0", "10.1.0.0")]), topo, W, "w0") == []
+    assert _rows(_pairs([("job-a", "10.0.0.0", "10.1.0.0")]), topo, {"job-a": 0.9}) == []
 
 
 @pytest.mark.parametrize("seed", [3, 11])
@@ -54,7 +79,7 @@ def test_the_simulators_nic_overload_is_named_on_its_job_and_nothing_on_the_othe
     truth = load_truth(tmp_path / "ground_truth")
     w = json.loads((tmp_path / "ground_truth" / "summary.json").read_text())["window"]
     out = analyze_window(flows, topo, w[0], w[1])
-    v = out["anomaly_verdicts"].filter(pl.col("detector") == "flows.nic_overload")
+    v = out["anomaly_verdicts"].filter((pl.col("detector") == "flows.nic_overload") & (pl.col("severity") != "info"))
     m = match_jobs(out["job_clusters"], truth["jobs"], (w[0], w[1]))
     named = set(m.filter(pl.col("job_id").is_in(v["subject"].implode()))["truth_job_id"].to_list())
     assert named == {truth["faults"]["job_id"][0]}, v.select("subject", "explanation").rows()
