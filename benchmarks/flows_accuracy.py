@@ -143,7 +143,22 @@ def main() -> int:
                 _detail(f"recording {folder.name}", r)
     rows = [summarize(k, v) for k, v in sets.items() if v]
     print_table(rows)
+    kinds = per_kind(sets)
+    if kinds.height:
+        print()
+        print_table(kinds.to_dicts())
     return 0
+
+
+def per_kind(sets: dict[str, list[dict]]) -> pl.DataFrame:
+    """Per set and fault kind: faults named on their exact subject, at job level only, missed."""
+    parts = [r["per_fault"].with_columns(set=pl.lit(name)) for name, runs in sets.items() for r in runs
+             if isinstance(r.get("per_fault"), pl.DataFrame) and r["per_fault"].height]
+    if not parts:
+        return pl.DataFrame()
+    return pl.concat(parts).group_by("set", "kind").agg(
+        faults=pl.len(), exact=(pl.col("outcome") == "exact").sum(), job_level=(pl.col("outcome") == "job_level").sum(),
+        missed=(pl.col("outcome") == "missed").sum()).sort("set", "kind")
 
 
 def _detail(name: str, r: dict) -> None:

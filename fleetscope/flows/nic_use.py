@@ -36,6 +36,25 @@ def nic_duty(flows: pl.DataFrame, jp: pl.DataFrame) -> pl.DataFrame:
         .filter(pl.col("span") > 0).select("job_id", "ip", duty=pl.col("busy") / pl.col("span"))
 
 
+def _idle_confirmed(bad: pl.DataFrame, flows: pl.DataFrame, host: pl.DataFrame, jp: pl.DataFrame,
+                    busy: pl.Series) -> pl.DataFrame:
+    """Keep the jobs whose hosts' idle NICs (no job's endpoints: busy holds those) carry nothing like
+    the job's traffic to the job's other hosts: at most control messages, storage or monitoring. A job the flows split by rail (each part
+    on one NIC per host, its other parts unlabelled) has its other NICs moving as much between the
+    same hosts as its own pairs do: not a funnel. The job's least-loaded pair is the yardstick."""
+    least = flows.join(jp.select("pid", "job_id"), on="pid").group_by("job_id", "pid").agg(b=pl.col("bytes").sum()) \
+        .group_by("job_id").agg(least=pl.col("b").min())
+    ends = pl.concat([flows.select("bytes", ip="src_ip", peer="dst_ip"), flows.select("bytes", ip="dst_ip", peer="src_ip")]) \
+        .join(host, on="ip").join(host.select(peer="ip", peer_host="host"), on="peer")
+    jh = bad.select("job_id", host="host_names").explode("host").unique()
+    # per job: idle NICs of its hosts and what they move to its other hosts
+    reach = jh.join(ends, on="host").join(jh.select("job_id", peer_host="host"), on=["job_id", "peer_host"]) \
+        .filter((pl.col("peer_host") != pl.col("host")) & ~pl.col("ip").is_in(busy)) \
+        .group_by("job_id", "ip").agg(b=pl.col("bytes").sum()).join(least, on="job_id") \
+        .filter(pl.col("b") >= pl.col("least"))
+    return bad.join(reach.select("job_id").unique(), on="job_id", how="anti")
+
+
 def nic_overload_rows(flows: pl.DataFrame, pairs: pl.DataFrame, topology: pl.DataFrame | None,
                       window: tuple[int, int], wid: str) -> list[dict]:
     """Jobs that use exactly one NIC on each of their (>= 2) hosts while every one of those hosts has
@@ -59,6 +78,9 @@ def nic_overload_rows(flows: pl.DataFrame, pairs: pl.DataFrame, topology: pl.Dat
         hosts=pl.len(), funnel=((pl.col("used") == 1) & (pl.col("idle") >= 1)).all(),
         ips=pl.col("ip").sort(), host_names=pl.col("host").sort(), nics=pl.col("nics").min(), idle=pl.col("idle").min())
     bad = jobs.filter((pl.col("hosts") >= 2) & pl.col("funnel")).sort("job_id")
+    if bad.height == 0:
+        return []
+    bad = _idle_confirmed(bad, flows, host, jp, busy)
     if bad.height == 0:
         return []
     duty = nic_duty(flows, jp).group_by("job_id").agg(duty=pl.col("duty").median())

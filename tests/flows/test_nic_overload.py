@@ -30,7 +30,8 @@ def _flows(pairs: pl.DataFrame, busy: dict[str, float]) -> pl.DataFrame:
     """One flow per pair and second, busy for the job's share of each second."""
     p = pairs.with_columns(b=pl.col("job_id").replace_strict(busy, return_dtype=pl.Float64))
     return p.join(pl.DataFrame({"t": list(range(0, 60 * S, S))}), how="cross").select(
-        "pid", src_ip="ip_a", dst_ip="ip_b", start_ns=pl.col("t"), end_ns=pl.col("t") + (pl.col("b") * S).cast(pl.Int64))
+        "pid", src_ip="ip_a", dst_ip="ip_b", start_ns=pl.col("t"), end_ns=pl.col("t") + (pl.col("b") * S).cast(pl.Int64),
+        bytes=pl.lit(10**6, dtype=pl.Int64))
 
 
 def _rows(pairs, topo, busy):
@@ -83,3 +84,21 @@ def test_the_simulators_nic_overload_is_named_on_its_job_and_nothing_on_the_othe
     m = match_jobs(out["job_clusters"], truth["jobs"], (w[0], w[1]))
     named = set(m.filter(pl.col("job_id").is_in(v["subject"].implode()))["truth_job_id"].to_list())
     assert named == {truth["faults"]["job_id"][0]}, v.select("subject", "explanation").rows()
+
+
+def test_a_job_the_flows_split_by_rail_is_no_funnel():
+    """A job recognized in parts, one per rail: each part uses one NIC per host, but the hosts' other
+    NICs carry the other parts' traffic between the same hosts (unlabelled here): not idle."""
+    pairs = _pairs([("job-a", "10.0.0.0", "10.0.0.1"), ("job-x", "10.9.9.9", "10.9.9.8")])
+    flows = pl.concat([_flows(pairs, {"job-a": 0.9, "job-x": 0.1}),
+                       pl.DataFrame({"pid": [99] * 3, "src_ip": [f"10.{n}.0.0" for n in (1, 2, 3)],
+                                     "dst_ip": [f"10.{n}.0.1" for n in (1, 2, 3)],
+                                     "start_ns": [0] * 3, "end_ns": [S] * 3, "bytes": [10**9] * 3})])
+    assert nic_overload_rows(flows, pairs, _topo(2, 4), W, "w0") == []
+    # ... but a few control messages between them are no traffic of the job's kind
+    control = flows.with_columns(bytes=pl.when(pl.col("pid") == 99).then(pl.lit(1500, dtype=pl.Int64)).otherwise("bytes"))
+    assert [r["subject"] for r in nic_overload_rows(control, pairs, _topo(2, 4), W, "w0")] == ["job-a"]
+    # the same job with those NICs talking to storage only is a funnel
+    storage = flows.with_columns(dst_ip=pl.when(pl.col("pid") == 99).then(pl.lit("10.200.0.1")).otherwise("dst_ip"))
+    topo = pl.concat([_topo(2, 4), pl.DataFrame({"ip": ["10.200.0.1"], "host": ["stor0"]})])
+    assert [r["subject"] for r in nic_overload_rows(storage, pairs, topo, W, "w0")] == ["job-a"]
