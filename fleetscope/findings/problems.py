@@ -353,10 +353,20 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
         return {c["lead"].get("host") if c["family"] == "host" else c["lead"].get("ip"),
                 *(ev.get("or_equally") or []), *(ev.get("or_in_its_rings") or [])} - {None}
 
+    # ... and a NIC of the slow GPU's own host, on its job: a GPU that computes slowly holds back its
+    # tensor-parallel group, every rank of the host, and so the flows of every NIC of the host
+    host_of = dict(zip(topology["ip"].to_list(), topology["host"].to_list())) \
+        if topology.height and "host" in topology.columns else {}
+
+    def _same_host_nic(o: dict, c: dict, places: set) -> bool:
+        return c["family"] == "nic" and o["lead"].get("host") is not None and bool(o["jobs"] & c["jobs"]) \
+            and o["lead"]["host"] in {host_of.get(p) for p in places}
+
     absorbed = set()
     for i, c in enumerate(causes):
         places = _flow_places(c)
-        g = next((o for o in causes if o["family"] == "gpu" and ({o["lead"].get("host"), o["lead"].get("ip")} & places)
+        g = next((o for o in causes if o["family"] == "gpu" and ({o["lead"].get("host"), o["lead"].get("ip")} & places
+                                                                  or _same_host_nic(o, c, places))
                   and _overlaps(o, c)), None) if places else None
         if g is not None:
             for d in c["members"]:

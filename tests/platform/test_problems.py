@@ -249,3 +249,22 @@ def test_a_job_pinned_to_one_nic_is_its_own_problem_for_its_owners_beside_a_slow
     # the job's slowdown stays the slow GPU's symptom
     gid = problems.filter(pl.col("cause") == "gpu")["problem_id"][0]
     assert members.filter((pl.col("problem_id") == gid) & (pl.col("role") == "symptom")).height == 1
+
+
+def test_a_nic_of_the_slow_gpus_own_host_and_job_joins_the_gpus_problem():
+    """Demo seed 706's shape: a slow GPU holds back its tensor-parallel group, every rank of its host, so
+    the flows of the host's other NICs are slow too: evidence of the GPU's problem, not NIC problems.
+    A NIC of that host that carries another job's flows stays a problem of its own."""
+    topo, jc, ranks = _fleet()
+    gpu = _v(detector="prism.stragglers", scope="rank", subject="0", capture_id="capA", job_id="capA-job", severity="critical")
+
+    def nic(ip, job):
+        return _v(detector="flows.nic_bandwidth", scope="link", subject=ip, job_id=job,
+                  evidence=json.dumps({"jobs": [job], "or_equally": [], "or_in_its_rings": []}))
+    problems, members = group_problems(make_verdicts([gpu, nic("10.0.1.2", "jobA"), nic("10.0.1.3", "jobA")]), topo, jc, ranks)
+    assert problems["cause"].to_list() == ["gpu"] and problems["ip"][0] == "10.0.1.0", problems.select("cause", "title")
+    assert members.height == 3
+    # the same NIC on another job (a co-tenant of the host): its own problem
+    jc_b = jc.with_columns(job_id=pl.when(pl.col("ip") == "10.0.1.2").then(pl.lit("jobB")).otherwise("job_id"))
+    problems, _ = group_problems(make_verdicts([gpu, nic("10.0.1.2", "jobB")]), topo, jc_b, ranks)
+    assert sorted(problems["cause"].to_list()) == ["gpu", "nic"], problems.select("cause", "title")
