@@ -128,7 +128,18 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
             rows += _oversubscription(flows, pairs, topology, window_id, cfg)
         rows += nic_overload_rows(flows, pairs, topology, win, window_id)
     impact = (lambda c, job: network_impact(c, job, flows, pairs, st)) if pairs.height and st.height else None
-    return make_verdicts(explain_symptoms(explain_late_ranks(rows, impact)))
+    feeds = (lambda c, ips: inputs_cross(c, ips, flows, pairs)) if pairs.height else None
+    return make_verdicts(explain_symptoms(explain_late_ranks(rows, impact, feeds)))
+
+
+def inputs_cross(c: dict, ips: set, flows: pl.DataFrame, pairs: pl.DataFrame) -> bool:
+    """Whether pipeline inputs of the addresses ips (PP flows into them) cross switch c during its span."""
+    if c["scope"] != "switch" or "path" not in flows.columns or not ips:
+        return False
+    pp = pairs.filter(pl.col("comm_type") == "PP").select("pid")
+    f = flows.join(pp, on="pid").filter(pl.col("dst_ip").is_in(list(ips)) & (pl.col("start_ns") >= c["start_ns"])
+                                        & (pl.col("start_ns") <= c["end_ns"]) & pl.col("path").is_not_null())
+    return f.height > 0 and bool(f.select(pl.col("path").list.contains(c["subject"]).any()).item())
 
 
 def network_impact(c: dict, job: str, flows: pl.DataFrame, pairs: pl.DataFrame, st: pl.DataFrame) -> float | None:
@@ -147,14 +158,17 @@ def network_impact(c: dict, job: str, flows: pl.DataFrame, pairs: pl.DataFrame, 
     return float(extra) / max(n, 1)
 
 
-def explain_late_ranks(rows: list[dict], impact=None) -> list[dict]:
+def explain_late_ranks(rows: list[dict], impact=None, feeds=None) -> list[dict]:
     """Late ranks against the NIC and switch findings of their job at the same time: the one that
     costs the job's steps less is the other's symptom (info, pointing at it). A rank that computes
     late slows its rings (its peers wait, its inputs drain late): a rate finding on its job costing
     a few ms per step is its effect; a slow link makes the ranks behind it start late by about its
-    extra transfer time: a late rank by no more than that is the link's. impact(c, job): the
-    finding's cost per step (network_impact); unknown (a stall finding, no flows): the late rank
-    yields."""
+    extra transfer time: a late rank by no more than that is the link's. A switch that the late
+    rank's own pipeline inputs cross is the cause whatever its average cost: the rank waits for
+    activations the switch delays, microbatch after microbatch, which the lag (measured from when the
+    inputs start) counts as its own. impact(c, job): the finding's cost per step (network_impact);
+    unknown (a stall finding, no flows): the late rank yields. feeds(c, ips): whether the rank's
+    pipeline inputs cross switch c (inputs_cross)."""
     net = [r for r in rows if r["scope"] in ("link", "switch") and r["severity"] != "info"
            and r["detector"] != "flows.late_rank"]
 
@@ -168,14 +182,16 @@ def explain_late_ranks(rows: list[dict], impact=None) -> list[dict]:
                     (c["subject"] not in ips and r.get("job_id") not in jobs(c)):
                 continue
             cost = impact(c, r["job_id"]) if impact is not None else None
-            if cost is not None and r["value"] > cost:
+            fed = feeds is not None and feeds(c, ips)
+            if cost is not None and r["value"] > cost and not fed:
                 c["severity"] = "info"
                 c["explanation"] += (f" (its extra transfer time, {cost / 1e6:.1f} ms per step of {r['job_id']}, is less than "
                                      f"{r['scope']} {r['subject']} starting {r['value'] / 1e6:.1f} ms late: the rings wait on it)")
             else:
                 r["severity"] = "info"
                 r["explanation"] += (f" (its job's traffic is slowed at the same time by {c['scope']} {c['subject']}"
-                                     + (f", {cost / 1e6:.1f} ms per step" if cost is not None else "") + ": it may wait on it)")
+                                     + (f", {cost / 1e6:.1f} ms per step" if cost is not None else "")
+                                     + (", which its pipeline inputs cross" if fed else "") + ": it may wait on it)")
                 break
     return rows
 

@@ -159,3 +159,18 @@ def test_of_a_late_rank_and_a_slow_nic_or_switch_the_one_costing_the_steps_less_
     # another job's slow switch explains nothing here
     other = dict(sw, evidence=json.dumps({"jobs": ["k"]}))
     assert explain_late_ranks([late("a", 5e6), other], impact=lambda c, job: 40e6)[0]["severity"] == "warning"
+
+
+def test_a_late_rank_whose_pipeline_inputs_cross_a_slow_switch_is_the_switchs_symptom():
+    """Simulator seed 2134's shape: a congested leaf on the pipeline hop into a stage-1 rank delays every
+    microbatch's activations; the rank starts late by more than the leaf's average extra transfer time
+    per step, and it is still the leaf's symptom when its own inputs cross it."""
+    late = dict(detector="flows.late_rank", scope="gpu", subject="a", job_id="j", start_ns=0, end_ns=10, severity="warning",
+                value=443e6, explanation="late", evidence=json.dumps({"jobs": ["j"], "ips": ["a"]}))
+    sw = dict(detector="flows.switch_bandwidth", scope="switch", subject="leaf1", job_id=None, start_ns=5, end_ns=20,
+              severity="critical", value=0.32, explanation="slow", evidence=json.dumps({"jobs": ["j"]}))
+    rows = explain_late_ranks([dict(late), dict(sw)], impact=lambda c, job: 116e6, feeds=lambda c, ips: True)
+    assert rows[0]["severity"] == "info" and rows[1]["severity"] == "critical" and "pipeline inputs" in rows[0]["explanation"]
+    # inputs that do not cross it: the larger lag wins as before
+    rows = explain_late_ranks([dict(late), dict(sw)], impact=lambda c, job: 116e6, feeds=lambda c, ips: False)
+    assert rows[0]["severity"] == "warning" and rows[1]["severity"] == "info"
