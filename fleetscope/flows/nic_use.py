@@ -39,9 +39,10 @@ def nic_duty(flows: pl.DataFrame, jp: pl.DataFrame) -> pl.DataFrame:
 def _idle_confirmed(bad: pl.DataFrame, flows: pl.DataFrame, host: pl.DataFrame, jp: pl.DataFrame,
                     busy: pl.Series) -> pl.DataFrame:
     """Keep the jobs whose hosts' idle NICs (no job's endpoints: busy holds those) carry nothing like
-    the job's traffic to the job's other hosts: at most control messages, storage or monitoring. A job the flows split by rail (each part
-    on one NIC per host, its other parts unlabelled) has its other NICs moving as much between the
-    same hosts as its own pairs do: not a funnel. The job's least-loaded pair is the yardstick."""
+    the job's traffic to the job's other hosts: at most control messages, storage or monitoring. A
+    job the flows split by rail (each part on one NIC per host, its other parts unlabelled) has its
+    other NICs moving as much between the same hosts as its own pairs do: not a funnel. The job's
+    least-loaded pair is the yardstick."""
     least = flows.join(jp.select("pid", "job_id"), on="pid").group_by("job_id", "pid").agg(b=pl.col("bytes").sum()) \
         .group_by("job_id").agg(least=pl.col("b").min())
     ends = pl.concat([flows.select("bytes", ip="src_ip", peer="dst_ip"), flows.select("bytes", ip="dst_ip", peer="src_ip")]) \
