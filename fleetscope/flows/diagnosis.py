@@ -21,7 +21,7 @@ from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.job_health import job_health
 from fleetscope.flows.late_ranks import late_rank_rows
 from fleetscope.flows.network import network_verdicts
-from fleetscope.flows.nic_use import nic_overload_rows
+from fleetscope.flows.nic_use import DETECTOR as NIC_OVERLOAD, nic_overload_rows
 from fleetscope.findings.verdicts import make_verdicts
 
 
@@ -204,7 +204,7 @@ def explain_symptoms(rows: list[dict]) -> list[dict]:
         return rows
     for r in rows:
         # a job's own launch configuration (its NICs) is a cause, not a symptom
-        if r["scope"] not in ("job", "dp_group", "step") or r["severity"] == "info" or r["detector"] == "flows.nic_overload":
+        if r["scope"] not in ("job", "dp_group", "step") or r["severity"] == "info" or r["detector"] == NIC_OVERLOAD:
             continue
         for c in causes:
             jobs = json.loads(c.get("evidence") or "{}").get("jobs", []) + ([c["job_id"]] if c.get("job_id") else [])

@@ -22,6 +22,8 @@ import json
 
 import polars as pl
 
+DETECTOR = "flows.nic_overload"
+
 
 def nic_duty(flows: pl.DataFrame, jp: pl.DataFrame) -> pl.DataFrame:
     """Per NIC with job traffic: job_id, ip, duty = the union of its job flows' spans (sent or
@@ -99,7 +101,7 @@ def nic_overload_rows(flows: pl.DataFrame, pairs: pl.DataFrame, topology: pl.Dat
                                                                  "with no other job to compare")) if own is not None else \
             "its NICs' use could not be measured"
         out.append(dict(
-            detector="flows.nic_overload", scope="job", subject=r["job_id"], job_id=r["job_id"],
+            detector=DETECTOR, scope="job", subject=r["job_id"], job_id=r["job_id"],
             start_ns=int(window[0]), end_ns=int(window[1]), metric="nic_duty", value=own,
             baseline=ref, severity="warning" if loud else "info", team="algorithm", window_id=wid,
             evidence=json.dumps({"jobs": [r["job_id"]], "ips": r["ips"], "hosts": r["host_names"],

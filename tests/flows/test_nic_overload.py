@@ -102,3 +102,17 @@ def test_a_job_the_flows_split_by_rail_is_no_funnel():
     storage = flows.with_columns(dst_ip=pl.when(pl.col("pid") == 99).then(pl.lit("10.200.0.1")).otherwise("dst_ip"))
     topo = pl.concat([_topo(2, 4), pl.DataFrame({"ip": ["10.200.0.1"], "host": ["stor0"]})])
     assert [r["subject"] for r in nic_overload_rows(storage, pairs, topo, W, "w0")] == ["job-a"]
+
+
+def test_a_funnel_stays_loud_beside_a_localized_cause_on_its_job():
+    """A job-level finding a NIC or GPU of the job explains becomes that cause's symptom; the funnel is
+    the job's own launch, a cause of its own, and stays loud."""
+    from fleetscope.flows.diagnosis import explain_symptoms
+
+    rows = _rows(_pairs(FUNNEL + SPREAD), _topo(5, 4), {"job-a": 0.9, "job-b": 0.2})
+    gpu = dict(detector="flows.late_rank", scope="gpu", subject="10.0.0.1", job_id="job-a", start_ns=0, end_ns=W[1],
+               severity="warning", explanation="late", evidence=json.dumps({"jobs": ["job-a"], "ips": ["10.0.0.1"]}))
+    slow = dict(detector="flows.cross_step", scope="job", subject="job-a", job_id="job-a", start_ns=0, end_ns=W[1],
+                severity="warning", explanation="slow")
+    out = explain_symptoms(rows + [gpu, slow])
+    assert [r["severity"] for r in out] == ["warning", "warning", "info"]
