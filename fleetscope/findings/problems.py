@@ -312,6 +312,11 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
         for j, ip in job_clusters.select("job_id", "ip").unique().iter_rows():
             ips_of_job.setdefault(j, set()).add(ip)
     rows = _resolve(v.sort("verdict_id"), topology, ranks, cap_job, ips_of_job)
+    # when each flow job's steps ran slower than usual (sustained, any severity): see _slow_alone
+    slow_spans: dict[str, list[tuple[int, int]]] = {}
+    for j, a, b in verdicts.filter((pl.col("detector") == "flows.cross_step") & pl.col("start_ns").is_not_null()) \
+            .select("job_id", "start_ns", pl.coalesce("end_ns", "start_ns")).iter_rows():
+        slow_spans.setdefault(j, []).append((a, b))
 
     # causes: one cluster per subject key, split where findings are far apart in time
     causes: list[dict] = []
@@ -418,7 +423,7 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
                   and o["jobs"] & c["jobs"] and _overlaps(o, c) and _may_pace(o, c, rails)]
         # ... and a switch that slowed the flows of a job no other cause touches has evidence of its own
         covered = set().union(*(causes[k]["jobs"] for k in others)) if others else set()
-        if len(slow_jobs) < 2 and others and c["jobs"] <= covered:
+        if len(slow_jobs) < 2 and others and c["jobs"] <= covered and not _slow_alone(c, slow_spans):
             host = min(others, key=lambda k: _PRIORITY.get(causes[k]["family"], 8))
             demoted[i] = host
             explained.setdefault(host, []).extend(explained.pop(i, []))
@@ -455,6 +460,19 @@ def _rails(topology: pl.DataFrame) -> dict[str, set]:
             if row[k] is not None:
                 out.setdefault(str(row[k]), set()).add(row["rail"])
     return out
+
+
+def _slow_alone(switch: dict, slow_spans: dict[str, list[tuple[int, int]]]) -> bool:
+    """Whether the switch's flows were slow while its jobs' steps were not, in a fleet whose flows do
+    show those jobs slowing at another time: a cause elsewhere (a slow GPU) can pace a switch's flows
+    only by holding back the job's steps, so slow flows over a stretch of normal steps are the
+    switch's own. A job slow all along (no onset seen) says nothing here."""
+    spans = [ab for j in switch["jobs"] for ab in slow_spans.get(j, [])]
+    if not spans:
+        return False
+    return any(d.get("start_ns") is not None and d["severity"] in ("warning", "critical")
+               and not any(a <= (d.get("end_ns") or d["start_ns"]) and d["start_ns"] <= b for a, b in spans)
+               for d in switch["members"] if d["detector"] == "flows.switch_bandwidth")
 
 
 def _may_pace(cause: dict, switch: dict, rails: dict[str, set]) -> bool:

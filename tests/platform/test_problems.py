@@ -268,3 +268,28 @@ def test_a_nic_of_the_slow_gpus_own_host_and_job_joins_the_gpus_problem():
     jc_b = jc.with_columns(job_id=pl.when(pl.col("ip") == "10.0.1.2").then(pl.lit("jobB")).otherwise("job_id"))
     problems, _ = group_problems(make_verdicts([gpu, nic("10.0.1.2", "jobB")]), topo, jc_b, ranks)
     assert sorted(problems["cause"].to_list()) == ["gpu", "nic"], problems.select("cause", "title")
+
+
+def test_a_switch_slow_while_its_jobs_steps_were_not_is_its_own_problem_beside_the_slow_gpu_of_its_job():
+    """Demo seed 404's shape: a congested rail-1 leaf and, later, a slow GPU on rail 1 in the same
+    (only) job. The leaf's flows were slow in the first window while the job's steps were at their
+    usual pace (the flows saw the job slow down only in the second): a slow GPU paces flows only by
+    holding back the steps, so the leaf is a problem of its own. Slow flows that only ever come with
+    slow steps stay the GPU's evidence."""
+    topo, jc, ranks = _fleet()
+    topo = topo.with_columns(rail=pl.Series([g for _ in (1, 2) for g in range(4)], dtype=pl.Int32),
+                             leaf=pl.Series([f"leaf-r{g}" for _ in (1, 2) for g in range(4)]))
+    gpu = _v(detector="prism.stragglers", scope="rank", subject="0", capture_id="capA", job_id="capA-job", severity="critical",
+             start_ns=None, end_ns=None)
+    slower = _v(detector="flows.cross_step", scope="job", subject="jobA", job_id="jobA", team="infrastructure", severity="info",
+                start_ns=61 * S, end_ns=100 * S)
+
+    def switch(a, b):
+        return _v(detector="flows.switch_bandwidth", scope="switch", subject="leaf-r0", severity="critical",
+                  evidence=json.dumps({"jobs": ["jobA"]}), start_ns=a * S, end_ns=b * S)
+    problems, _ = group_problems(make_verdicts([gpu, slower, switch(50, 59), switch(61, 100)]), topo, jc, ranks)
+    assert sorted(problems["cause"].to_list()) == ["gpu", "switch"], problems.select("cause", "title")
+    assert problems.filter(pl.col("cause") == "switch")["switch"][0] == "leaf-r0"
+    # slow only while the steps were slow: the GPU's rings' pacing, one problem
+    problems, _ = group_problems(make_verdicts([gpu, slower, switch(61, 100)]), topo, jc, ranks)
+    assert problems["cause"].to_list() == ["gpu"], problems.select("cause", "title")
