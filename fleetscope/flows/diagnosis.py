@@ -119,10 +119,7 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
     if pairs.height:
         n_jobs = max(tables["jobs"].height, 1) if "jobs" in tables else 1
         win = window or (int(flows["start_ns"].min()), int(flows["end_ns"].max()) + 1) if flows.height else (0, 1)
-        # jobs whose steps slowed, or whose steps are too unclear to clear them: a pair rate's step
-        # change there may be a fault's onset (elsewhere it is a neighbour starting or stopping)
-        slow_jobs = {r["job_id"] for r in rows if r["detector"] == "flows.cross_step"}
-        rows += network_verdicts(flows, pairs, n_jobs, win, window_id, cfg, slow_jobs=slow_jobs,
+        rows += network_verdicts(flows, pairs, n_jobs, win, window_id, cfg,
                                  history=history, levels_out=levels_out, suspects=suspects)
         if cfg.switch_dp_flow_capacity:
             rows += _oversubscription(flows, pairs, topology, window_id, cfg)

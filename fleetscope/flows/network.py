@@ -62,7 +62,7 @@ def history_levels(history: pl.DataFrame | None, cfg: FlowConfig) -> pl.DataFram
         .filter(pl.col("n_prev") >= cfg.min_peer_flows)
 
 
-def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, slow_jobs: set | None = None,
+def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
                    history: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per data flow (DP, PP and background): fid, job_id (null: background), unit (the collective it
     belongs to: its job's DP group, or its pair), bin, start/end, src_ip, dst_ip, path, route, e_peer,
@@ -115,14 +115,15 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
     f = f.join(peer, on=[*key, "bin"], how="left", nulls_equal=True).with_columns(n_hist=pl.len().over("hid"))
     # stall_causes judges single transfers against medians (a stalled transfer is an outlier of its
     # pair's and its peers' typical one): the _s levels
-    lv = pair_levels(f).join(pair_levels(f, level=lambda x: x.median()).select(
-        "hid", base_med_s="base_med", base_step_s="base_step"), on="hid")
-    # a rate that steps within the span is a fault's onset only where the job's steps slowed too (a
-    # neighbour job stopping speeds a pair up; contention moves rates without hurting anyone)
-    stepped = pl.col("job_id").is_in(list(slow_jobs)) if slow_jobs is not None else pl.lit(True)
-    f = f.join(lv, on="hid", how="left").with_columns(
-        base_hist=pl.when(stepped.fill_null(False)).then("base_step").otherwise("base_med"),
-        base_hist_s=pl.when(stepped.fill_null(False)).then("base_step_s").otherwise("base_med_s"))
+    lv = pair_levels(f).select("hid", base_hist="base_step").join(pair_levels(f, level=lambda x: x.median()).select(
+        "hid", base_hist_s="base_step"), on="hid")
+    # a pair's rate that steps down within the span: its faster side is its healthy level, whether or
+    # not the job's steps slowed (a congested switch on overlapped communication slows its flows by
+    # half and the steps by 1 %; gating this on slowed steps left a spine that every flow of its job
+    # crosses, slow for most of the span, with no baseline at all: demo seed 384). A neighbour that
+    # stops and speeds a pair up is judged by the same test as any element: its slow side must be
+    # shared by the flows crossing one element, against the Bonferroni bar
+    f = f.join(lv, on="hid", how="left")
     f = f.with_columns(lvl_win=pl.col("base_hist"))
     # the pair's level in earlier windows: a fault present through the whole window has its onset there
     # (the level the pair had before, where that is higher than the window's own)
@@ -146,6 +147,9 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig, sl
              "e_hist", "lvl_win", "e_peer_s", "e_hist_s")
 
 
+SPREAD_FLOOR = 0.01   # log-rate jitter of one pair's transfers below which their spread is ties, not noise
+
+
 def pair_levels(f: pl.DataFrame, min_side: int = 8, level=trimmed_mean) -> pl.DataFrame:
     """Per pair and direction (hid): base_med, its level over the span (`level` of its log rates: a trimmed
     mean; stall_causes uses medians), and base_step, its healthy level
@@ -155,13 +159,20 @@ def pair_levels(f: pl.DataFrame, min_side: int = 8, level=trimmed_mean) -> pl.Da
     most of the span would otherwise make the slow level the baseline)."""
     # the sides' means of rates winsorized at the pair's own 1st and 99th percentiles: an exporter's
     # degenerate record (a piece cut to 1 ns carries its bytes at a petabyte per second) would
-    # otherwise lift one side's mean, and the faster side is the pair's healthy level
+    # otherwise lift one side's mean, and the faster side is the pair's healthy level. Their spread is
+    # robust (the median absolute deviation) unless it is below the rates' jitter floor: a ring's
+    # chunks move at two rates, and where more than half of them move at exactly one rate (the
+    # simulator's exact rates) it is zero and a chance change in the two rates' shares passes for a
+    # step (simulator seed 0's healthy job: every large transfer of one job "slow" against its faster
+    # side); there the winsorized values' standard deviation, the mixture's own scale, is the spread
     g = f.select("hid", "start_ns", "x").sort("hid", "start_ns").with_columns(
         pl.col("x").clip(pl.col("x").quantile(0.01).over("hid"), pl.col("x").quantile(0.99).over("hid")))
     g = g.with_columns(
         k=pl.int_range(1, pl.len() + 1).over("hid"), n=pl.len().over("hid"),
         cs=pl.col("x").cum_sum().over("hid"), tot=pl.col("x").sum().over("hid"),
-        sig=pl.max_horizontal(pl.lit(0.01), MAD_TO_SIGMA * (pl.col("x") - pl.col("x").median()).abs().median()).over("hid"))
+        mad=(MAD_TO_SIGMA * (pl.col("x") - pl.col("x").median()).abs().median()).over("hid"),
+        sd=pl.col("x").std().over("hid"))
+    g = g.with_columns(sig=pl.when(pl.col("mad") >= SPREAD_FLOOR).then("mad").otherwise(pl.max_horizontal(SPREAD_FLOOR, "sd")))
     g = g.filter((pl.col("k") >= min_side) & (pl.col("n") - pl.col("k") >= min_side)).with_columns(
         ml=pl.col("cs") / pl.col("k"), mr=(pl.col("tot") - pl.col("cs")) / (pl.col("n") - pl.col("k")))
     g = g.with_columns(t=(pl.col("ml") - pl.col("mr")).abs()
@@ -444,14 +455,11 @@ def prior_suspects(verdicts: pl.DataFrame | None) -> set[str]:
 
 
 def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, window: tuple[int, int], wid: str,
-                     cfg: FlowConfig, slow_jobs: set | None = None,
-                     history: pl.DataFrame | None = None, levels_out: dict | None = None,
+                     cfg: FlowConfig, history: pl.DataFrame | None = None, levels_out: dict | None = None,
                      suspects: set[str] | None = None) -> list[dict]:
-    """slow_jobs: the jobs whose steps slowed in the window (their pairs' rate may step inside it at a
-    fault's onset); None: every job's. history: flow_pair_rates rows of earlier windows; levels_out, a
-    dict, receives this window's rows ("levels"); suspects: the NICs, switches and hosts earlier
-    windows named (localize's prior)."""
-    res = flow_residuals(flows, pairs, cfg, slow_jobs=slow_jobs, history=history)
+    """history: flow_pair_rates rows of earlier windows; levels_out, a dict, receives this window's
+    rows ("levels"); suspects: the NICs, switches and hosts earlier windows named (localize's prior)."""
+    res = flow_residuals(flows, pairs, cfg, history=history)
     if levels_out is not None and res.height:
         levels_out["levels"] = window_levels(res, wid, window[0])
     cand = _candidates(res) if res.height else None
@@ -487,14 +495,14 @@ def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, wind
                             start_ns=r["s"], end_ns=r["e"], metric="flow_rate_vs_peers", value=r["value"], baseline=1.0,
                             severity=sev, team="operations", window_id=wid, evidence=ev,
                             explanation=f"flows through switch {r['cand']} move at {r['value']:.0%} of the rate of the same "
-                                        f"jobs' other flows of the same kind and size (jobs {', '.join(jobs)}){tie}: "
-                                        "congestion or a degraded switch"))
+                                        f"jobs' other flows of the same kind and size, or of their own rate at other times "
+                                        f"(jobs {', '.join(jobs)}){tie}: congestion or a degraded switch"))
         else:
             out.append(dict(detector="flows.nic_bandwidth", scope="link", subject=r["cand"],
                             job_id=jobs[0] if len(jobs) == 1 else None, start_ns=r["s"], end_ns=r["e"],
                             metric="flow_rate_vs_peers", value=r["value"], baseline=1.0, severity=sev, team="operations",
                             window_id=wid, evidence=ev,
-                            explanation=f"flows to and from NIC {r['cand']} move at {r['value']:.0%} of the rate of their "
-                                        f"peers in the same collective, with every peer{tie}: a degraded NIC, cable or port, "
-                                        "or too many channels on it"))
+                            explanation=f"flows to and from NIC {r['cand']}, with every peer, move at {r['value']:.0%} of the "
+                                        f"rate of their peers in the same collective or of their own rate at other times{tie}: "
+                                        "a degraded NIC, cable or port, or too many channels on it"))
     return out

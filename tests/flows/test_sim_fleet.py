@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 import fleetscope.sim as sim
-from benchmarks.flows_common import load_landing, load_truth  # noqa: E402
+from benchmarks.flows_common import analyze_span, load_landing, load_truth  # noqa: E402
 
 from fleetscope.flows import analyze_window  # noqa: E402
 from fleetscope.sim.scoring import comm_type_accuracy, job_sets_exact, step_errors  # noqa: E402
@@ -63,3 +63,20 @@ def test_a_slow_gpu_onset_keeps_its_jobs_steps_and_is_a_slowdown(tmp_path):
     pf = s["per_fault"].filter(pl.col("kind") == "slow_gpu")
     assert pf.height == 1 and pf["outcome"][0] == "job_level"
     assert s["verdicts_false"] == 0 and s["verdicts_mislocalized"] == 0
+
+
+def test_a_spine_that_slows_its_only_jobs_flows_for_most_of_the_span_is_named_from_their_own_rates(tmp_path):
+    """Demo seed 384: a congested spine that every flow of its job crosses (no peer of the job is a
+    baseline), slow from the first quarter of the span on; the job's communication overlaps compute,
+    so its steps slow by about 1 % and no step slowdown is seen. The pairs' rates step down inside the
+    span: their faster side is their healthy level (not only in jobs whose steps slowed), and the
+    spine is named in both windows; nothing else is loud."""
+    sim.simulate(tmp_path, gpus=64, minutes=2.0, faults="congested_switch:1,slow_gpu:1", seed=384, captures=False)
+    flows, topo, _ = load_landing(tmp_path / "landing")
+    truth = load_truth(tmp_path / "ground_truth")
+    w = json.loads((tmp_path / "ground_truth" / "summary.json").read_text())["window"]
+    switch = truth["faults"].filter(pl.col("kind") == "congested_switch")["subject"][0]
+    v = analyze_span(flows, topo, (w[0], w[1]))["anomaly_verdicts"]
+    loud = v.filter(pl.col("severity").is_in(["warning", "critical"]) & pl.col("scope").is_in(["switch", "link", "gpu", "host"]))
+    assert set(loud["subject"].to_list()) == {switch}, loud.select("detector", "subject", "explanation").rows()
+    assert loud["window_id"].n_unique() == 2
