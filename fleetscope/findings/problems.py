@@ -307,10 +307,13 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
     with_ip = capture_ranks.with_columns(pl.col("rank").cast(pl.Int64)).join(
         ranks.select("capture_id", "rank", "ip"), on=["capture_id", "rank"], how="left") if ranks.height else capture_ranks
     cap_job = link_captures_to_jobs(with_ip, job_clusters)
-    ips_of_job = {}
+    ips_of_job, hosts_of_job = {}, {}
     if job_clusters.height:
         for j, ip in job_clusters.select("job_id", "ip").unique().iter_rows():
             ips_of_job.setdefault(j, set()).add(ip)
+        if "host" in job_clusters.columns:
+            for j, h in job_clusters.select("job_id", "host").drop_nulls().unique().iter_rows():
+                hosts_of_job.setdefault(j, set()).add(h)
     rows = _resolve(v.sort("verdict_id"), topology, ranks, cap_job, ips_of_job)
     # when each flow job's steps ran slower than usual (sustained, any severity): see _slow_alone
     slow_spans: dict[str, list[tuple[int, int]]] = {}
@@ -324,16 +327,19 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
     for d in rows:
         if d["family"] != "job":
             by_key.setdefault(d["key"], []).append(d)
+    # (a finding with no time, a capture's, joins the subject's first cluster: its time is not known,
+    # not the epoch)
     for key, ds in by_key.items():
-        ds.sort(key=lambda d: (d.get("start_ns") or 0))
+        ds.sort(key=lambda d: (d.get("start_ns") is not None, d.get("start_ns") or 0))
         cur = None
         for d in ds:
-            s = d.get("start_ns") or 0
-            if cur is None or s > cur["end"] + _SLACK_NS:
-                cur = {"key": key, "members": [], "end": d.get("end_ns") or s}
+            s = d.get("start_ns")
+            if cur is None or (s is not None and cur["end"] is not None and s > cur["end"] + _SLACK_NS):
+                cur = {"key": key, "members": [], "end": None}
                 causes.append(cur)
             cur["members"].append(d)
-            cur["end"] = max(cur["end"], d.get("end_ns") or s)
+            if s is not None:
+                cur["end"] = max(x for x in (cur["end"], d.get("end_ns") or s) if x is not None)
     for c in causes:
         real = [d for d in c["members"] if not d.get("evidence_only")] or c["members"]
         c["lead"] = max(real, key=lambda d: (_SEV[d["severity"]], abs((d.get("value") or 1) - (d.get("baseline") or 1))))
@@ -400,8 +406,16 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
     symptoms = [d for d in rows if d["family"] == "job"]
     explained: dict[int, list[dict]] = {}
     orphans = []
+    def _hosts(jobs: set) -> set:
+        return set().union(*(hosts_of_job.get(j, set()) for j in jobs)) if jobs else set()
+
     for s in symptoms:
         cands = [i for i, c in enumerate(causes) if s["flow_jobs"] & c["jobs"] and _overlaps(s, c)]
+        # ... else a cause of a job on the same hosts: the flows see one job in pieces where some of its
+        # ranks talk only among themselves (a pipeline hop inside a leaf), and a piece slows with the
+        # rest of its job, with nothing of its own to show why
+        if not cands and s["detector"] not in JOB_CAUSES and _hosts(s["flow_jobs"]):
+            cands = [i for i, c in enumerate(causes) if _hosts(c["jobs"]) & _hosts(s["flow_jobs"]) and _overlaps(s, c)]
         if not cands or s["detector"] in JOB_CAUSES:   # the job's own launch: a cause of its own
             orphans.append(s)
             continue

@@ -72,13 +72,27 @@ def rank_lags(steps: pl.DataFrame, ipf: pl.DataFrame, pairs: pl.DataFrame, min_b
     # rendezvous a rank announces it is ready, and a collective's data leaves only once every peer
     # is: the data starts together, the announcement does not), but not a lone packet (the last
     # collective's acknowledgements and probes spill past the step's boundary; timelines likewise)
-    arrival = at.filter(~pl.col("inp") & (pl.col("data") | (pl.col("packets").fill_null(2) > 1))) \
-        .group_by(key).agg(s1=pl.col("t").min())
-    first = at.filter("inp").group_by(key).agg(r1=pl.col("t").min()).join(arrival, on=key, how="right")
-    # an input counts only when it came before the rank's first send (it waited for it)
-    x = s.join(first, on=["job_id", "ip", "job_step"]).filter(pl.col("s1").is_not_null()).with_columns(
-        r1=pl.when(pl.col("r1") < pl.col("s1")).then("r1"))
+    sends = at.filter(~pl.col("inp") & (pl.col("data") | (pl.col("packets").fill_null(2) > 1)))
+    first = at.filter("inp").group_by(key).agg(r1=pl.col("t").min())
+    # ... and its first send after its first input (below)
+    arrival = sends.join(first, on=key, how="left").group_by(key).agg(
+        s0=pl.col("t").min(), s_in=pl.col("t").filter(pl.col("t") > pl.col("r1")).min())
+    first = first.join(arrival, on=key, how="right")
     by = ["job_id", "g", "job_step"]
+    x = s.join(first, on=["job_id", "ip", "job_step"]).filter(pl.col("s0").is_not_null())
+    # a rank of a stage that receives its pipeline input before it sends anything (every stage but
+    # the first) sends nothing of a step before that input: a send before it is the previous step's
+    # tail (a slow rank's last backward message leaves after its DP group's step boundary), and taken
+    # for its arrival it makes the rank early and its punctual peers late by most of a step. Its
+    # arrival is then its first send after its input, where its peers (the others of its group: its own
+    # tail cannot decide it) receive before they send, and that send is nearer their first sends (a
+    # first stage's rank whose peer got such a tail as "input" keeps its first send)
+    x = x.with_columns(rf=(pl.col("r1") < pl.col("s0")).fill_null(False).cast(pl.Float64)).with_columns(
+        peers_rf=_others_median("rf", by), ref_s0=_others_median("s0", by).cast(pl.Float64))
+    x = x.with_columns(s1=pl.when((pl.col("peers_rf") > 0.5) & pl.col("s_in").is_not_null() & (
+        (pl.col("s_in") - pl.col("ref_s0")).abs() < (pl.col("s0") - pl.col("ref_s0")).abs())).then("s_in").otherwise("s0"))
+    # an input counts only when it came before the rank's first send (it waited for it)
+    x = x.with_columns(r1=pl.when(pl.col("r1") < pl.col("s1")).then("r1"))
     x = x.with_columns(s1=pl.col("s1").cast(pl.Float64), r1=pl.col("r1").cast(pl.Float64))
     x = x.with_columns(e1=pl.col("end_ns").cast(pl.Float64))
     x = x.with_columns(ref_s=_others_median("s1", by), ref_r=_others_median("r1", by), ref_e=_others_median("e1", by))

@@ -11,7 +11,7 @@ import pytest
 from benchmarks.flows_accuracy import run_folder
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.diagnosis import explain_late_ranks
-from fleetscope.flows.late_ranks import LAG_SCHEMA, late_rank_verdicts, late_ranks
+from fleetscope.flows.late_ranks import LAG_SCHEMA, late_rank_verdicts, late_ranks, rank_lags
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 HELD_OUT = DATA / "flow_faults" / "seed6"
@@ -174,3 +174,37 @@ def test_a_late_rank_whose_pipeline_inputs_cross_a_slow_switch_is_the_switchs_sy
     # inputs that do not cross it: the larger lag wins as before
     rows = explain_late_ranks([dict(late), dict(sw)], impact=lambda c, job: 116e6, feeds=lambda c, ips: False)
     assert rows[0]["severity"] == "warning" and rows[1]["severity"] == "info"
+
+
+def test_a_slow_last_stage_rank_whose_last_message_spills_into_the_next_step_is_named_not_its_peer():
+    """PP2 x DP2: the last stage's ranks b0, b1 (one DP group) receive their input 50 ms into a step and
+    send back 250 ms later. From step 15 on b1 computes 100 ms slower: its first send is 100 ms late,
+    and its last backward message of each step leaves 1 ms after the DP group's boundary (in the next
+    step's span, before any input). That tail is the previous step's, not b1 arriving early (which
+    made its punctual peer b0 look late by most of a step: demo seed 743)."""
+    rng = np.random.default_rng(5)
+    n, P = 30, 1_000_000_000
+    steps, ipf = [], []
+    for k in range(n):
+        t0 = k * P
+        for ip in ("a0", "a1", "b0", "b1"):
+            steps.append(("j", ip, k, t0, t0 + P))
+        for a, b in (("a0", "b0"), ("a1", "b1")):
+            slow = b == "b1" and k >= 15
+            fwd = t0 + 50_000_000 + int(rng.normal(0, 2e5))
+            bwd = fwd + 250_000_000 + (100_000_000 if slow else 0) + int(rng.normal(0, 2e5))
+            ipf += [("j", a, "send", "PP", fwd), ("j", b, "recv", "PP", fwd), ("j", b, "send", "PP", bwd),
+                    ("j", a, "recv", "PP", bwd)]
+            if slow:   # the step's last backward message, after the boundary
+                ipf += [("j", b, "send", "PP", t0 + P + 1_000_000), ("j", a, "recv", "PP", t0 + P + 1_000_000)]
+            for ip in (a, b):
+                ipf.append(("j", ip, "send", "DP", t0 + 700_000_000 + int(rng.normal(0, 2e5))))
+    steps = pl.DataFrame(steps, schema=["job_id", "ip", "job_step", "start_ns", "end_ns"], orient="row")
+    ipf = pl.DataFrame(ipf, schema=["job_id", "ip", "role", "comm_type", "start_ns"], orient="row").with_columns(
+        bytes=pl.lit(10**7), packets=pl.lit(2000))
+    pairs = pl.DataFrame({"job_id": ["j"] * 4, "ip_a": ["a0", "b0", "a0", "a1"], "ip_b": ["a1", "b1", "b0", "b1"],
+                          "comm_type": ["DP", "DP", "PP", "PP"], "dp_group": [0, 1, None, None]})
+    lags = rank_lags(steps, ipf, pairs, FlowConfig().min_data_bytes)
+    late = late_ranks(lags, 1, (0, n * P), FlowConfig())
+    assert late["ip"].to_list() == ["b1"]
+    assert 90e6 < late["lag"][0] < 110e6

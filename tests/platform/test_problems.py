@@ -165,6 +165,42 @@ def test_a_host_the_flows_single_out_joins_the_slow_gpu_on_a_host_they_cannot_te
     assert group_problems(v2, topo, jc, ranks)[0]["cause"].to_list() == ["host"]
 
 
+def test_a_gpu_the_flows_find_late_is_the_same_problem_as_that_gpu_slow_in_the_traces():
+    """The traces name rank 3 (h1/gpu3, 10.0.1.3) slow; the flows find 10.0.1.3 starting its traffic late
+    (demo seed 743): one problem on the GPU, the flows' finding its evidence. A late GPU the traces do
+    not name stays a problem of its own."""
+    topo, jc, ranks = _fleet()
+    # the capture's finding has no time (rank-level what-ifs), the flows' has the window's
+    gpu = _v(detector="prism.stragglers", scope="rank", subject="3", capture_id="capA", job_id="capA-job", severity="critical",
+             start_ns=None, end_ns=None)
+    t0 = 1_795_262_460 * S
+    late = _v(detector="flows.late_rank", scope="gpu", subject="10.0.1.3", evidence=json.dumps({"jobs": ["jobA"]}),
+              start_ns=t0, end_ns=t0 + 50 * S)
+    problems, members = group_problems(make_verdicts([gpu, late]), topo, jc, ranks)
+    assert problems.height == 1 and problems["ip"][0] == "10.0.1.3", problems.select("cause", "title")
+    assert members.height == 2
+    other = _v(detector="flows.late_rank", scope="gpu", subject="10.0.1.2", evidence=json.dumps({"jobs": ["jobA"]}),
+               start_ns=t0, end_ns=t0 + 50 * S)
+    assert group_problems(make_verdicts([gpu, other]), topo, jc, ranks)[0].height == 2
+
+
+def test_a_slowdown_of_a_piece_of_a_job_on_the_hosts_of_a_slowed_job_is_that_causes_symptom():
+    """The flows see one job in pieces (demo seed 734: ranks whose only traffic is a pipeline hop inside
+    a leaf): jobA crosses a slow switch, jobA2 on the same hosts slows at the same time with nothing of
+    its own: a symptom of the switch, not a problem 'no machine, link or stage explains'. A slowdown
+    of a job on other hosts stays its own problem."""
+    jc = pl.DataFrame({"job_id": ["jobA", "jobA", "jobA2", "jobA2", "jobC"], "ip": ["a1", "a2", "a3", "a4", "c1"],
+                       "host": ["h1", "h2", "h1", "h2", "h9"]})
+    sw = _v(detector="flows.switch_bandwidth", scope="switch", subject="spine-0", severity="critical",
+            evidence=json.dumps({"jobs": ["jobA"]}))
+    piece = _v(detector="flows.cross_step", scope="job", subject="jobA2", job_id="jobA2", start_ns=10 * S, end_ns=20 * S)
+    other = _v(detector="flows.cross_step", scope="job", subject="jobC", job_id="jobC", start_ns=10 * S, end_ns=20 * S)
+    problems, members = group_problems(make_verdicts([sw, piece, other]), pl.DataFrame(), jc)
+    assert sorted(problems["cause"].to_list()) == ["job", "switch"], problems.select("cause", "title")
+    assert problems.filter(pl.col("cause") == "job")["job_ids"][0] == "jobC"
+    assert members.filter(pl.col("role") == "symptom").height == 1
+
+
 def test_a_nic_the_flows_cannot_place_in_a_ring_joins_the_slow_gpu_of_that_ring():
     """A slow GPU slows its rings as a whole, and the flows cannot tell which member of a slowed ring
     holds it back: a NIC finding whose ring alternatives hold the slow GPU is evidence of the GPU's
