@@ -174,6 +174,17 @@ def late_ranks(lags: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Fl
     span = span.join(before, on=key, how="left").filter(
         ((pl.col("nb").fill_null(0) >= MIN_RUN) & (pl.col("lb").abs() < pl.col("lag") / 4))
         | pl.col("ip").is_in(list(known or ())))
+    # ... and late by more than the job's other DP groups' members differ from their peers in any one
+    # step (their per-step lags' robust spread, to the same bar): a lag its own series holds steadily
+    # but that the job's punctual ranks show as often is how this job's sends line up (the order a
+    # collective's chunks leave in), not a rank holding its peers back. A job of one DP group has no
+    # such reference and keeps the tests above.
+    if span.height:
+        groups = x.select("job_id", "g", "lag")
+        ref = span.select("job_id", "g").unique().join(groups.rename({"g": "g_o"}), on="job_id") \
+            .filter(pl.col("g_o") != pl.col("g")).group_by("job_id", "g").agg(ref=robust_sigma(pl.col("lag")))
+        span = span.join(ref, on=["job_id", "g"], how="left").filter(
+            pl.col("ref").is_null() | (pl.col("lag") > z_bar * pl.col("ref")))
     return span.join(best.select(*key, "z"), on=key).with_columns(z_bar=pl.lit(z_bar)).select(list(empty.columns))
 
 

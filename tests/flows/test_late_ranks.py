@@ -208,3 +208,26 @@ def test_a_slow_last_stage_rank_whose_last_message_spills_into_the_next_step_is_
     late = late_ranks(lags, 1, (0, n * P), FlowConfig())
     assert late["ip"].to_list() == ["b1"]
     assert 90e6 < late["lag"][0] < 110e6
+
+
+def test_a_steady_lag_no_larger_than_the_jobs_other_groups_show_in_any_step_is_not_named():
+    """Healthy simulator seed 2183: a job's sends line up to within microseconds, and two ranks held a
+    lag of ~2 us steadily enough to pass their own series' test (its steps, fragments of the real
+    ones, were so regular that the job's step jitter was ~1 us). Eight DP groups whose members differ
+    by ~1 us in any step: a rank 3 us late is how the job's sends line up; 120 ms late is named."""
+    rng = np.random.default_rng(11)
+    n, step = 40, 1e9
+    k = np.arange(n)
+
+    def job(extra: float) -> pl.DataFrame:
+        rows = []
+        for g in range(8):
+            own = rng.normal(0, 1e3, n) + (np.where(k >= 20, extra, 0.0) + rng.normal(0, 1e2, n) if g == 0 else 0.0)
+            for ip, sign in ((f"a{g}", 1.0), (f"b{g}", -1.0)):
+                rows.append(pl.DataFrame({"job_id": "j", "ip": ip, "g": g, "job_step": k,
+                                          "start_ns": (k * step).astype(np.int64), "end_ns": ((k + 1) * step).astype(np.int64),
+                                          "lag": sign * own, "end_lag": 0.0}))
+        return pl.concat(rows).cast(LAG_SCHEMA)
+
+    assert _flagged(job(3e3)) == []
+    assert _flagged(job(120e6)) == ["a0"]
