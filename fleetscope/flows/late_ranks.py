@@ -153,6 +153,22 @@ def late_ranks(lags: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Fl
     # per rank its strongest run; its median lag, and its span: the run's steps late by more than half
     # of it (a run of 2^j steps may reach past the fault's onset or end)
     best = hit.sort("z", descending=True).group_by(key, maintain_order=True).first()
+    # ... and the run's steps longer than the rank's others, to the same bar: its peers wait, so the
+    # job's steps slow (by the lag, or by more where the rank is late in every microbatch) against
+    # their own step-to-step jitter outside the run (the run's steps, and the step after it, would
+    # count the fault in its noise). A loaded host's few-millisecond lag leaves the steps within
+    # their noise.
+    d = x.with_columns(d=(pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64)).with_columns(
+        dd=pl.col("d").diff().over(key)).join(best.select(*key, k_end="k", L="L"), on=key).with_columns(
+        run=(pl.col("k") > pl.col("k_end") - pl.col("L")) & (pl.col("k") <= pl.col("k_end")))
+    outside = ~pl.col("run") & (pl.col("k") != pl.col("k_end") + 1)
+    slow = d.group_by(key).agg(
+        nq=pl.col("dd").filter(outside).drop_nulls().len(),
+        qj=pl.max_horizontal(pl.lit(1e3), robust_sigma(pl.col("dd").filter(outside)) / np.sqrt(2)),
+        more=pl.col("d").filter("run").median() - pl.col("d").filter(~pl.col("run")).median())
+    best = best.join(slow, on=key, how="left").filter(
+        (pl.col("nq").fill_null(0) < MIN_RUN)
+        | (pl.col("more") / pl.col("qj") * (pl.col("L") / (np.pi / 2)).sqrt() > z_bar)).drop("nq", "qj", "more")
     span = x.join(best.select(*key, "med", k_end="k", L="L"), on=key).filter(
         (pl.col("k") > pl.col("k_end") - pl.col("L")) & (pl.col("k") <= pl.col("k_end")) & (pl.col("lag") > pl.col("med") / 2)
         & (pl.col("start_ns") >= window[0])

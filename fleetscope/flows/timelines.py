@@ -29,7 +29,7 @@ from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.period import job_periods, periodic_boundaries
 from fleetscope.flows.pipeline import drained_gaps
 from fleetscope.flows.stats import typical
-from fleetscope.flows.volume import balance_boundaries
+from fleetscope.flows.volume import balance_boundaries, partial_first
 
 
 def ip_flows(flows: pl.DataFrame, pairs: pl.DataFrame) -> pl.DataFrame:
@@ -80,6 +80,11 @@ def reconstruct_steps(ipf: pl.DataFrame, window_start_ns: int, window_end_ns: in
     # its receiver's: a segment the transport re-sends after the sender was done (a tail-loss
     # probe, a retransmission timeout) ends the wait of the rank that needed it, not the sender's
     # step. They never place a boundary (a probe or a barrier would split a step's quiet time).
+    # A collective has the same shape every step, so its tail ends about as far after its last
+    # data flow every time: a message far later than the address's usual tail (beyond the spread
+    # of its tails and of its step times) is apart from the collective, the next step's setup
+    # (DDP's bucket rebuild after the first step, a slow rank's handshake before its forward pass),
+    # however near it falls.
     data_conn = bnd.select("conn").unique()
     # Collectives only: a pipeline hop's messages are activations, all data-sized; a small one
     # there is the transport's control (a receiver announcing its next receive).
@@ -91,14 +96,34 @@ def reconstruct_steps(ipf: pl.DataFrame, window_start_ns: int, window_end_ns: in
         iv = steps.select("ix", "seg", t=pl.col("dp_start_ns"), last=pl.col("end_ns"), nxt=pl.col("next_first")).sort("ix", "t")
         tj = tail.select("ix", t=pl.col("start_ns"), e=pl.col("end_ns")).sort("ix", "t").join_asof(
             iv, on="t", by="ix", strategy="backward", check_sortedness=False)
-        ext = tj.filter(pl.col("seg").is_not_null() & (pl.col("nxt").is_null() | (pl.col("t") < pl.col("nxt")))
-                        & (pl.col("nxt").is_null() | (pl.col("t") - pl.col("last") < pl.col("nxt") - pl.col("t")))) \
+        tj = tj.filter(pl.col("seg").is_not_null() & (pl.col("nxt").is_null() | (pl.col("t") < pl.col("nxt")))
+                       & (pl.col("nxt").is_null() | (pl.col("t") - pl.col("last") < pl.col("nxt") - pl.col("t"))))
+        ext = tj.with_columns(off=pl.col("e") - pl.col("last")).group_by("ix", "seg").agg(off=pl.col("off").max())
+        usual = steps.select("ix", "seg", dur=pl.col("end_ns") - pl.col("end_ns").shift(1).over("ix"),
+                             span=pl.col("end_ns") - pl.col("dp_start_ns")).join(
+            ext, on=["ix", "seg"], how="left").with_columns(pl.col("off").fill_null(0)).with_columns(
+            rel=pl.col("off") / pl.col("span"))
+
+        def upper(c):   # the usual value and its robust spread, to the same bar as the steps' outliers
+            return pl.col(c).median() + 3 * 1.4826 * (pl.col(c) - pl.col(c).median()).abs().median()
+        # in time (the steps' jitter included) or in proportion to the step's own collective (a
+        # congested link stretches the collective and its tail alike)
+        usual = usual.group_by("ix").agg(
+            abs_bar=upper("off") + 3 * 1.4826 * (pl.col("dur") - pl.col("dur").median()).abs().median(), rel_bar=upper("rel"))
+        bars = steps.select("ix", "seg", span=pl.col("end_ns") - pl.col("dp_start_ns")).join(usual, on="ix").select(
+            "ix", "seg", bar=pl.max_horizontal("abs_bar", pl.col("rel_bar") * pl.col("span")))
+        ext = tj.join(bars, on=["ix", "seg"]).filter(pl.col("e") - pl.col("last") <= pl.col("bar")) \
             .group_by("ix", "seg").agg(tail_end=pl.col("e").max())
         steps = steps.join(ext, on=["ix", "seg"], how="left").with_columns(
             end_ns=pl.max_horizontal("end_ns", "tail_end")).drop("tail_end")
+    # an address's first segment with less than a step's volume is no step (volume.partial_first);
+    # its end opens the next step
+    part = partial_first(steps.select("ix", "seg", vol="dp_bytes"), cfg.size_tol)
+    opens = steps.filter(part).select("ix", opened=pl.col("end_ns"))
+    steps = steps.filter(~part).join(opens, on="ix", how="left", maintain_order="left")
     first_seen = ipf.group_by("ix").agg(first=pl.col("start_ns").min())
     steps = steps.join(first_seen, on="ix").with_columns(
-        prev=pl.col("end_ns").shift(1).over("ix")).with_columns(
+        prev=pl.coalesce(pl.col("end_ns").shift(1).over("ix"), "opened")).drop("opened").with_columns(
         start_observed=pl.col("prev").is_not_null(),
         start_ns=pl.coalesce("prev", pl.min_horizontal("first", "dp_start_ns")),
     )

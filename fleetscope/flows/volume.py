@@ -166,3 +166,24 @@ def _split_points(seg: np.ndarray, multi: np.ndarray, nbytes: np.ndarray, gaps: 
     pick = c.sort("gap", descending=True).group_by("s", "j").agg(pl.col("row").first())["row"].to_numpy()
     out[pick] = True
     return out
+
+
+def partial_first(seg: pl.DataFrame, tol: float) -> pl.Series:
+    """seg: one row per segment (ix, seg, vol: its boundary bytes). True on an address's first
+    segment where it carries clearly less than the address's usual step volume (as
+    balance_boundaries judges it: the interior segments' median, where at least half of them carry
+    it, to within their own spread): a step cut by the data's start, or a job's setup (DDP's first
+    parameter broadcast, the process groups' handshakes) before its first step. Neither is a step;
+    its end still opens the next one."""
+    s = seg.with_columns(first=pl.col("seg") == pl.col("seg").min().over("ix"),
+                         last=pl.col("seg") == pl.col("seg").max().over("ix"))
+    inner = s.filter(~pl.col("first") & ~pl.col("last") & (pl.col("vol") > 0)).with_columns(
+        med=pl.col("vol").median().over("ix")).with_columns(dev=(pl.col("vol") / pl.col("med") - 1).abs())
+    usual = inner.group_by("ix").agg(
+        med=pl.col("med").first(),
+        tol=pl.max_horizontal(pl.lit(tol), 3 * 1.4826 * pl.col("dev").median()),
+        whole=(pl.col("dev") <= pl.max_horizontal(pl.lit(tol), 3 * 1.4826 * pl.col("dev").median())).mean())
+    usual = usual.filter(pl.col("whole") >= 0.5)
+    out = s.join(usual, on="ix", how="left", maintain_order="left").select(
+        pl.col("first") & (pl.col("vol") < (1 - pl.col("tol")) * pl.col("med")))
+    return out.to_series().fill_null(False)

@@ -34,8 +34,8 @@ def _late(folder: Path) -> tuple[pl.DataFrame, str]:
                                         "ranks are in; the early rank's arrival shows only in a small notice")),
                                     # (its steps were withheld until a step-time shift stopped counting as an unclear split)
                                     HELD_OUT / "pp2dp2+dp2-straggler-s6",
-                                    pytest.param(HELD_OUT / "shared-straggler-s6", marks=pytest.mark.xfail(
-                                        strict=True, reason="two jobs on shared hosts: missed on held-out data")),
+                                    # (missed until a collective's tail stopped taking the next step's setup)
+                                    HELD_OUT / "shared-straggler-s6",
                                     SEED8 / "dp4-straggler-s8", SEED8 / "pp2dp2+dp2-straggler-s8", SEED8 / "pp2dp3-straggler-s8",
                                     SEED8 / "shared-straggler-s8",
                                     pytest.param(SEED8 / "dp2-straggler-s8", marks=pytest.mark.xfail(
@@ -70,15 +70,19 @@ def test_a_late_pipeline_neighbour_later_by_less_is_the_symptom():
 
 @pytest.mark.parametrize("folder", [DATA / "recordings" / "healthy", DATA / "flow_faults" / "seed5" / "pp2dp3-healthy-s5",
                                     DATA / "flow_matrix" / "held_out" / "pp2dp2+dp2-healthy-s3", SEED8 / "dp4-healthy-s8",
-                                    SEED8 / "pp2dp2+dp2-healthy-s8", SEED8 / "pp2dp3-slow_link-s8"], ids=lambda p: p.name)
+                                    SEED8 / "pp2dp2+dp2-healthy-s8", SEED8 / "pp2dp3-slow_link-s8",
+                                    # a rank 1.7 ms late for 5 steps on the loaded recording box
+                                    DATA / "flow_matrix" / "design" / "dp2-healthy-s1"], ids=lambda p: p.name)
 def test_a_fleet_with_no_straggler_has_no_late_rank(folder):
     v, _ = _late(folder)
     assert v.filter(pl.col("severity") != "info").height == 0, v.select("subject", "value").rows()
 
 
-def _series(lag_a: np.ndarray, end_a: np.ndarray | None = None, n: int = 40, step: float = 1e9, sd: float = 1e6) -> pl.DataFrame:
+def _series(lag_a: np.ndarray, end_a: np.ndarray | None = None, n: int = 40, step: float = 1e9, sd: float = 1e6,
+            waits: bool = True) -> pl.DataFrame:
     """Two ranks of one DP group over n steps; rank a's own lag (ns) per step, b's mirrored (the
-    median of the others of a pair is the other), ends lagging by end_a."""
+    median of the others of a pair is the other), ends lagging by end_a. A step lasts longer by a's
+    lag (its peer waits for it) unless not `waits`."""
     rng = np.random.default_rng(3)
     k = np.arange(n)
     noise = rng.normal(0, sd, n)
@@ -86,7 +90,7 @@ def _series(lag_a: np.ndarray, end_a: np.ndarray | None = None, n: int = 40, ste
     rows = []
     for ip, sign in (("a", 1.0), ("b", -1.0)):
         rows.append(pl.DataFrame({"job_id": "j", "ip": ip, "g": 0, "job_step": k, "start_ns": (k * step).astype(np.int64),
-                                  "end_ns": ((k + 1) * step + rng.normal(0, 2e6, n)).astype(np.int64),
+                                  "end_ns": ((k + 1) * step + (np.maximum(lag_a, 0) if waits else 0) + rng.normal(0, 2e6, n)).astype(np.int64),
                                   "lag": sign * (lag_a + noise), "end_lag": sign * end}))
     return pl.concat(rows).cast(LAG_SCHEMA)
 
@@ -188,7 +192,8 @@ def test_a_slow_last_stage_rank_whose_last_message_spills_into_the_next_step_is_
     for k in range(n):
         t0 = k * P
         for ip in ("a0", "a1", "b0", "b1"):
-            steps.append(("j", ip, k, t0, t0 + P))
+            # b1's lateness lengthens the job's steps (its peers wait)
+            steps.append(("j", ip, k, t0, t0 + P - (0 if k >= 15 else 100_000_000)))
         for a, b in (("a0", "b0"), ("a1", "b1")):
             slow = b == "b1" and k >= 15
             fwd = t0 + 50_000_000 + int(rng.normal(0, 2e5))
@@ -225,9 +230,19 @@ def test_a_steady_lag_no_larger_than_the_jobs_other_groups_show_in_any_step_is_n
             own = rng.normal(0, 1e3, n) + (np.where(k >= 20, extra, 0.0) + rng.normal(0, 1e2, n) if g == 0 else 0.0)
             for ip, sign in ((f"a{g}", 1.0), (f"b{g}", -1.0)):
                 rows.append(pl.DataFrame({"job_id": "j", "ip": ip, "g": g, "job_step": k,
-                                          "start_ns": (k * step).astype(np.int64), "end_ns": ((k + 1) * step).astype(np.int64),
+                                          "start_ns": (k * step).astype(np.int64),
+                                          "end_ns": ((k + 1) * step + np.where(k >= 20, extra, 0.0)).astype(np.int64),
                                           "lag": sign * own, "end_lag": 0.0}))
         return pl.concat(rows).cast(LAG_SCHEMA)
 
     assert _flagged(job(3e3)) == []
     assert _flagged(job(120e6)) == ["a0"]
+
+
+def test_a_regular_lag_whose_steps_last_no_longer_is_not_named():
+    """A rank 10 ms late, regularly enough to pass its own series' test, while the job's steps keep
+    their length: its peers do not wait for it, so it sets no pace (a loaded host's few-millisecond
+    lags on a healthy recording were this); the same lag lengthening the steps is named."""
+    lag = np.where(np.arange(40) >= 20, 10e6, 0.0)
+    assert _flagged(_series(lag, sd=1e5, waits=False)) == []
+    assert _flagged(_series(lag, sd=1e5)) == ["a"]
