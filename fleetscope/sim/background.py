@@ -166,3 +166,27 @@ def background_flows(fab: Fabric, jobs: list[JobSpec], runs: list, window: tuple
             acc.add(KIND_MONITOR, monitors[h[keep] % monitors.size], h[keep] * GPUS_PER_HOST, t[keep],
                     rng.uniform(5e4, 5e5, keep.sum()), rng.integers(2_000, 60_000, keep.sum()), -1, 1)
     return acc.frame()
+
+
+def slowed_by_faults(bg: dict, fab: Fabric, faults: list) -> dict:
+    """The bulk background transfers (storage reads, checkpoints) crossing a degraded NIC or a congested
+    switch while it is active move at its remaining bandwidth, as the jobs' flows do
+    (execution.link_factor, the same ECMP paths): a congested switch slows every flow through it, not
+    only the training jobs'. Probes, heartbeats and scrapes are latency-bound and stay as drawn."""
+    from fleetscope.sim.execution import link_factor
+
+    net = [f for f in faults if f.kind in ("degraded_nic", "congested_switch")]
+    if not net or len(bg["src"]) == 0:
+        return bg
+    bulk = np.isin(bg["kind"], [KIND_STORAGE, KIND_CHECKPOINT])
+    src, dst = bg["src"].astype(np.int64), bg["dst"].astype(np.int64)
+    fh = bg["fh"].view(np.uint64)
+    dur = bg["dur"].astype(np.float64)
+    for f in net:
+        fac = link_factor(fab, [f], src, dst, np.ones((1, 1), dtype=bool), fh)[0]
+        hit = bulk & f.active(bg["start"]) & (fac < 1)
+        dur = np.where(hit, dur / np.where(fac > 0, fac, 1.0), dur)
+    out = dict(bg)
+    out["dur"] = np.maximum(dur, 1).astype(np.int64)
+    out["busy"] = out["dur"].copy()
+    return out

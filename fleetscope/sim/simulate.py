@@ -28,7 +28,7 @@ import polars as pl
 
 from fleetscope.schemas.base import conform, empty_frame
 from fleetscope.sim import schemas as S
-from fleetscope.sim.background import ROLE, background_flows
+from fleetscope.sim.background import ROLE, background_flows, slowed_by_faults
 from fleetscope.sim.conventions import draw_conventions
 from fleetscope.sim.execution import KIND_DP, KIND_PP, run_job
 from fleetscope.sim.fabric import GPUS_PER_HOST, build_fabric
@@ -132,6 +132,7 @@ def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 
 
     # ---- background traffic (never on a job pair) --------------------------------------------
     bgd = background_flows(fab, job_list, runs, window, conv["background"], conv["life"], np.random.default_rng([seed, 3]))
+    bgd = slowed_by_faults(bgd, fab, fault_list)
     bg = pl.DataFrame(bgd).select(cols).cast(schema).filter((pl.col("start") >= W0) & (pl.col("start") < W1))
     if pairs.height and bg.height:
         code = _pair_code(in_win["src"].to_numpy(), in_win["dst"].to_numpy())

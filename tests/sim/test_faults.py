@@ -154,3 +154,33 @@ def test_fault_spec_parsing():
     assert parse_spec("random:3") == [("random", 3)]
     with pytest.raises(ValueError, match="known kinds"):
         parse_spec("slow:1")
+
+
+def test_a_congested_switch_or_degraded_nic_slows_the_background_transfers_through_it():
+    """Storage reads and checkpoints crossing a faulty element while it is active move at its
+    remaining bandwidth, like the jobs' flows; transfers elsewhere, before its start, and latency-bound
+    probes keep their drawn durations."""
+    from fleetscope.sim.background import KIND_PROBE, KIND_STORAGE, slowed_by_faults
+    from fleetscope.sim.fabric import build_fabric, flow_hash
+    from fleetscope.sim.faults import Fault
+
+    fab = build_fabric(64, seed=0)
+    storage = fab.n_gpus                       # the first storage server
+    nic = np.array([0, 0, 0, 8, 0])            # GPU NICs (0 and 8 on different hosts)
+    kind = np.array([KIND_STORAGE, KIND_STORAGE, KIND_PROBE, KIND_STORAGE, KIND_STORAGE], dtype=np.int8)
+    start = np.array([5, 5, 5, 5, 1], dtype=np.int64) * 1_000_000_000
+    src = np.full(5, storage, dtype=np.int32)
+    bg = {"job": np.zeros(5, np.int32), "kind": kind, "step": np.full(5, -1), "src": src, "dst": nic.astype(np.int32),
+          "fh": flow_hash(src, nic, 0, 0, kind).view(np.int64), "start": start,
+          "dur": np.full(5, 1_000_000, dtype=np.int64), "busy": np.full(5, 1_000_000, dtype=np.int64),
+          "bytes": np.full(5, 10_000_000, dtype=np.int64)}
+    f = Fault("F0", "degraded_nic", "link", "x", 2_000_000_000, 9_000_000_000, 0.25, endpoint=0)
+    out = slowed_by_faults(bg, fab, [f])
+    # through NIC 0 while active: 4x longer; the probe, NIC 8 and the read before the onset unchanged
+    assert out["dur"].tolist() == [4_000_000, 4_000_000, 1_000_000, 1_000_000, 1_000_000]
+    leaf = int(fab.leaf[0])
+    g = Fault("F1", "congested_switch", "switch", "s", 0, 9_000_000_000, 0.5, switch=leaf)
+    out = slowed_by_faults(bg, fab, [g])
+    crosses = fab.leaf[nic] == leaf
+    assert (out["dur"][(kind == KIND_STORAGE) & crosses] == 2_000_000).all()
+    assert (out["dur"][(kind == KIND_STORAGE) & ~crosses] == 1_000_000).all()
