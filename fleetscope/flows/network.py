@@ -132,6 +132,19 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
         f = f.join(prev, on=["src_ip", "dst_ip", "route", "size"], how="left").with_columns(
             base_hist=pl.max_horizontal("base_hist", "lvl_prev"), base_hist_s=pl.max_horizontal("base_hist_s", "lvl_prev"),
             n_hist=pl.max_horizontal("n_hist", pl.col("n_prev").fill_null(0)))
+    # a route class's place among its peers: hops through a spine (or across pods) may move slower
+    # than a ring's hops inside a leaf on a healthy fabric (oversubscribed uplinks, longer round
+    # trips), every bin, on every spine. The fleet's typical offset of each path length (the median
+    # over its pairs, so one congested spine among several cannot set it) is the class's own level,
+    # not a fault of the element its flows share; only a slower class is corrected (a faster one
+    # never makes its peers look slow)
+    peer_ok = (pl.col("n_peer") >= cfg.min_peer_flows) & (pl.col("comm_type") != "bg")
+    f = f.with_columns(plen=pl.col("path").list.len(), off=pl.when(peer_ok).then(pl.col("x") - pl.col("base_peer")))
+    cls = f.filter(pl.col("off").is_not_null()).group_by("plen", "src_ip", "dst_ip").agg(po=pl.col("off").median()) \
+        .group_by("plen").agg(cls_off=pl.col("po").median())
+    f = f.join(cls, on="plen", how="left", nulls_equal=True).with_columns(
+        base_peer=pl.col("base_peer") + pl.min_horizontal(pl.col("cls_off").fill_null(0.0), 0.0),
+        base_peer_s=pl.col("base_peer_s") + pl.min_horizontal(pl.col("cls_off").fill_null(0.0), 0.0))
     return f.with_columns(
         # background transfers have no peers moving the same thing at the same time (two storage
         # servers serve at their own rates): only their own history is a baseline

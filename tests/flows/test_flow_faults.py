@@ -27,3 +27,21 @@ def test_a_slowed_host_link_is_named_on_its_address(name):
     loud, r = _loud(name)
     subject = pl.read_csv(ROOT / name / "ground_truth" / "faults.csv")["subject"][0]
     assert subject in set(loud.filter(pl.col("scope") == "link")["subject"].to_list())
+
+
+def test_a_cross_spine_hops_steady_offset_from_its_rings_leaf_hops_is_no_slow_spine():
+    """dp4-healthy-s9 (real DP4 ring over two leaves): its two hops through the spine move at ~60 % of
+    its two hops inside a leaf in every bin, healthy; the spine was named at 71 % (the offset of the
+    route class, through any spine, is its own level)."""
+    loud, _ = _loud("../seed9/dp4-healthy-s9")
+    assert loud.height == 0, loud.select("detector", "subject").rows()
+
+
+def test_a_host_link_slowed_one_way_is_named_on_its_own_address():
+    """dp4-slow_link-s9: only the shaped host's hop to its ring neighbour slows (13.5 MB/s against 323);
+    its receiver was named (critical) beside a spine. The sender is named; its neighbour only as the
+    tie the flows cannot break."""
+    loud, _ = _loud("../seed9/dp4-slow_link-s9")
+    subject = pl.read_csv(ROOT.parent / "seed9" / "dp4-slow_link-s9" / "ground_truth" / "faults.csv")["subject"][0]
+    links = loud.filter(pl.col("scope") == "link")["subject"].to_list()
+    assert links[:1] == [subject] and loud.filter(pl.col("scope") == "switch").height == 0, loud.select("subject").rows()
