@@ -24,6 +24,7 @@ import polars as pl
 
 import numpy as np
 
+from fleetscope.common import robust_sigma
 from fleetscope.flows.changepoint import sequence_gaps, split_steps, step_index
 from fleetscope.flows.config import FlowConfig
 from fleetscope.flows.period import job_periods, periodic_boundaries
@@ -105,11 +106,10 @@ def reconstruct_steps(ipf: pl.DataFrame, window_start_ns: int, window_end_ns: in
             rel=pl.col("off") / pl.col("span"))
 
         def upper(c):   # the usual value and its robust spread, to the same bar as the steps' outliers
-            return pl.col(c).median() + 3 * 1.4826 * (pl.col(c) - pl.col(c).median()).abs().median()
+            return pl.col(c).median() + 3 * robust_sigma(pl.col(c))
         # in time (the steps' jitter included) or in proportion to the step's own collective (a
         # congested link stretches the collective and its tail alike)
-        usual = usual.group_by("ix").agg(
-            abs_bar=upper("off") + 3 * 1.4826 * (pl.col("dur") - pl.col("dur").median()).abs().median(), rel_bar=upper("rel"))
+        usual = usual.group_by("ix").agg(abs_bar=upper("off") + 3 * robust_sigma(pl.col("dur")), rel_bar=upper("rel"))
         bars = steps.select("ix", "seg", span=pl.col("end_ns") - pl.col("dp_start_ns")).join(usual, on="ix").select(
             "ix", "seg", bar=pl.max_horizontal("abs_bar", pl.col("rel_bar") * pl.col("span")))
         ext = tj.join(bars, on=["ix", "seg"]).filter(pl.col("e") - pl.col("last") <= pl.col("bar")) \

@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from fleetscope.common import MAD_TO_SIGMA
+
 MAX_PIECES = 6  # a step split into more pieces than this is left as it is
 
 
@@ -49,7 +51,7 @@ def balance_boundaries(gid: np.ndarray, gaps: np.ndarray, nbytes: np.ndarray, b:
     if mid.any():
         med = pl.DataFrame({"g": seg_gid[mid], "v": vol[mid]}).select(pl.col("v").median().over("g"))["v"].to_numpy()
         dev = np.abs(vol[mid] / np.where(med > 0, med, 1.0) - 1)
-        tol = max(tol, 3 * 1.4826 * float(np.median(dev)))
+        tol = max(tol, 3 * MAD_TO_SIGMA * float(np.median(dev)))
     usual = _usual_volume(seg_gid, vol, first_seg | last_seg, tol)
     G = usual[seg_gid]
     u = np.where(G > 0, vol / np.where(G > 0, G, 1.0), np.nan)
@@ -179,10 +181,8 @@ def partial_first(seg: pl.DataFrame, tol: float) -> pl.Series:
                          last=pl.col("seg") == pl.col("seg").max().over("ix"))
     inner = s.filter(~pl.col("first") & ~pl.col("last") & (pl.col("vol") > 0)).with_columns(
         med=pl.col("vol").median().over("ix")).with_columns(dev=(pl.col("vol") / pl.col("med") - 1).abs())
-    usual = inner.group_by("ix").agg(
-        med=pl.col("med").first(),
-        tol=pl.max_horizontal(pl.lit(tol), 3 * 1.4826 * pl.col("dev").median()),
-        whole=(pl.col("dev") <= pl.max_horizontal(pl.lit(tol), 3 * 1.4826 * pl.col("dev").median())).mean())
+    noise = pl.max_horizontal(pl.lit(tol), 3 * MAD_TO_SIGMA * pl.col("dev").median())
+    usual = inner.group_by("ix").agg(med=pl.col("med").first(), tol=noise, whole=(pl.col("dev") <= noise).mean())
     usual = usual.filter(pl.col("whole") >= 0.5)
     out = s.join(usual, on="ix", how="left", maintain_order="left").select(
         pl.col("first") & (pl.col("vol") < (1 - pl.col("tol")) * pl.col("med")))
