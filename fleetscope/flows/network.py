@@ -20,7 +20,8 @@ explain the slow flows greedily, the largest explained variance first. A chosen 
 the flows crossing it but every flow of the collectives they belong to (a ring moves at its slowest
 hop's pace, so its other hops' flows slow down too: the median of the collective's other flows, up to
 the median of its own hops across the cause), in the bins it was named in and their neighbours (its
-onset falls inside a bin). The rest are re-tested, so the NICs and rail leaves of a ring through a
+onset falls inside a bin), and every transfer moving in lockstep with its own (with_cohorts: a ring
+whose hops are pairs of their own in the flows is one collective only by its timing). The rest are re-tested, so the NICs and rail leaves of a ring through a
 congested spine are never named for it. Equal explanations: a cause an earlier window named (prior
 suspects: the evidence that told it from its neighbours then may be gone), then the one carrying the
 most slow hops itself; both ends of the same slow flows tied with the switch between them name the
@@ -33,6 +34,7 @@ import json
 
 import numpy as np
 import polars as pl
+from numba import njit
 
 from fleetscope.flows.config import FlowConfig
 from fleetscope.common import MAD_TO_SIGMA
@@ -145,6 +147,7 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
     f = f.join(cls, on="plen", how="left", nulls_equal=True).with_columns(
         base_peer=pl.col("base_peer") + pl.min_horizontal(pl.col("cls_off").fill_null(0.0), 0.0),
         base_peer_s=pl.col("base_peer_s") + pl.min_horizontal(pl.col("cls_off").fill_null(0.0), 0.0))
+    f = with_cohorts(f)
     return f.with_columns(
         # background transfers have no peers moving the same thing at the same time (two storage
         # servers serve at their own rates): only their own history is a baseline
@@ -156,8 +159,62 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
         e_hist_s=pl.when(pl.col("n_hist") >= cfg.min_peer_flows).then(pl.col("x") - pl.col("base_hist_s")),
         unit=pl.when(pl.col("comm_type") == "DP").then(pl.lit("dp:") + pl.col("job_id") + "/" + pl.col("dp_group").cast(pl.Utf8))
         .otherwise(pl.col("comm_type") + ":" + pl.col("pid").cast(pl.Utf8)),
-    ).select("fid", "job_id", "unit", "bin", "start_ns", "end_ns", "src_ip", "dst_ip", "path", "route", "size", "e_peer",
+        cohort=pl.col("job_id") + "/" + pl.col("cohort").cast(pl.Utf8),
+    ).select("fid", "job_id", "unit", "cohort", "bin", "start_ns", "end_ns", "src_ip", "dst_ip", "path", "route", "size", "e_peer",
              "e_hist", "lvl_win", "e_peer_s", "e_hist_s")
+
+
+@njit(cache=True)
+def _cohorts(job: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Cohort ids of intervals sorted by (job, start): each joins the open cohort whose first interval
+    shares most of their joint span with it (intersection over union >= 1/2, the largest), else opens
+    its own. Open cohorts are those whose first interval has not ended."""
+    n = s.shape[0]
+    out = np.empty(n, np.int64)
+    ls = np.empty(n, np.int64)
+    le = np.empty(n, np.int64)
+    lid = np.empty(n, np.int64)
+    k, nid, cur = 0, 0, -1
+    for i in range(n):
+        if job[i] != cur:
+            k, cur = 0, job[i]
+        j = 0
+        for t in range(k):
+            if le[t] > s[i]:
+                ls[j], le[j], lid[j] = ls[t], le[t], lid[t]
+                j += 1
+        k = j
+        best, bid = 0.5, -1
+        for t in range(k):
+            inter = min(le[t], e[i]) - max(ls[t], s[i])
+            union = max(le[t], e[i]) - min(ls[t], s[i])
+            if union > 0 and inter / union >= best:
+                best, bid = inter / union, lid[t]
+        if bid < 0:
+            bid = nid
+            nid += 1
+            ls[k], le[k], lid[k] = s[i], e[i], bid
+            k += 1
+        out[i] = bid
+    return out
+
+
+def with_cohorts(f: pl.DataFrame) -> pl.DataFrame:
+    """`cohort` of each DP flow: the job's DP flows that move together (each shares most of its time
+    span with the cohort's first). A collective is the transfers that move together, not the pairs
+    its addresses connect: a ring over hosts whose ranks meet inside each host (FSDP over three hosts
+    with tensor parallelism inside them) shows each of its network hops as its own pair and DP group,
+    and a ring paced by a congested spine on one hop moves its other hops, on other spines, in
+    lockstep with it (demo seed 725); its reverse ring and the job's other rings, not paced, end
+    sooner and are cohorts of their own. Where a job's rings all move alike they are one cohort,
+    which changes nothing: none of them is slow."""
+    dp = (pl.col("comm_type") == "DP") & pl.col("job_id").is_not_null()
+    d = f.filter(dp).select("fid", "job_id", "start_ns", "end_ns").sort("job_id", "start_ns", "end_ns")
+    if d.height == 0:
+        return f.with_columns(cohort=pl.lit(None, dtype=pl.Int64))
+    jc = d["job_id"].rank("dense").cast(pl.Int64).to_numpy()
+    coh = _cohorts(jc, d["start_ns"].to_numpy(), d["end_ns"].to_numpy())
+    return f.join(d.select("fid", cohort=pl.Series(coh)), on="fid", how="left")
 
 
 SPREAD_FLOOR = 0.01   # log-rate jitter of one pair's transfers below which their spread is ties, not noise
@@ -244,6 +301,8 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
     if r.height == 0:
         return empty, {"n_tests": 0, "z_bar": None}
     r = r.with_columns(e=pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0)))
+    if "cohort" not in r.columns:
+        r = r.with_columns(cohort=pl.lit(None, dtype=pl.Utf8))
     kind_of = pl.col("unit").str.split(":").list.first()
     r = r.with_columns(sig=pl.max_horizontal(pl.lit(0.02), MAD_TO_SIGMA * (pl.col("e") - pl.col("e").median()).abs().median()
                                              ).over(kind_of))
@@ -275,9 +334,11 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
     if f0.height == 0:
         return empty, {"n_tests": n_tests, "z_bar": zb}
     # the flows that matter: those of the collectives a suspect carries (the rest stay as they are)
+    # ... and those moving in lockstep with a suspect's (its cohorts: with_cohorts)
     touched = x.join(f0, on=["kind", "cand"], how="semi").select("unit", "bin").unique()
-    flows = r.join(touched, on=["unit", "bin"], how="semi").select("fid", "unit", "bin", "zf", "e", "start_ns", "end_ns",
-                                                                   "job_id", w=1.0 / pl.col("sig"))
+    tc = r.join(x.join(f0, on=["kind", "cand"], how="semi").select("fid"), on="fid", how="semi").select("cohort").drop_nulls().unique()
+    flows = pl.concat([r.join(touched, on=["unit", "bin"], how="semi"), r.join(tc, on="cohort", how="semi")]).unique("fid") \
+        .select("fid", "unit", "cohort", "bin", "zf", "e", "start_ns", "end_ns", "job_id", w=1.0 / pl.col("sig"))
     memb = x.join(f0, on=["kind", "cand"], how="semi").select("kind", "cand", "fid", "unit", "bin")
     tier = element_tier(r)
     accepted = []
@@ -374,7 +435,18 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
             .with_columns(gamma=pl.max_horizontal(pl.min_horizontal("m_c", 0.0), pl.min_horizontal("m_o", 0.0)))
         pacing = uf.join(own_u.select("fid"), on="fid", how="anti").join(lvl.select("unit", "bin", "gamma"), on=["unit", "bin"]) \
             .select("fid", fit="gamma")
-        fit = pl.concat([direct, pacing])
+        # ... and the pace of the transfers moving in lockstep with its own (with_cohorts: a ring whose hops
+        # are pairs of their own, each its own DP group in the flows, moves at its slowest hop's pace just
+        # the same), the same bound: the median of its own hops in the cohort
+        cf = flows.filter(pl.col("cohort").is_in(flows.join(fit_ids.select("fid"), on="fid")["cohort"].drop_nulls().unique().implode()))
+        own_c = cf.join(fit_ids.select("fid"), on="fid")
+        lvc = cf.join(own_c.select("fid"), on="fid", how="anti").group_by("cohort").agg(m_o=pl.col("e").median()) \
+            .join(own_c.group_by("cohort").agg(m_c=pl.col("e").median()), on="cohort") \
+            .with_columns(gamma=pl.max_horizontal(pl.min_horizontal("m_c", 0.0), pl.min_horizontal("m_o", 0.0)))
+        in_step = cf.join(own_c.select("fid"), on="fid", how="anti").join(lvc.select("cohort", "gamma"), on="cohort") \
+            .select("fid", fit="gamma")
+        # a flow paced both ways takes the larger of the two paces
+        fit = pl.concat([direct, pl.concat([pacing, in_step]).group_by("fid").agg(pl.col("fit").min())])
         flows = flows.join(fit, on="fid", how="left").with_columns(pl.col("fit").fill_null(0.0)).with_columns(
             e=pl.min_horizontal(pl.col("e") - pl.col("fit"), pl.lit(0.0))).with_columns(
             zf=pl.col("e") * pl.col("w")).drop("fit")

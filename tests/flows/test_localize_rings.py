@@ -175,3 +175,44 @@ def test_a_pair_that_lost_its_label_does_not_outweigh_the_element_the_jobs_slow_
                                                        e_peer=pl.lit(None, pl.Float64))
     g = pl.concat([f.filter(~hop), lost]).drop("fid").with_row_index("fid").with_columns(pl.col("fid").cast(pl.Int64))
     assert named(g) == [("switch", "spine")]
+
+
+def hop_ring(hops: dict[tuple[str, str], tuple[int, list[str]]], fault: tuple[str, float, float] | None = None,
+             seed: int = 5) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Raw flows of one ring whose network hops are pairs of their own (hops: (src, dst) -> (pair id, path));
+    its other hops stay inside hosts, unseen. 8 MB chunks every 0.1 s for a minute, every hop at the ring's
+    pace (lockstep): a fault (element, rate factor, from second) on any hop's path slows them all."""
+    rng = np.random.default_rng(seed)
+    hit = fault is not None and any(fault[0] in (*path, *h) for h, (_, path) in hops.items())
+    rows = []
+    for t in np.arange(0, 60, 0.1):
+        pace = fault[1] if hit and t >= fault[2] else 1.0
+        rate = 20.0 * pace * np.exp(rng.normal(0, 0.02))
+        for i, ((s, d), (pid, path)) in enumerate(hops.items()):
+            start = int(t * S) + i * 1000
+            rows.append((s, d, start, start + int(8_000_000 / rate), 8_000_000, path, pid))
+    return pl.DataFrame(rows, schema=["src_ip", "dst_ip", "start_ns", "end_ns", "bytes", "path", "pid"], orient="row") \
+        .with_columns(pl.col("pid").cast(pl.Int64))
+
+
+def test_a_ring_whose_hops_are_pairs_of_their_own_is_paced_as_one_by_the_spine_on_one_hop():
+    # FSDP over three hosts with tensor parallelism inside them (demo seed 725): each of a ring's
+    # network hops is its own pair and DP group in the flows. The ring a1 -> b0 -> (host) -> b1 -> c0 ->
+    # (host) -> c1 -> a0 crosses spine0 on its first hop only; spine0 congests at 25 s, and the other
+    # hops, on spine1 and spine2, move in lockstep at its pace. The reverse ring and another rail's ring
+    # cross spine1, spine2 and spine3 at their usual rate. Only spine0 is a cause: not spine1, spine2
+    # or a NIC of the paced hops
+    from fleetscope.flows.network import network_verdicts
+
+    def path(s, d, spine):
+        return [f"leaf-{s[0]}", spine, f"leaf-{d[0]}"]
+    paced = {("a1", "b0"): (0, path("a1", "b0", "spine0")), ("b1", "c0"): (1, path("b1", "c0", "spine1")),
+             ("c1", "a0"): (2, path("c1", "a0", "spine2"))}
+    reverse = {("b0", "a1"): (0, path("b0", "a1", "spine1")), ("c0", "b1"): (1, path("c0", "b1", "spine2")),
+               ("a0", "c1"): (2, path("a0", "c1", "spine3"))}
+    rail = {("a3", "b2"): (3, path("a3", "b2", "spine1")), ("b3", "c2"): (4, path("b3", "c2", "spine2")),
+            ("c3", "a2"): (5, path("c3", "a2", "spine3"))}
+    f = pl.concat([hop_ring(paced, fault=("spine0", 0.4, 25.0)), hop_ring(reverse, seed=6), hop_ring(rail, seed=7)])
+    pairs = pl.DataFrame({"pid": list(range(6)), "comm_type": ["DP"] * 6, "job_id": ["job-1"] * 6,
+                          "dp_group": list(range(6))}).with_columns(pl.col("pid").cast(pl.Int64))
+    assert loud(network_verdicts(f, pairs, 1, (0, 60 * S), "w", FlowConfig())) == [("switch", "spine0")]
