@@ -147,7 +147,7 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
     f = f.join(cls, on="plen", how="left", nulls_equal=True).with_columns(
         base_peer=pl.col("base_peer") + pl.min_horizontal(pl.col("cls_off").fill_null(0.0), 0.0),
         base_peer_s=pl.col("base_peer_s") + pl.min_horizontal(pl.col("cls_off").fill_null(0.0), 0.0))
-    f = with_cohorts(f)
+    f = with_cohorts(f).join(background_levels(f), on="fid", how="left")
     return f.with_columns(
         # background transfers have no peers moving the same thing at the same time (two storage
         # servers serve at their own rates): only their own history is a baseline
@@ -161,7 +161,23 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
         .otherwise(pl.col("comm_type") + ":" + pl.col("pid").cast(pl.Utf8)),
         cohort=pl.col("job_id") + "/" + pl.col("cohort").cast(pl.Utf8),
     ).select("fid", "job_id", "unit", "cohort", "bin", "start_ns", "end_ns", "src_ip", "dst_ip", "path", "route", "size", "e_peer",
-             "e_hist", "lvl_win", "e_peer_s", "e_hist_s")
+             "e_hist", "lvl_win", "e_peer_s", "e_hist_s", "e_bg")
+
+
+def background_levels(f: pl.DataFrame) -> pl.DataFrame:
+    """fid, e_bg of each background transfer: its log rate against the concurrent transfers of the
+    address it shares with them (a storage server's reads to its clients in the same time bin: the
+    median of its pairs' levels, over three or more pairs). What a server sends at once meets its own
+    load alike; a client behind a congested switch gets its share slower. None where the address has
+    fewer partners in the bin."""
+    bg = f.filter(pl.col("comm_type") == "bg")
+    out = []
+    for side in ("src_ip", "dst_ip"):
+        lv = bg.group_by("src_ip", "dst_ip", "bin").agg(lp=trimmed_mean(pl.col("x"))) \
+            .group_by(side, "bin").agg(ref=pl.col("lp").median(), n_pairs=pl.len()).filter(pl.col("n_pairs") >= 3)
+        out.append(bg.join(lv, on=[side, "bin"]).select("fid", "n_pairs", e_bg=pl.col("x") - pl.col("ref")))
+    # the address with more partners is the shared end (the server)
+    return pl.concat(out).sort("fid", "n_pairs", descending=[False, True]).unique("fid", keep="first").select("fid", "e_bg")
 
 
 @njit(cache=True)
@@ -301,8 +317,9 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
     if r.height == 0:
         return empty, {"n_tests": 0, "z_bar": None}
     r = r.with_columns(e=pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0)))
-    if "cohort" not in r.columns:
-        r = r.with_columns(cohort=pl.lit(None, dtype=pl.Utf8))
+    for c, t in (("cohort", pl.Utf8), ("e_bg", pl.Float64)):
+        if c not in r.columns:
+            r = r.with_columns(pl.lit(None, dtype=t).alias(c))
     kind_of = pl.col("unit").str.split(":").list.first()
     r = r.with_columns(sig=pl.max_horizontal(pl.lit(0.02), MAD_TO_SIGMA * (pl.col("e") - pl.col("e").median()).abs().median()
                                              ).over(kind_of))
@@ -341,6 +358,7 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         .select("fid", "unit", "cohort", "bin", "zf", "e", "start_ns", "end_ns", "job_id", w=1.0 / pl.col("sig"))
     memb = x.join(f0, on=["kind", "cand"], how="semi").select("kind", "cand", "fid", "unit", "bin")
     tier = element_tier(r)
+    bgx = cand.join(r.filter(pl.col("e_bg").is_not_null()).select("fid", "e_bg"), on="fid")
     accepted = []
     jkey = ["job_id"]
     for _ in range(cfg.max_causes):
@@ -384,6 +402,20 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         # through both, paced as a whole, cannot tell them apart
         known = equal.filter(pl.col("cand").is_in(list(prior or ())))
         pool = known if known.height else equal
+        # ... and of elements the jobs' flows cannot tell apart, one whose background transfers (storage
+        # reads and writes, against the same server's other transfers at the time) slowed with them
+        # before one whose background transfers kept their pace: those only confirm or exonerate
+        # (a ring over two leaves paced as a whole, the congested leaf's clients reading slowly)
+        # ... while its jobs' flows were slow (its flagged bins and their neighbours: a checkpoint's burst
+        # falls where it falls)
+        fb = fl.select("kind", "cand", "bin")
+        fb = pl.concat([fb, fb.with_columns(pl.col("bin") - 1), fb.with_columns(pl.col("bin") + 1)]).unique()
+        ev = bgx.join(fb, on=["kind", "cand", "bin"]).group_by("kind", "cand") \
+            .agg(n_bg=pl.len(), m_bg=trimmed_mean(pl.col("e_bg")))
+        pool = pool.join(ev, on=["kind", "cand"], how="left")
+        seen = pl.col("n_bg").fill_null(0) >= cfg.min_flows_per_cell
+        if pool.filter(seen & (pl.col("m_bg") < floor)).height:
+            pool = pool.filter(~(seen & (pl.col("m_bg") >= floor)))
         tied = pool.filter(pl.col("dgain") >= 0.99 * pl.col("dgain").max()) \
             .sort(["tier", "gain", "cand"], descending=[False, True, False])
         best = tied.row(0, named=True)

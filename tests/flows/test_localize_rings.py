@@ -216,3 +216,37 @@ def test_a_ring_whose_hops_are_pairs_of_their_own_is_paced_as_one_by_the_spine_o
     pairs = pl.DataFrame({"pid": list(range(6)), "comm_type": ["DP"] * 6, "job_id": ["job-1"] * 6,
                           "dp_group": list(range(6))}).with_columns(pl.col("pid").cast(pl.Int64))
     assert loud(network_verdicts(f, pairs, 1, (0, 60 * S), "w", FlowConfig())) == [("switch", "spine0")]
+
+
+def test_of_two_leaves_one_paced_ring_cannot_tell_apart_the_one_whose_storage_reads_slowed_is_named():
+    # one ring over leafA (3 ranks) and leafB (4 ranks), paced as a whole from 25 s: leafB carries more
+    # of its hops (5 of 7) than leafA (4), and the ring's flows cannot tell them apart. A storage server
+    # reads to every host every 2 s; from 25 s the reads to hosts under leafA move at its congested rate
+    # (demo seed 728): leafA is named, not leafB
+    from fleetscope.flows.network import network_verdicts
+    rng = np.random.default_rng(8)
+    members = [f"10.0.0.{i + 1}" for i in range(7)]
+    leaf = {m: "leafA" if i < 3 else "leafB" for i, m in enumerate(members)}
+    others = [f"10.0.1.{i + 1}" for i in range(4)]
+    leaf.update({m: "leafC" for m in others})
+    hops = list(zip(members, members[1:] + members[:1]))
+    path = {h: [leaf[h[0]]] if leaf[h[0]] == leaf[h[1]] else [leaf[h[0]], "spine", leaf[h[1]]] for h in hops}
+    rows = []
+    for t in np.arange(0, 60, 0.1):
+        pace = 0.4 if t >= 25 else 1.0
+        rate = 20.0 * pace * np.exp(rng.normal(0, 0.02))
+        for i, (s, d) in enumerate(hops):
+            start = int(t * S) + i * 1000
+            rows.append((s, d, start, start + int(8_000_000 / rate), 8_000_000, path[(s, d)], i))
+    for t in np.arange(0.5, 60, 2.0):
+        for j, c in enumerate(members + others):
+            slow = 0.4 if t >= 25 and leaf[c] == "leafA" else 1.0
+            start = int(t * S) + j * 10_000_000
+            rate = 1.0 * slow * np.exp(rng.normal(0, 0.2))
+            rows.append(("10.9.0.1", c, start, start + int(500_000_000 / rate), 500_000_000,
+                         ["leafS", "spine", leaf[c]], 100 + j))
+    f = pl.DataFrame(rows, schema=["src_ip", "dst_ip", "start_ns", "end_ns", "bytes", "path", "pid"], orient="row") \
+        .with_columns(pl.col("pid").cast(pl.Int64))
+    pairs = pl.DataFrame({"pid": list(range(7)), "comm_type": ["DP"] * 7, "job_id": ["job-1"] * 7,
+                          "dp_group": [0] * 7}).with_columns(pl.col("pid").cast(pl.Int64))
+    assert loud(network_verdicts(f, pairs, 1, (0, 60 * S), "w", FlowConfig())) == [("switch", "leafA")]
