@@ -147,7 +147,7 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
     f = f.join(cls, on="plen", how="left", nulls_equal=True).with_columns(
         base_peer=pl.col("base_peer") + pl.min_horizontal(pl.col("cls_off").fill_null(0.0), 0.0),
         base_peer_s=pl.col("base_peer_s") + pl.min_horizontal(pl.col("cls_off").fill_null(0.0), 0.0))
-    f = with_cohorts(f).join(background_levels(f), on="fid", how="left")
+    f = with_cohorts(f, cfg).join(background_levels(f), on="fid", how="left")
     return f.with_columns(
         # background transfers have no peers moving the same thing at the same time (two storage
         # servers serve at their own rates): only their own history is a baseline
@@ -181,10 +181,10 @@ def background_levels(f: pl.DataFrame) -> pl.DataFrame:
 
 
 @njit(cache=True)
-def _cohorts(job: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+def _cohorts(job: np.ndarray, s: np.ndarray, e: np.ndarray, iou: float) -> np.ndarray:
     """Cohort ids of intervals sorted by (job, start): each joins the open cohort whose first interval
-    shares most of their joint span with it (intersection over union >= 1/2, the largest), else opens
-    its own. Open cohorts are those whose first interval has not ended."""
+    overlaps it most (intersection over union >= iou, the largest), else opens its own. Open cohorts
+    are those whose first interval has not ended."""
     n = s.shape[0]
     out = np.empty(n, np.int64)
     ls = np.empty(n, np.int64)
@@ -200,7 +200,7 @@ def _cohorts(job: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
                 ls[j], le[j], lid[j] = ls[t], le[t], lid[t]
                 j += 1
         k = j
-        best, bid = 0.5, -1
+        best, bid = iou, -1
         for t in range(k):
             inter = min(le[t], e[i]) - max(ls[t], s[i])
             union = max(le[t], e[i]) - min(ls[t], s[i])
@@ -215,9 +215,12 @@ def _cohorts(job: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
     return out
 
 
-def with_cohorts(f: pl.DataFrame) -> pl.DataFrame:
-    """`cohort` of each DP flow: the job's DP flows that move together (each shares most of its time
-    span with the cohort's first). A collective is the transfers that move together, not the pairs
+def with_cohorts(f: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
+    """`cohort` of each DP flow: the job's DP flows that move together: each shares its time span with
+    the cohort's first as closely as a transfer slower by the detector's practical floor would
+    (intersection over union >= 1 - min_bw_drop), so a ring paced by a fault and the rings moving at
+    their usual rate beside it, started at once, are cohorts of their own (demo seed 747: a spine
+    halving one channel's rings). A collective is the transfers that move together, not the pairs
     its addresses connect: a ring over hosts whose ranks meet inside each host (FSDP over three hosts
     with tensor parallelism inside them) shows each of its network hops as its own pair and DP group,
     and a ring paced by a congested spine on one hop moves its other hops, on other spines, in
@@ -229,7 +232,7 @@ def with_cohorts(f: pl.DataFrame) -> pl.DataFrame:
     if d.height == 0:
         return f.with_columns(cohort=pl.lit(None, dtype=pl.Int64))
     jc = d["job_id"].rank("dense").cast(pl.Int64).to_numpy()
-    coh = _cohorts(jc, d["start_ns"].to_numpy(), d["end_ns"].to_numpy())
+    coh = _cohorts(jc, d["start_ns"].to_numpy(), d["end_ns"].to_numpy(), 1.0 - cfg.min_bw_drop)
     return f.join(d.select("fid", cohort=pl.Series(coh)), on="fid", how="left")
 
 

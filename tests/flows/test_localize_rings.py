@@ -250,3 +250,17 @@ def test_of_two_leaves_one_paced_ring_cannot_tell_apart_the_one_whose_storage_re
     pairs = pl.DataFrame({"pid": list(range(7)), "comm_type": ["DP"] * 7, "job_id": ["job-1"] * 7,
                           "dp_group": [0] * 7}).with_columns(pl.col("pid").cast(pl.Int64))
     assert loud(network_verdicts(f, pairs, 1, (0, 60 * S), "w", FlowConfig())) == [("switch", "leafA")]
+
+
+def test_a_channel_slowed_by_a_spine_is_told_from_the_channel_beside_it_on_the_same_pairs():
+    # demo seed 747, second minute (tests/data/flow_windows): spine T2-S00 congested; a job's rings move in
+    # two channels started together, one across the spine: its transfers on every hop (inside the leaves
+    # too) slow to the spine's pace, half of each pair's. The channel beside it ends sooner and is no
+    # part of that collective: the spine is named and none of the seven NICs its paced hops cross
+    from pathlib import Path
+
+    from fleetscope.flows.network import network_verdicts
+    d = Path(__file__).resolve().parents[1] / "data" / "flow_windows" / "demo747-w2"
+    f, pairs, hist = (pl.read_parquet(d / f"{n}.parquet") for n in ("flows", "pairs", "history"))
+    v = network_verdicts(f, pairs, 1, (1795262460000000000, 1795262520000000000), "w", FlowConfig(), history=hist)
+    assert loud(v) == [("switch", "T2-S00")]
