@@ -458,28 +458,14 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         # then holds too few slow flows to be named on its own, and would be pinned on a neighbour)
         near = pl.concat([bins, bins - 1, bins + 1]).unique()
         fit_ids = memb.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]) & pl.col("bin").is_in(near)) \
-            .select("fid", "unit", "bin")
+            .select("fid")
         direct = fit_ids.join(flows.select("fid", "e"), on="fid").select("fid", fit="e")
-        # the pace taken off each of its collectives: the median of the collective's other flows, bounded by
-        # the median of its own hops across the cause (medians: a ring's flows are bimodal, a share of its
-        # chunks moving faster than the pair's usual level, and a mean would leave the ring half slow)
-        uf = flows.join(fit_ids.select("unit", "bin").unique(), on=["unit", "bin"])
-        own_u = uf.join(fit_ids.select("fid"), on="fid")
-        lvl = uf.join(fit_ids.select("fid"), on="fid", how="anti").group_by("unit", "bin").agg(m_o=pl.col("e").median()) \
-            .join(own_u.group_by("unit", "bin").agg(m_c=pl.col("e").median()), on=["unit", "bin"]) \
-            .with_columns(gamma=pl.max_horizontal(pl.min_horizontal("m_c", 0.0), pl.min_horizontal("m_o", 0.0)))
-        pacing = uf.join(own_u.select("fid"), on="fid", how="anti").join(lvl.select("unit", "bin", "gamma"), on=["unit", "bin"]) \
-            .select("fid", fit="gamma")
+        # the pace taken off each of its collectives (paced_by)
+        pacing = paced_by(flows, fit_ids, ["unit", "bin"])
         # ... and the pace of the transfers moving in lockstep with its own (with_cohorts: a ring whose hops
         # are pairs of their own, each its own DP group in the flows, moves at its slowest hop's pace just
         # the same), the same bound: the median of its own hops in the cohort
-        cf = flows.filter(pl.col("cohort").is_in(flows.join(fit_ids.select("fid"), on="fid")["cohort"].drop_nulls().unique().implode()))
-        own_c = cf.join(fit_ids.select("fid"), on="fid")
-        lvc = cf.join(own_c.select("fid"), on="fid", how="anti").group_by("cohort").agg(m_o=pl.col("e").median()) \
-            .join(own_c.group_by("cohort").agg(m_c=pl.col("e").median()), on="cohort") \
-            .with_columns(gamma=pl.max_horizontal(pl.min_horizontal("m_c", 0.0), pl.min_horizontal("m_o", 0.0)))
-        in_step = cf.join(own_c.select("fid"), on="fid", how="anti").join(lvc.select("cohort", "gamma"), on="cohort") \
-            .select("fid", fit="gamma")
+        in_step = paced_by(flows, fit_ids, ["cohort"])
         # a flow paced both ways takes the larger of the two paces
         fit = pl.concat([direct, pl.concat([pacing, in_step]).group_by("fid").agg(pl.col("fit").min())])
         flows = flows.join(fit, on="fid", how="left").with_columns(pl.col("fit").fill_null(0.0)).with_columns(
@@ -487,6 +473,19 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
             zf=pl.col("e") * pl.col("w")).drop("fit")
     out = pl.DataFrame(accepted, schema=empty.schema) if accepted else empty
     return out, {"n_tests": n_tests, "z_bar": zb}
+
+
+def paced_by(flows: pl.DataFrame, own: pl.DataFrame, key: list[str]) -> pl.DataFrame:
+    """fid, fit: the pace a named cause takes off the other flows of each group (key: a collective and
+    bin, or a cohort) that its own flows (fid in `own`) belong to: the median of the group's other
+    flows, bounded by the median of its own flows there (medians: a ring's flows are bimodal, a share
+    of its chunks moving faster than the pair's usual level, and a mean would leave the ring half slow)."""
+    mine = flows.join(own, on="fid")
+    g = flows.join(mine.select(key).drop_nulls().unique(), on=key)
+    rest = g.join(own, on="fid", how="anti")
+    lvl = rest.group_by(key).agg(m_o=pl.col("e").median()).join(mine.group_by(key).agg(m_c=pl.col("e").median()), on=key) \
+        .with_columns(gamma=pl.max_horizontal(pl.min_horizontal("m_c", 0.0), pl.min_horizontal("m_o", 0.0)))
+    return rest.join(lvl.select(*key, "gamma"), on=key).select("fid", fit="gamma")
 
 
 def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowConfig,
