@@ -79,12 +79,50 @@ def autocorr_period(t: np.ndarray, min_lag_ns: int, bin_ns: int | None = None, n
     return float((lag + off) * b)
 
 
-def gap_ladder_period(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) -> float | None:
-    """Step period of one address's flow sequence from its gaps: the gap level whose occurrences are
-    evenly spaced. Taking the k largest gaps as boundaries, for k on a geometric ladder: too few
-    (only pauses, or some steps merged) leaves spacings of several periods; too many (buckets, ring
-    chunks) leaves most of the time in a few long spacings between bursts of short ones. At the
-    step level the spacings tile the time evenly. t: start time after each gap (ns), gap: > 0."""
+def _local_median(x: np.ndarray, half: int = 3) -> np.ndarray:
+    """Each value's neighbourhood median (2 * half + 1 values, fewer at the ends)."""
+    n = len(x)
+    if n <= 2 * half + 1:
+        return np.full(n, float(np.median(x)))
+    w = np.lib.stride_tricks.sliding_window_view(np.pad(x, half, mode="reflect"), 2 * half + 1)
+    return np.median(w, axis=1)
+
+
+def _regime_ratio(sp: np.ndarray, far: float = 1.5, spread: float = 0.25, min_run: int = 5) -> np.ndarray:
+    """Each spacing over its reference: the typical spacing over time (the median weighted by
+    duration: the level that holds half of the time), or, inside a stretch of slower steps (a
+    straggler, a congested link), that stretch's median. A stretch is a run of at least min_run
+    consecutive spacings all `far` above the typical, three in four of them within `spread` of
+    their own median (a missed boundary inside it is still a double spacing; a stretch whose
+    spacings scatter more is missed boundaries, not a pace). Isolated long spacings (the
+    pauses between bursts, merged steps) keep the typical one, and so do runs of short ones: the
+    flows of one step's burst are as regular as a pace of steps. (A slower stretch holding more than
+    half of the time becomes the typical one, and the faster steps around it read as parts of
+    steps: a known limit.)"""
+    o = np.argsort(sp, kind="stable")
+    cum = np.cumsum(sp[o])
+    med = float(sp[o][np.searchsorted(cum, 0.5 * cum[-1])])
+    r = sp / med
+    side = (r > far).astype(np.int8)
+    edge = np.flatnonzero(np.diff(side) != 0) + 1
+    for a, b in zip(np.r_[0, edge], np.r_[edge, len(sp)]):
+        if side[a] == 0 or b - a < min_run:
+            continue
+        m = float(np.median(sp[a:b]))
+        if np.mean(np.abs(sp[a:b] / m - 1) <= spread) >= 0.75:
+            r[a:b] = sp[a:b] / m
+    return r
+
+
+def gap_ladder(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) -> tuple[float, np.ndarray] | None:
+    """Step period of one address's flow sequence from its gaps, and the step starts it rests on:
+    the gap level whose occurrences are evenly spaced. Taking the k largest gaps as boundaries, for
+    k on a geometric ladder: too few (only pauses, or some steps merged) leaves spacings of several
+    periods; too many (buckets, ring chunks) leaves most of the time in a few long spacings between
+    bursts of short ones. At the step level the spacings tile the time evenly, but a job may run
+    slower for a while (a straggler, a congested link): a run of consistently longer spacings is
+    judged against its own level (_regime_ratio), isolated long ones against the median.
+    t: start time after each gap (ns), gap: > 0. Returns (median spacing, sorted boundary times) or None."""
     n = len(gap)
     if n < 3:
         return None
@@ -94,51 +132,102 @@ def gap_ladder_period(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.4
     # "evenly spaced" and would name a multiple of the period
     k0 = min(9, max(3, n // 2))
     for k in np.unique(np.round(np.geomspace(k0, n, num=min(n - k0 + 1, 48))).astype(int)):
-        sp = np.diff(np.sort(t[order[:k]]))
-        if len(sp) < 2:
+        tb = np.sort(t[order[:k]])
+        sp = np.diff(tb).astype(np.float64)
+        if len(sp) < 2 or np.median(sp) <= 0:
             continue
-        med = float(np.median(sp))
-        if med <= 0:
-            continue
-        # share of the span in spacings far longer than typical: merged steps or bursts with pauses
-        irregular = float(sp[sp > 1.5 * med].sum() / sp.sum())
+        r = _regime_ratio(sp)
+        # share of the span in spacings far longer than their reference: merged steps, or bursts
+        # with pauses between them
+        irregular = float(sp[r > 1.5].sum() / sp.sum())
         if irregular > max_irregular:
             continue
-        q10, q90 = np.quantile(sp, [0.1, 0.9])
-        score = q90 / max(q10, 1.0)
+        # spread around the reference: many short spacings (a burst's flows) far under the level
+        # that holds the time are as uneven as long ones over it
+        q10, q90 = np.quantile(r, [0.1, 0.9])
+        score = max(q90, 1.0) / max(min(q10, 1.0), 1e-9)
         if best is None or score < best[0]:
-            best = (score, med)
-    return None if best is None else best[1]
+            best = (score, float(np.median(sp)), tb)
+    return None if best is None else (best[1], best[2])
 
 
-def job_periods(bnd: pl.DataFrame, min_lag_ns: int, max_ips: int = 4) -> pl.DataFrame:
+def gap_ladder_period(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) -> float | None:
+    """The period of gap_ladder (ns), or None."""
+    r = gap_ladder(t, gap, max_irregular)
+    return None if r is None else r[0]
+
+
+def step_warp(tb: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """The knots (t, u) of a job's step clock from step starts tb, and the periods at its two ends:
+    u counts steps, each spacing over the gap ladder's reference for it (_regime_ratio: the typical
+    spacing, or inside a stretch of slower steps that stretch's), so a slower stretch keeps one
+    unit per step while an isolated long spacing (a pause, missed starts) counts its steps. Beyond
+    the knots the clock runs at the reference of the nearest end."""
+    sp = np.diff(tb).astype(np.float64)
+    r = _regime_ratio(sp)
+    ref = sp / np.maximum(r, 1e-12)
+    u = np.concatenate([[0.0], np.cumsum(r)])
+    return tb.astype(np.float64), u, float(ref[0]), float(ref[-1])
+
+
+def job_periods(bnd: pl.DataFrame, min_lag_ns: int, max_ips: int = 4) -> tuple[pl.DataFrame, dict]:
     """bnd: boundary flows (job_id, ix, start_ns, end_ns, gap) sorted by (ix, start_ns). Per job its
     step period (period_ns, null when no repetition shows): the median of its first max_ips
-    addresses' gap-ladder periods, else the autocorrelation of their flows."""
+    addresses' gap-ladder periods, else the autocorrelation of their flows; and per job with a
+    gap ladder the step clock's knots (step_warp; from its address with the median period): the
+    job's steps may be slower for a while."""
     if bnd.height == 0:
-        return pl.DataFrame(schema={"job_id": pl.Utf8, "period_ns": pl.Float64})
+        return pl.DataFrame(schema={"job_id": pl.Utf8, "period_ns": pl.Float64}), {}
     sub = bnd.select("job_id", "ix", "start_ns", "gap").with_columns(
         r=pl.col("ix").rank("dense").over("job_id")).filter(pl.col("r") <= max_ips)
-    out = []
+    out, warps = [], {}
     for (job,), g in sub.group_by(["job_id"]):
         per = []
         for (_,), h in g.group_by(["ix"]):
-            pos = h.filter(pl.col("gap") > 0)
-            p = gap_ladder_period(pos["start_ns"].to_numpy(), pos["gap"].to_numpy())
-            if p is not None and p >= min_lag_ns:
-                per.append(p)
-        p = float(np.median(per)) if per else autocorr_period(g["start_ns"].to_numpy(), min_lag_ns)
+            pos = h.filter((pl.col("gap") > 0) & pl.col("gap").is_not_nan())
+            lad = gap_ladder(pos["start_ns"].to_numpy(), pos["gap"].to_numpy())
+            if lad is not None and lad[0] >= min_lag_ns:
+                per.append(lad)
+        if per:
+            per.sort(key=lambda x: x[0])
+            mid = per[(len(per) - 1) // 2]
+            p = float(np.median([x[0] for x in per]))
+            warps[job] = step_warp(mid[1])
+        else:
+            p = autocorr_period(g["start_ns"].to_numpy(), min_lag_ns)
         out.append((job, p))
-    return pl.DataFrame(out, schema={"job_id": pl.Utf8, "period_ns": pl.Float64}, orient="row")
+    return pl.DataFrame(out, schema={"job_id": pl.Utf8, "period_ns": pl.Float64}, orient="row"), warps
 
 
-def periodic_boundaries(seq: pl.DataFrame, half: float = 0.45, min_share: float = 0.25) -> pl.Series:
-    """seq: rows sorted by (ix, start_ns) with gap (ns, null at a group's first row), period_ns
-    (the job's, null: unknown) and ix. True where a flow starts a new step."""
+def warped_units(job: np.ndarray, t: np.ndarray, period: np.ndarray, warps: dict) -> np.ndarray:
+    """Each row's time on its job's step clock in UNITs per step: the warp's knots where the job has
+    one (linear beyond them, at the edge steps' pace), else time over the job's one period."""
+    u = (t - t.min()).astype(np.float64) * (UNIT / period)
+    for j, (kt, ku, p0, p1) in warps.items():
+        m = job == j
+        if not m.any() or len(kt) < 2:
+            continue
+        x = t[m].astype(np.float64)
+        v = np.interp(x, kt, ku)
+        lo, hi = x < kt[0], x > kt[-1]
+        v[lo] = ku[0] - (kt[0] - x[lo]) / p0
+        v[hi] = ku[-1] + (x[hi] - kt[-1]) / p1
+        u[m] = (v - v.min()) * UNIT
+    return u
+
+
+def periodic_boundaries(seq: pl.DataFrame, warps: dict | None = None, half: float = 0.45, min_share: float = 0.25) -> pl.Series:
+    """seq: rows sorted by (ix, start_ns) with job_id, gap (ns, null at a group's first row),
+    period_ns (the job's, null: unknown) and ix; warps: job_periods' step clocks. True where a flow
+    starts a new step."""
     x = seq.select("ix", "start_ns", "gap", "period_ns").with_row_index("_i").with_columns(
-        u=((pl.col("start_ns") - pl.col("start_ns").min()).cast(pl.Float64) * (UNIT / pl.col("period_ns"))).cast(pl.Int64),
-        g=pl.col("gap").fill_null(-1.0).fill_nan(-1.0),
-    )
+        g=pl.col("gap").fill_null(-1.0).fill_nan(-1.0))
+    known_rows = x["period_ns"].is_not_null().to_numpy()
+    u = np.zeros(x.height, dtype=np.int64)
+    if known_rows.any():
+        u[known_rows] = warped_units(seq["job_id"].to_numpy()[known_rows], x["start_ns"].to_numpy()[known_rows],
+                                     x["period_ns"].to_numpy()[known_rows], warps or {}).astype(np.int64)
+    x = x.with_columns(u=pl.Series(u))
     w = f"{int(half * UNIT)}i"
     known = x.filter(pl.col("period_ns").is_not_null())
     fwd = known.with_columns(bmax=pl.col("g").rolling_max_by("u", window_size=w).over("ix"))

@@ -14,8 +14,11 @@ activation sent with it.
 Which direction is forward is not known from the flows alone. Read the wrong way, the drained
 level is the one with the most microbatches in flight: a two-stage pipeline waits there after
 every microbatch (more long waits than once per step), a longer one passes it only briefly (no
-long wait): the reading whose extreme level holds long waits, the fewest of them, is taken. An
-address with two hops (a middle stage) is drained when both are."""
+long wait): the reading whose extreme level holds long waits, the fewest of them, is favoured.
+Each end of a hop reads it, and a pipeline is a chain: a middle stage is downstream on one hop and
+upstream on the other, so one reading per chain is chosen, by the evidence of all its hops' ends
+together (hop_orientation); a middle stage whose two hops wait about equally at both levels takes
+its chain's direction. An address with two hops (a middle stage) is drained when both are."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,16 +35,19 @@ def drained_gaps(df: pl.DataFrame) -> np.ndarray:
     (the first flow of an address keeps NaN)."""
     if df.height == 0:
         return np.zeros(0)
-    # in flight, in bytes: an activation cut into several flows (channels, a transport's records)
-    # comes back as a gradient of its size in however many flows
-    x = df.select("ix", "peer", "start_ns", "end_ns", "gap",
-                  d=pl.when(pl.col("role") == "send").then(pl.col("bytes")).otherwise(-pl.col("bytes")).cast(pl.Float64)).with_row_index("_i")
+    # in flight, in messages: an activation cut into several flows (channels, a transport's records)
+    # comes back as a gradient of its size in however many flows, so bytes are counted; each
+    # direction in units of its own typical message (the two directions' framing may differ by a
+    # few bytes per message, which summed in raw bytes over a window of steps drifts the levels
+    # apart by more than a level's tolerance)
+    x = df.select("ix", "peer", "start_ns", "end_ns", "gap", "role", b=pl.col("bytes").cast(pl.Float64)).with_row_index("_i")
     hop = ["ix", "peer"]
+    x = x.with_columns(d=pl.when(pl.col("role") == "send").then(1.0).otherwise(-1.0)
+                       * pl.col("b") / pl.col("b").median().over(*hop, "role"))
     x = x.with_columns(D=pl.col("d").cum_sum().over(hop),
                        idle=(pl.col("start_ns").shift(-1).over(hop) - pl.col("end_ns")).clip(lower_bound=0).fill_null(0),
-                       # a level is the same within a tenth of the hop's typical flow (headers make
-                       # an activation and its gradient differ by a few bytes)
-                       eps=0.1 * pl.col("d").abs().median().over(hop))
+                       # a level is the same within a tenth of a message
+                       eps=pl.lit(0.1))
     # the levels around each flow (a lost or cut flow record shifts the count for good: levels
     # are local, over WINDOW flows of the hop, a step or more of them)
     x = x.with_columns(lo=pl.col("D").rolling_min(WINDOW, min_samples=1, center=True).over(hop) + pl.col("eps"),
@@ -57,7 +63,15 @@ def drained_gaps(df: pl.DataFrame) -> np.ndarray:
     use_lo = (pl.when(pl.col("n_lo") == 0).then(False).when(pl.col("n_hi") == 0).then(True)
               .when(pl.col("n_lo") != pl.col("n_hi")).then(pl.col("n_lo") < pl.col("n_hi"))
               .otherwise(pl.col("t_lo") <= pl.col("t_hi")))
-    x = x.join(t.with_columns(use_lo=use_lo), on=hop, how="left").with_columns(
+    # each end's vote for reading its sends as activations (the drained level low), by the same
+    # rule: a level without long waits is no drained level; of two with, the one with fewer
+    vote = (pl.when(pl.col("n_lo") == 0).then(-pl.lit(1.0) * (pl.col("n_hi") > 0)).when(pl.col("n_hi") == 0).then(1.0)
+            .otherwise((pl.col("n_hi").cast(pl.Float64) - pl.col("n_lo")) / (pl.col("n_hi") + pl.col("n_lo"))))
+    t = t.with_columns(vote=vote, use_lo=use_lo)
+    if "ip" in df.columns:
+        t = t.with_columns(use_lo=pl.Series(hop_orientation(t["ix"].to_numpy(), t["peer"].to_list(), t["vote"].to_numpy(),
+                                                            t["use_lo"].to_numpy(), df.select("ix", "ip").unique())))
+    x = x.join(t.select(*hop, "use_lo"), on=hop, how="left").with_columns(
         drained=pl.when(pl.col("use_lo")).then(at_lo).otherwise(at_hi))
     # hops not drained after each flow, over the address's flows in time order
     nd = (~pl.col("drained")).cast(pl.Int64)
@@ -65,3 +79,57 @@ def drained_gaps(df: pl.DataFrame) -> np.ndarray:
     x = x.with_columns(busy_before=(pl.col("change").cum_sum().over("ix") - pl.col("change")))
     return x.select(pl.when(pl.col("busy_before") == 0).then(pl.col("gap")).otherwise(
         pl.when(pl.col("gap").is_nan()).then(pl.col("gap")).otherwise(0.0)))["gap"].to_numpy()
+
+
+def hop_orientation(ix: np.ndarray, peer: list, vote: np.ndarray, own: np.ndarray, ips: pl.DataFrame) -> np.ndarray:
+    """Per (address, peer) hop reading: True where the address is upstream (sends the activations).
+    vote: each end's evidence for being upstream (-1..1); own: each end's reading alone; ips: the
+    addresses' (ix, ip), which name the peers. The hops
+    form chains (pipelines): along a chain every address is upstream of the next, so the chain
+    takes the direction its votes favour in sum. A component that is no chain (a cycle, a rank
+    with three or more hops) keeps each end's own reading."""
+    ip_of = dict(zip(ips["ix"].to_list(), ips["ip"].to_list()))
+    ix_of = {v: k for k, v in ip_of.items()}
+    nodes = [int(i) for i in ix]
+    peers = [ix_of.get(p) for p in peer]
+    adj: dict[int, set] = {}
+    for a, b in zip(nodes, peers):
+        if b is None:
+            continue
+        adj.setdefault(a, set()).add(b)
+        adj.setdefault(b, set()).add(a)
+    out = np.asarray(own, dtype=bool).copy()
+    seen: set = set()
+    row_of = {(a, b): k for k, (a, b) in enumerate(zip(nodes, peers))}
+    for start in list(adj):
+        if start in seen:
+            continue
+        comp, stack = [], [start]
+        seen.add(start)
+        while stack:
+            v = stack.pop()
+            comp.append(v)
+            for w in adj[v]:
+                if w not in seen:
+                    seen.add(w)
+                    stack.append(w)
+        ends = [v for v in comp if len(adj[v]) == 1]
+        n_edges = sum(len(adj[v]) for v in comp) // 2
+        if len(ends) != 2 or any(len(adj[v]) > 2 for v in comp) or n_edges != len(comp) - 1:
+            continue
+        # positions along the chain from one end
+        pos, prev, v = {}, None, ends[0]
+        while v is not None:
+            pos[v] = len(pos)
+            nxt = [w for w in adj[v] if w != prev]
+            prev, v = v, (nxt[0] if nxt else None)
+        total = 0.0
+        for (a, b), k in row_of.items():
+            if a in pos and b in pos:
+                total += vote[k] if pos[a] < pos[b] else -vote[k]
+        if total == 0:
+            continue
+        for (a, b), k in row_of.items():
+            if a in pos and b in pos:
+                out[k] = (pos[a] < pos[b]) == (total > 0)
+    return out

@@ -203,13 +203,13 @@ def _gap_boundaries(df: pl.DataFrame, gid: np.ndarray, gaps: np.ndarray, cfg: Fl
     shows (period.periodic_boundaries), else the online two-level filter (changepoint); per job
     period_ns and the claim guard_ns."""
     d = df.with_columns(gap=pl.Series(gaps))
-    periods = job_periods(d, cfg.min_period_ns)
+    periods, warps = job_periods(d, cfg.min_period_ns)
     # the guard is one constant for every job (longer than half of any step period): a guard
     # computed from each window's own period estimate could differ between two windows and let
     # both, or neither, claim a step
     periods = periods.with_columns(guard_ns=pl.lit(cfg.edge_guard_ns, dtype=pl.Int64))
     d = d.join(periods.select("job_id", "period_ns"), on="job_id", how="left", maintain_order="left")
-    periodic = periodic_boundaries(d).to_numpy()
+    periodic = periodic_boundaries(d, warps).to_numpy()
     known = d["period_ns"].is_not_null().to_numpy()
     if (~known).any():
         dur = (d["end_ns"] - d["start_ns"]).to_numpy().astype(np.float64)

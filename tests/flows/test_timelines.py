@@ -85,3 +85,23 @@ def test_a_ddp_jobs_setup_and_bucket_rebuild_are_no_steps(folder):
     all-reduce as that step's tail; neither is a step's traffic (spurious 1.4 % and 2.1 % before)."""
     r = run_folder(folder, tail_ns=0)
     assert r["spurious_share"] < 0.01 and r["step_coverage"] >= 0.99, (r["spurious_share"], r["step_coverage"])
+
+
+def test_a_pipelines_steps_stay_whole_through_a_stretch_of_slower_steps():
+    """Real PP2 over gloo, the last stage slowed ~3x for 15 s of 40 (a rank sleeping in its forward
+    passes): the job's steps are 256 ms, then 870 ms, then 256 ms again. One period for the whole
+    window (the gap ladder judged every spacing against the median) read the slow stretch as
+    irregular, took a period of ~2 s, and no step was right (coverage 0.0, the job's steps
+    withheld); a run of consistently longer spacings is now judged against its own level."""
+    r = run_folder(REAL / "flow_faults" / "seed6" / "pp2-straggler-s6", tail_ns=0)
+    assert r["step_coverage"] >= 0.95 and r["spurious_share"] <= 0.05, (r["step_coverage"], r["spurious_share"])
+
+
+def test_a_pipelines_middle_stages_read_their_hops_as_one_chain():
+    """Real PP4 over gloo: in the first window each middle stage read one of its hops backwards (the
+    long waits at its two levels 13 against 14), both hops of one stage came out upstream, and the
+    middle stages had no step for the window's first 9 s (coverage 0.87). A middle stage is
+    downstream on one hop and upstream on the other: the chain takes one direction, by all its
+    hops' evidence."""
+    r = run_folder(REAL / "flow_faults" / "seed5" / "pp4-congested_uplink-s5", tail_ns=0)
+    assert r["step_coverage"] >= 0.99, r["step_coverage"]

@@ -1,0 +1,56 @@
+"""Step periods from an address's gaps (fleetscope.flows.period.gap_ladder): hand-built flow
+sequences whose step starts are known."""
+import numpy as np
+
+from fleetscope.flows.period import gap_ladder, step_warp
+
+MS = 1_000_000
+
+
+def _sequence(step_ms: list[float], mids: int, mid_gap_ms: float, bnd_gap_ms: float, seed: int = 0):
+    """Flow starts and the gap before each: per step one boundary gap, then `mids` flows closer."""
+    rng = np.random.default_rng(seed)
+    t, g, starts = [], [], []
+    now = 0.0
+    for d in step_ms:
+        starts.append(now)
+        t.append(now)
+        g.append(bnd_gap_ms * (1 + 0.05 * rng.standard_normal()))
+        for k in range(mids):
+            t.append(now + (k + 1) * d / (mids + 2))
+            g.append(mid_gap_ms * (1 + 0.05 * rng.standard_normal()))
+        now += d
+    return np.array(t) * MS, np.array(g) * MS, np.array(starts) * MS
+
+
+def test_a_stretch_of_slower_steps_keeps_one_boundary_per_step():
+    """65 steps of 256 ms, 21 of 870 ms (a straggler), 23 of 256 ms: the slow stretch is 42 % of
+    the time; judged against the median spacing it was irregular and a multiple was taken."""
+    t, g, starts = _sequence([256] * 65 + [870] * 21 + [256] * 23, mids=3, mid_gap_ms=0.3, bnd_gap_ms=50)
+    period, tb = gap_ladder(t, g)
+    assert abs(period / (256 * MS) - 1) < 0.02
+    # the step clock built on the ladder's boundaries counts one unit per true step throughout
+    kt, ku, _, _ = step_warp(tb)
+    per_step = np.diff(np.interp(starts[1:-1], kt, ku))
+    assert np.all(np.abs(per_step - 1) < 0.25), per_step
+
+
+def test_many_flows_of_one_burst_are_not_steps():
+    """Steps of 2 s whose traffic is one burst of 30 flows 3 ms apart: the burst's spacings are
+    regular too, but far under the level that holds the time."""
+    t, g, starts = _sequence([2000] * 40, mids=30, mid_gap_ms=2.9, bnd_gap_ms=1700)
+    # the burst: its flows right after the step's start, 3 ms apart
+    k = np.arange(len(t)) % 31
+    t2 = np.repeat(starts, 31) + k * 3 * MS
+    period, tb = gap_ladder(t2, g)
+    assert abs(period / (2000 * MS) - 1) < 0.02 and abs(len(tb) - 40) <= 2
+
+
+def test_the_step_clock_counts_one_unit_per_step_through_a_slower_stretch_and_a_pause():
+    """Step starts with a slower stretch and one 5 s pause (a checkpoint): one unit per step, the
+    pause as the steps it could have held."""
+    tb = np.cumsum([0] + [256] * 40 + [870] * 10 + [256] * 20 + [5000] + [256] * 10).astype(float) * MS
+    kt, ku, _, _ = step_warp(tb)
+    du = np.diff(ku)
+    pause = 70
+    assert np.allclose(np.delete(du, pause), 1.0, atol=0.01) and abs(du[pause] - 5000 / 256) < 0.1, du
