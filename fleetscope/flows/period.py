@@ -114,7 +114,7 @@ def _regime_ratio(sp: np.ndarray, far: float = 1.5, spread: float = 0.25, min_ru
     return r
 
 
-def gap_ladder(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) -> tuple[float, np.ndarray] | None:
+def gap_ladder_fit(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) -> tuple[float, float, np.ndarray] | None:
     """Step period of one address's flow sequence from its gaps, and the step starts it rests on:
     the gap level whose occurrences are evenly spaced. Taking the k largest gaps as boundaries, for
     k on a geometric ladder: too few (only pauses, or some steps merged) leaves spacings of several
@@ -122,7 +122,8 @@ def gap_ladder(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) -> t
     bursts of short ones. At the step level the spacings tile the time evenly, but a job may run
     slower for a while (a straggler, a congested link): a run of consistently longer spacings is
     judged against its own level (_regime_ratio), isolated long ones against the median.
-    t: start time after each gap (ns), gap: > 0. Returns (median spacing, sorted boundary times) or None."""
+    t: start time after each gap (ns), gap: > 0. Returns (score: the spread of the spacings around
+    their references, 1 for perfectly even steps; median spacing; sorted boundary times) or None."""
     n = len(gap)
     if n < 3:
         return None
@@ -148,7 +149,13 @@ def gap_ladder(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) -> t
         score = max(q90, 1.0) / max(min(q10, 1.0), 1e-9)
         if best is None or score < best[0]:
             best = (score, float(np.median(sp)), tb)
-    return None if best is None else (best[1], best[2])
+    return best
+
+
+def gap_ladder(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) -> tuple[float, np.ndarray] | None:
+    """gap_ladder_fit's (period, boundary times), or None."""
+    r = gap_ladder_fit(t, gap, max_irregular)
+    return None if r is None else (r[1], r[2])
 
 
 def gap_ladder_period(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) -> float | None:

@@ -16,13 +16,16 @@ level is the one with the most microbatches in flight: a two-stage pipeline wait
 every microbatch (more long waits than once per step), a longer one passes it only briefly (no
 long wait): the reading whose extreme level holds long waits, the fewest of them, is favoured.
 Each end of a hop reads it, and a pipeline is a chain: a middle stage is downstream on one hop and
-upstream on the other, so one reading per chain is chosen, by the evidence of all its hops' ends
-together (hop_orientation); a middle stage whose two hops wait about equally at both levels takes
-its chain's direction. An address with two hops (a middle stage) is drained when both are."""
+upstream on the other, so one reading per chain is chosen (hop_chains): the one whose drained gaps
+repeat more evenly, one per step (the gap ladder's score at the chain's ends; a two-stage pipeline
+with two microbatches in flight now and then holds as many long waits at either extreme), else
+the one its ends' votes favour in sum. An address with two hops (a middle stage) is drained when both are."""
 from __future__ import annotations
 
 import numpy as np
 import polars as pl
+
+from fleetscope.flows.period import gap_ladder_fit
 
 WINDOW = 129  # flows of a hop over which its drained level is taken: a step's worth unless a step
 #               moves more than 64 flows each way over one hop
@@ -68,9 +71,33 @@ def drained_gaps(df: pl.DataFrame) -> np.ndarray:
     vote = (pl.when(pl.col("n_lo") == 0).then(-pl.lit(1.0) * (pl.col("n_hi") > 0)).when(pl.col("n_hi") == 0).then(1.0)
             .otherwise((pl.col("n_hi").cast(pl.Float64) - pl.col("n_lo")) / (pl.col("n_hi") + pl.col("n_lo"))))
     t = t.with_columns(vote=vote, use_lo=use_lo)
-    if "ip" in df.columns:
-        t = t.with_columns(use_lo=pl.Series(hop_orientation(t["ix"].to_numpy(), t["peer"].to_list(), t["vote"].to_numpy(),
-                                                            t["use_lo"].to_numpy(), df.select("ix", "ip").unique())))
+    if "ip" not in df.columns:
+        return _drained(x, t, at_lo, at_hi)
+    # a chain's reading: the one whose drained gaps repeat most evenly (one per step), the votes'
+    # in sum where neither shows steps better
+    chain, fwd, ends = hop_chains(t["ix"].to_numpy(), t["peer"].to_list(), df.select("ix", "ip").unique())
+    if not ends:
+        return _drained(x, t, at_lo, at_hi)
+    on = chain >= 0
+    signed = np.where(fwd, 1.0, -1.0) * t["vote"].to_numpy()
+    favoured = np.bincount(chain[on], weights=signed[on], minlength=len(ends)) >= 0
+    readings = []
+    for flip in (False, True):
+        u = t["use_lo"].to_numpy().copy()
+        u[on] = fwd[on] == (favoured[chain[on]] != flip)
+        readings.append(_drained(x, t.with_columns(use_lo=pl.Series(u)), at_lo, at_hi))
+    rows = x.sort("_i")
+    ix_rows, start = rows["ix"].to_numpy(), rows["start_ns"].to_numpy()
+    ix_chain = dict(zip(t["ix"].to_list(), chain.tolist()))
+    flip_c = np.array([_evenness(readings[1], ix_rows, start, e) < _evenness(readings[0], ix_rows, start, e) for e in ends])
+    row_chain = np.array([ix_chain.get(int(i), -1) for i in ix_rows])
+    use = (row_chain >= 0) & flip_c[np.maximum(row_chain, 0)]
+    return np.where(use, readings[1], readings[0])
+
+
+def _drained(x: pl.DataFrame, t: pl.DataFrame, at_lo: pl.Expr, at_hi: pl.Expr) -> np.ndarray:
+    """The drained gaps for the hop readings in t (use_lo per (ix, peer))."""
+    hop = ["ix", "peer"]
     x = x.join(t.select(*hop, "use_lo"), on=hop, how="left").with_columns(
         drained=pl.when(pl.col("use_lo")).then(at_lo).otherwise(at_hi))
     # hops not drained after each flow, over the address's flows in time order
@@ -81,31 +108,38 @@ def drained_gaps(df: pl.DataFrame) -> np.ndarray:
         pl.when(pl.col("gap").is_nan()).then(pl.col("gap")).otherwise(0.0)))["gap"].to_numpy()
 
 
-def hop_orientation(ix: np.ndarray, peer: list, vote: np.ndarray, own: np.ndarray, ips: pl.DataFrame) -> np.ndarray:
-    """Per (address, peer) hop reading: True where the address is upstream (sends the activations).
-    vote: each end's evidence for being upstream (-1..1); own: each end's reading alone; ips: the
-    addresses' (ix, ip), which name the peers. The hops
-    form chains (pipelines): along a chain every address is upstream of the next, so the chain
-    takes the direction its votes favour in sum. A component that is no chain (a cycle, a rank
-    with three or more hops) keeps each end's own reading."""
-    ip_of = dict(zip(ips["ix"].to_list(), ips["ip"].to_list()))
-    ix_of = {v: k for k, v in ip_of.items()}
+def _evenness(g: np.ndarray, ix: np.ndarray, start: np.ndarray, members: list) -> float:
+    """How evenly the drained gaps of a chain's end addresses repeat: the median over them of the
+    gap ladder's score (inf where no step shows)."""
+    sc = []
+    for i in members:
+        m = (ix == i) & (np.nan_to_num(g, nan=0.0) > 0)
+        fit = gap_ladder_fit(start[m], g[m])
+        sc.append(np.inf if fit is None else fit[0])
+    return float(np.median(sc)) if sc else np.inf
+
+
+def hop_chains(ix: np.ndarray, peer: list, ips: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, list]:
+    """Per (address, peer) hop row: its chain (a pipeline: addresses linked by hops in a line; -1
+    for a component that is no chain: a cycle, a rank with three or more hops) and whether the
+    address comes before the peer along the chain (from one end); and per chain its two end
+    addresses."""
+    ix_of = dict(zip(ips["ip"].to_list(), ips["ix"].to_list()))
     nodes = [int(i) for i in ix]
     peers = [ix_of.get(p) for p in peer]
     adj: dict[int, set] = {}
     for a, b in zip(nodes, peers):
-        if b is None:
-            continue
-        adj.setdefault(a, set()).add(b)
-        adj.setdefault(b, set()).add(a)
-    out = np.asarray(own, dtype=bool).copy()
+        if b is not None:
+            adj.setdefault(a, set()).add(b)
+            adj.setdefault(b, set()).add(a)
+    place: dict[int, tuple[int, int]] = {}   # address -> (chain, position)
+    ends_of: list = []
     seen: set = set()
-    row_of = {(a, b): k for k, (a, b) in enumerate(zip(nodes, peers))}
-    for start in list(adj):
-        if start in seen:
+    for first in list(adj):
+        if first in seen:
             continue
-        comp, stack = [], [start]
-        seen.add(start)
+        comp, stack = [], [first]
+        seen.add(first)
         while stack:
             v = stack.pop()
             comp.append(v)
@@ -114,22 +148,18 @@ def hop_orientation(ix: np.ndarray, peer: list, vote: np.ndarray, own: np.ndarra
                     seen.add(w)
                     stack.append(w)
         ends = [v for v in comp if len(adj[v]) == 1]
-        n_edges = sum(len(adj[v]) for v in comp) // 2
-        if len(ends) != 2 or any(len(adj[v]) > 2 for v in comp) or n_edges != len(comp) - 1:
+        if len(ends) != 2 or any(len(adj[v]) > 2 for v in comp):
             continue
-        # positions along the chain from one end
-        pos, prev, v = {}, None, ends[0]
+        c, prev, v, k = len(ends_of), None, ends[0], 0
         while v is not None:
-            pos[v] = len(pos)
+            place[v] = (c, k)
             nxt = [w for w in adj[v] if w != prev]
-            prev, v = v, (nxt[0] if nxt else None)
-        total = 0.0
-        for (a, b), k in row_of.items():
-            if a in pos and b in pos:
-                total += vote[k] if pos[a] < pos[b] else -vote[k]
-        if total == 0:
-            continue
-        for (a, b), k in row_of.items():
-            if a in pos and b in pos:
-                out[k] = (pos[a] < pos[b]) == (total > 0)
-    return out
+            prev, v, k = v, (nxt[0] if nxt else None), k + 1
+        ends_of.append(ends)
+    chain = np.full(len(nodes), -1, dtype=np.int64)
+    fwd = np.zeros(len(nodes), dtype=bool)
+    for k, (a, b) in enumerate(zip(nodes, peers)):
+        if a in place and b in place:
+            chain[k] = place[a][0]
+            fwd[k] = place[a][1] < place[b][1]
+    return chain, fwd, ends_of
