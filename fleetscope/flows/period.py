@@ -88,7 +88,8 @@ def _local_median(x: np.ndarray, half: int = 3) -> np.ndarray:
     return np.median(w, axis=1)
 
 
-def _regime_ratio(sp: np.ndarray, far: float = 1.5, spread: float = 0.25, min_run: int = 5) -> np.ndarray:
+def _regime_ratio(sp: np.ndarray, far: float = 1.5, spread: float = 0.25, min_run: int = 5,
+                  typical: float | None = None) -> np.ndarray:
     """Each spacing over its reference: the typical spacing over time (the median weighted by
     duration: the level that holds half of the time), or, inside a stretch of slower steps (a
     straggler, a congested link), that stretch's median. A stretch is a run of at least min_run
@@ -98,10 +99,12 @@ def _regime_ratio(sp: np.ndarray, far: float = 1.5, spread: float = 0.25, min_ru
     pauses between bursts, merged steps) keep the typical one, and so do runs of short ones: the
     flows of one step's burst are as regular as a pace of steps. (A slower stretch holding more than
     half of the time becomes the typical one, and the faster steps around it read as parts of
-    steps: a known limit.)"""
-    o = np.argsort(sp, kind="stable")
-    cum = np.cumsum(sp[o])
-    med = float(sp[o][np.searchsorted(cum, 0.5 * cum[-1])])
+    steps: a known limit.) `typical` overrides the reference (the step clock: the ladder's period)."""
+    if typical is None:
+        o = np.argsort(sp, kind="stable")
+        cum = np.cumsum(sp[o])
+        typical = float(sp[o][np.searchsorted(cum, 0.5 * cum[-1])])
+    med = typical
     r = sp / med
     side = (r > far).astype(np.int8)
     edge = np.flatnonzero(np.diff(side) != 0) + 1
@@ -137,9 +140,9 @@ def gap_ladder_fit(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) 
         sp = np.diff(tb).astype(np.float64)
         if len(sp) < 2 or np.median(sp) <= 0:
             continue
-        r = _regime_ratio(sp)
         # share of the span in spacings far longer than their reference: merged steps, or bursts
         # with pauses between them
+        r = _regime_ratio(sp)
         irregular = float(sp[r > 1.5].sum() / sp.sum())
         if irregular > max_irregular:
             continue
@@ -166,12 +169,14 @@ def gap_ladder_period(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.4
 
 def step_warp(tb: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
     """The knots (t, u) of a job's step clock from step starts tb, and the periods at its two ends:
-    u counts steps, each spacing over the gap ladder's reference for it (_regime_ratio: the typical
-    spacing, or inside a stretch of slower steps that stretch's), so a slower stretch keeps one
+    u counts steps, each spacing over its reference (_regime_ratio: the median spacing, or inside a
+    stretch of slower steps that stretch's), so a slower stretch keeps one
     unit per step while an isolated long spacing (a pause, missed starts) counts its steps. Beyond
     the knots the clock runs at the reference of the nearest end."""
     sp = np.diff(tb).astype(np.float64)
-    r = _regime_ratio(sp)
+    # the ladder's period (the median spacing) is the reference here: among the chosen starts a few
+    # missed ones hold much time and would raise a time-weighted one
+    r = _regime_ratio(sp, typical=float(np.median(sp)))
     ref = sp / np.maximum(r, 1e-12)
     u = np.concatenate([[0.0], np.cumsum(r)])
     return tb.astype(np.float64), u, float(ref[0]), float(ref[-1])

@@ -27,7 +27,7 @@ import numpy as np
 from fleetscope.common import robust_sigma
 from fleetscope.flows.changepoint import sequence_gaps, split_steps, step_index
 from fleetscope.flows.config import FlowConfig
-from fleetscope.flows.period import job_periods, periodic_boundaries
+from fleetscope.flows.period import UNIT, job_periods, periodic_boundaries, warped_units
 from fleetscope.flows.pipeline import drained_gaps
 from fleetscope.flows.stats import typical
 from fleetscope.flows.volume import balance_boundaries, partial_first
@@ -170,7 +170,7 @@ def split_ip_steps(bnd: pl.DataFrame, cfg: FlowConfig) -> tuple[pl.DataFrame, pl
     gid = df["ix"].to_numpy()
     start = df["start_ns"].to_numpy()
     gaps = sequence_gaps(gid, start, df["end_ns"].to_numpy())
-    b, periods = _gap_boundaries(df, gid, gaps, cfg)
+    b, periods, _ = _gap_boundaries(df, gid, gaps, cfg)
     if "source" in df.columns and "role" in df.columns:
         # a pipeline job's (no address with DP pairs) step starts after its hops were drained
         # (pipeline module doc); where its pairs were mislabeled (DP hops read as pipeline ones)
@@ -181,9 +181,9 @@ def split_ip_steps(bnd: pl.DataFrame, cfg: FlowConfig) -> tuple[pl.DataFrame, pl
         if pp.any():
             dg = gaps.copy()
             dg[pp] = drained_gaps(df.filter(pl.Series(pp)).with_columns(gap=pl.Series(gaps[pp])))
-            bd, pd_ = _gap_boundaries(df, gid, dg, cfg)
+            bd, pd_, clock = _gap_boundaries(df, gid, dg, cfg)
             jobs = df["job_id"].to_numpy()
-            reg = _regularity(jobs, gid, start, bd, cfg.max_rel_spread)
+            reg = _regularity(jobs, gid, clock, bd, cfg.max_rel_spread)
             use = pp & np.array([reg.get(j, 0.0) >= cfg.min_typical for j in jobs])
             if use.any():
                 b = np.where(use, bd, b)
@@ -198,10 +198,11 @@ def split_ip_steps(bnd: pl.DataFrame, cfg: FlowConfig) -> tuple[pl.DataFrame, pl
     return df.with_columns(seg=pl.Series(step_index(gid, b), dtype=pl.Int64)).drop("gap"), periods
 
 
-def _gap_boundaries(df: pl.DataFrame, gid: np.ndarray, gaps: np.ndarray, cfg: FlowConfig) -> tuple[np.ndarray, pl.DataFrame]:
+def _gap_boundaries(df: pl.DataFrame, gid: np.ndarray, gaps: np.ndarray, cfg: FlowConfig) -> tuple[np.ndarray, pl.DataFrame, np.ndarray]:
     """Boundaries from gaps: the job's period and the largest gap of each period where a period
     shows (period.periodic_boundaries), else the online two-level filter (changepoint); per job
-    period_ns and the claim guard_ns."""
+    period_ns and the claim guard_ns; and each row's time on its job's step clock (in steps; the
+    start time in ns where the job shows no period)."""
     d = df.with_columns(gap=pl.Series(gaps))
     periods, warps = job_periods(d, cfg.min_period_ns)
     # the guard is one constant for every job (longer than half of any step period): a guard
@@ -210,6 +211,10 @@ def _gap_boundaries(df: pl.DataFrame, gid: np.ndarray, gaps: np.ndarray, cfg: Fl
     periods = periods.with_columns(guard_ns=pl.lit(cfg.edge_guard_ns, dtype=pl.Int64))
     d = d.join(periods.select("job_id", "period_ns"), on="job_id", how="left", maintain_order="left")
     periodic = periodic_boundaries(d, warps).to_numpy()
+    clock = d["start_ns"].to_numpy().astype(np.float64)
+    kn = d["period_ns"].is_not_null().to_numpy()
+    if kn.any():
+        clock[kn] = warped_units(d["job_id"].to_numpy()[kn], d["start_ns"].to_numpy()[kn], d["period_ns"].to_numpy()[kn], warps) / UNIT
     known = d["period_ns"].is_not_null().to_numpy()
     if (~known).any():
         dur = (d["end_ns"] - d["start_ns"]).to_numpy().astype(np.float64)
@@ -218,15 +223,18 @@ def _gap_boundaries(df: pl.DataFrame, gid: np.ndarray, gaps: np.ndarray, cfg: Fl
         b = periodic
     first = np.ones(len(gid), dtype=bool)
     first[1:] = gid[1:] != gid[:-1]
-    return b | first, periods
+    return b | first, periods, clock
 
 
-def _regularity(jobs: np.ndarray, gid: np.ndarray, start: np.ndarray, b: np.ndarray, spread: float) -> dict:
-    """Per job: the share of its steps (boundary to boundary, per address) within `spread` of the
-    job's median step: how regular a split is."""
-    d = (pl.DataFrame({"job": jobs[b], "ix": gid[b], "t": start[b]})
+def _regularity(jobs: np.ndarray, gid: np.ndarray, clock: np.ndarray, b: np.ndarray, spread: float) -> dict:
+    """Per job: the share of its time (boundary to boundary, per address, on the job's step clock:
+    a stretch of slower steps keeps one unit per step) in steps within `spread` of the job's
+    median step: how regular a split is. Time, not steps: a split that misses boundaries leaves
+    few steps, each two or three long."""
+    d = (pl.DataFrame({"job": jobs[b], "ix": gid[b], "t": clock[b]})
          .with_columns(dt=pl.col("t").diff().over("ix")).filter(pl.col("dt") > 0))
-    r = d.group_by("job").agg(share=typical(pl.col("dt"), pl.col("dt").median(), spread).mean())
+    ok = typical(pl.col("dt"), pl.col("dt").median(), spread)
+    r = d.group_by("job").agg(share=pl.col("dt").filter(ok).sum() / pl.col("dt").sum())
     return dict(zip(r["job"].to_list(), r["share"].to_list()))
 
 
