@@ -186,8 +186,8 @@ def job_periods(bnd: pl.DataFrame, min_lag_ns: int, max_ips: int = 4) -> tuple[p
     """bnd: boundary flows (job_id, ix, start_ns, end_ns, gap) sorted by (ix, start_ns). Per job its
     step period (period_ns, null when no repetition shows): the median of its first max_ips
     addresses' gap-ladder periods, else the autocorrelation of their flows; and per job with a
-    gap ladder the step clock's knots (step_warp; from its address whose ladder period is nearest
-    the job's, within a quarter): the job's steps may be slower for a while."""
+    gap ladder the step clock's knots (step_warp; from its address with the shortest ladder period
+    of at least half the job's): the job's steps may be slower for a while."""
     if bnd.height == 0:
         return pl.DataFrame(schema={"job_id": pl.Utf8, "period_ns": pl.Float64}), {}
     sub = bnd.select("job_id", "ix", "start_ns", "gap").with_columns(
@@ -202,11 +202,12 @@ def job_periods(bnd: pl.DataFrame, min_lag_ns: int, max_ips: int = 4) -> tuple[p
                 per.append(lad)
         if per:
             p = float(np.median([x[0] for x in per]))
-            # the clock from the address whose ladder agrees best with the job's period (addresses
-            # may disagree: one ladder on a burst's flows), none where none agrees
-            near = min(per, key=lambda x: abs(x[0] / p - 1))
-            if abs(near[0] / p - 1) <= 0.25:
-                warps[job] = step_warp(near[1])
+            # the clock from the address with the shortest ladder period of at least half the job's:
+            # addresses disagree when a job slows for a while (some ladders hold the slow stretch's
+            # steps, and a faster clock never merges steps) or one ladder took a burst's flows (far
+            # under the job's period)
+            fast = min((x for x in per if x[0] >= 0.5 * p), key=lambda x: x[0])
+            warps[job] = step_warp(fast[1])
         else:
             p = autocorr_period(g["start_ns"].to_numpy(), min_lag_ns)
         out.append((job, p))
