@@ -3,16 +3,18 @@
 A two-level gap filter (changepoint.py) splits a sequence where gaps jump far above the typical
 gap. That breaks on fast jobs (a step's compute gap barely exceeds the gaps between its buckets),
 on jobs whose DP traffic spreads over the backward pass (DDP buckets), and on pauses that look like
-steps. Every step of a job repeats with one period, though, and the job's many addresses and flows
-estimate it well:
+steps. Every step of a job repeats, though, and the job's many addresses and flows estimate its pace
+well, even where a fault slows it for a while:
 
-1. job_periods: per job, the autocorrelation of its boundary flows' start times (binned, FFT) peaks
-   at the step period; the smallest lag whose autocorrelation is close to the peak's is taken, so a
-   multiple of the period (every other step alike) is never chosen over the period itself.
+1. job_periods: per job, the gap ladder of its first addresses (gap_ladder_fit: the k largest gaps
+   whose starts tile the time evenly, a run of consistently longer spacings judged against its own
+   level), else the autocorrelation of their flows; and a step clock (step_warp) from the address
+   with the shortest ladder period of at least half the job's: time counted in steps, one unit per
+   step through a slower stretch.
 2. periodic_boundaries: per address, a gap starts a step when it is the largest gap within half a
-   period on either side of it, and clearly above the address's typical gap: one boundary per
-   period wherever the step's longest quiet time falls, robust to jitter and to single long steps
-   (a stall leaves one long gap, still one boundary).
+   step on either side of it on that clock, and clearly above the address's typical gap: one
+   boundary per step wherever the step's longest quiet time falls, robust to jitter and to single
+   long steps (a stall leaves one long gap, still one boundary).
 """
 from __future__ import annotations
 
@@ -79,15 +81,6 @@ def autocorr_period(t: np.ndarray, min_lag_ns: int, bin_ns: int | None = None, n
     return float((lag + off) * b)
 
 
-def _local_median(x: np.ndarray, half: int = 3) -> np.ndarray:
-    """Each value's neighbourhood median (2 * half + 1 values, fewer at the ends)."""
-    n = len(x)
-    if n <= 2 * half + 1:
-        return np.full(n, float(np.median(x)))
-    w = np.lib.stride_tricks.sliding_window_view(np.pad(x, half, mode="reflect"), 2 * half + 1)
-    return np.median(w, axis=1)
-
-
 def _regime_ratio(sp: np.ndarray, far: float = 1.5, spread: float = 0.25, min_run: int = 5,
                   typical: float | None = None) -> np.ndarray:
     """Each spacing over its reference: the typical spacing over time (the median weighted by
@@ -124,7 +117,8 @@ def gap_ladder_fit(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) 
     periods; too many (buckets, ring chunks) leaves most of the time in a few long spacings between
     bursts of short ones. At the step level the spacings tile the time evenly, but a job may run
     slower for a while (a straggler, a congested link): a run of consistently longer spacings is
-    judged against its own level (_regime_ratio), isolated long ones against the median.
+    judged against its own level (_regime_ratio), isolated long ones against the level that holds
+    half of the time.
     t: start time after each gap (ns), gap: > 0. Returns (score: the spread of the spacings around
     their references, 1 for perfectly even steps; median spacing; sorted boundary times) or None."""
     n = len(gap)
@@ -161,17 +155,11 @@ def gap_ladder(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) -> t
     return None if r is None else (r[1], r[2])
 
 
-def gap_ladder_period(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) -> float | None:
-    """The period of gap_ladder (ns), or None."""
-    r = gap_ladder(t, gap, max_irregular)
-    return None if r is None else r[0]
-
-
 def step_warp(tb: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
     """The knots (t, u) of a job's step clock from step starts tb, and the periods at its two ends:
     u counts steps, each spacing over its reference (_regime_ratio: the median spacing, or inside a
-    stretch of slower steps that stretch's), so a slower stretch keeps one
-    unit per step while an isolated long spacing (a pause, missed starts) counts its steps. Beyond
+    stretch of slower steps that stretch's), so a slower stretch keeps one unit per step while an
+    isolated long spacing (a pause, missed starts) counts its steps. Beyond
     the knots the clock runs at the reference of the nearest end."""
     sp = np.diff(tb).astype(np.float64)
     # the ladder's period (the median spacing) is the reference here: among the chosen starts a few

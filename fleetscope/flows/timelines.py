@@ -211,11 +211,11 @@ def _gap_boundaries(df: pl.DataFrame, gid: np.ndarray, gaps: np.ndarray, cfg: Fl
     periods = periods.with_columns(guard_ns=pl.lit(cfg.edge_guard_ns, dtype=pl.Int64))
     d = d.join(periods.select("job_id", "period_ns"), on="job_id", how="left", maintain_order="left")
     periodic = periodic_boundaries(d, warps).to_numpy()
-    clock = d["start_ns"].to_numpy().astype(np.float64)
-    kn = d["period_ns"].is_not_null().to_numpy()
-    if kn.any():
-        clock[kn] = warped_units(d["job_id"].to_numpy()[kn], d["start_ns"].to_numpy()[kn], d["period_ns"].to_numpy()[kn], warps) / UNIT
     known = d["period_ns"].is_not_null().to_numpy()
+    clock = d["start_ns"].to_numpy().astype(np.float64)
+    if known.any():
+        clock[known] = warped_units(d["job_id"].to_numpy()[known], d["start_ns"].to_numpy()[known],
+                                    d["period_ns"].to_numpy()[known], warps) / UNIT
     if (~known).any():
         dur = (d["end_ns"] - d["start_ns"]).to_numpy().astype(np.float64)
         b = np.where(known, periodic, split_steps(gid, gaps, cfg.split, durations=dur))
