@@ -25,7 +25,9 @@ whose hops are pairs of their own in the flows is one collective only by its tim
 congested spine are never named for it. Equal explanations: a cause an earlier window named (prior
 suspects: the evidence that told it from its neighbours then may be gone), then the one carrying the
 most slow hops itself; both ends of the same slow flows tied with the switch between them name the
-switch. One ring paced as a whole cannot tell its elements apart: the tie is said in the evidence.
+switch. One ring paced as a whole cannot tell its elements apart: the tie is said in the evidence, with
+the elements that carry the same slow flows and whose other flows never needed more than the slow ones
+got (fair_share_evidence: they cannot clear it).
 
 A link that flaps stalls a few flows in episodes (stall_causes, a Poisson test per candidate)."""
 from __future__ import annotations
@@ -160,7 +162,7 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
         unit=pl.when(pl.col("comm_type") == "DP").then(pl.lit("dp:") + pl.col("job_id") + "/" + pl.col("dp_group").cast(pl.Utf8))
         .otherwise(pl.col("comm_type") + ":" + pl.col("pid").cast(pl.Utf8)),
         cohort=pl.col("job_id") + "/" + pl.col("cohort").cast(pl.Utf8),
-    ).select("fid", "job_id", "unit", "cohort", "bin", "start_ns", "end_ns", "src_ip", "dst_ip", "path", "route", "size", "e_peer",
+    ).select("fid", "job_id", "unit", "cohort", "bin", "start_ns", "end_ns", "src_ip", "dst_ip", "path", "route", "size", "x", "e_peer",
              "e_hist", "lvl_win", "e_peer_s", "e_hist_s", "e_bg")
 
 
@@ -294,6 +296,25 @@ def element_tier(r: pl.DataFrame) -> pl.DataFrame:
     return p.group_by(cand="path").agg(tier=pl.when(inner.any()).then(2).otherwise(3))
 
 
+def fair_share_evidence(x: pl.DataFrame, floor: float) -> pl.DataFrame:
+    """Per candidate and time bin, the flows whose rate can show its slowness. A congested or degraded
+    element leaves its flows a share of what it carries (max-min fairness): the jobs' slow flows across
+    it reach their share, and a flow that needed less than that moves at its own pace through it, so
+    its healthy rate says nothing of the element (a DP group's 64-byte control messages, or an FSDP
+    job's transfers spread over its backward pass at a seventh of the fabric's rate, beside a ring
+    slowed to half of 42 GB/s: the congested leaf looked healthy, and the other leaf on the ring's
+    path was named alone, demo seed 733). Kept: flows whose healthy rate (rate minus residual) reaches
+    the median rate of the candidate's slow job flows in the bin; every flow where it has none.
+    localize uses it only to say which elements a named cause cannot be told from: whether an element
+    is raised at all stays with all of its flows (without them a job slowed as a whole in one bin of a
+    healthy fleet, simulator seed 2181, was pinned on the switch its bulk flows crossed).
+    x: candidates joined with the flows' fid, e (log-rate residual), x (log rate), unit."""
+    job = ~pl.col("unit").str.starts_with("bg:")
+    share = x.filter(job & (pl.col("e") < floor)).group_by("kind", "cand", "bin").agg(x_share=pl.col("x").median())
+    return x.join(share, on=["kind", "cand", "bin"], how="left") \
+        .filter(pl.col("x_share").is_null() | (pl.col("x") - pl.col("e") >= pl.col("x_share"))).drop("x_share")
+
+
 def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowConfig,
              cand: pl.DataFrame | None = None, prior: set[str] | None = None) -> tuple[pl.DataFrame, dict]:
     """r: flow_residuals (with `unit`, the collective a flow belongs to); cand: _candidates(r); prior:
@@ -320,7 +341,7 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
     if r.height == 0:
         return empty, {"n_tests": 0, "z_bar": None}
     r = r.with_columns(e=pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0)))
-    for c, t in (("cohort", pl.Utf8), ("e_bg", pl.Float64)):
+    for c, t in (("cohort", pl.Utf8), ("e_bg", pl.Float64), ("x", pl.Float64)):
         if c not in r.columns:
             r = r.with_columns(pl.lit(None, dtype=t).alias(c))
     kind_of = pl.col("unit").str.split(":").list.first()
@@ -328,8 +349,9 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
                                              ).over(kind_of))
     r = r.with_columns(zf=pl.col("e") / pl.col("sig"))
     cand = _candidates(r) if cand is None else cand
-    x = cand.join(r.select("fid", "e", "zf", "start_ns", "end_ns", "job_id", "unit"), on="fid")
     floor = float(np.log(1 - cfg.min_bw_drop))
+    x = cand.join(r.select("fid", "e", "zf", "start_ns", "end_ns", "job_id", "unit", "x"), on="fid")
+    xf = None   # fair_share_evidence(x), when a cause is named
 
     def cells(xx: pl.DataFrame) -> pl.DataFrame:
         # Yuen's trimmed mean (20 %, Wilcox's usual choice) rather than a median: a pair's flows are often
@@ -431,6 +453,23 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
             inter = own.join(other, on="fid").height
             # ... or explain as much through the same rings' pacing (each NIC of a ring slowed as a whole)
             (alts if inter >= 0.9 * max(own.height, other.height) else paced).append(t["cand"])
+        # ... and elements that carry the same slow flows but looked healthy only through flows that
+        # could not show their slowness (fair_share_evidence): not raised on their own, said with it
+        if xf is None:
+            xf = fair_share_evidence(x, floor)
+        # (a leaf carrying two of a ring's four slow hops beside another job's slower transfers); those
+        # carrying the same slow flows are its equals, the others explain them through the rings' pacing
+        bb = fm.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]))["bin"].unique()
+        xb = xf.filter(pl.col("bin").is_in(bb.implode()))
+        own_f = xb.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]))
+        units = own_f.filter(pl.col("e") < floor)["unit"].unique()
+        other = xb.filter(~pl.col("cand").is_in([best["cand"], *alts, *paced])).group_by("kind", "cand").agg(
+            n_c=pl.len(), m=trimmed_mean(pl.col("e")), inter=pl.col("fid").is_in(own_f["fid"].implode()).sum(),
+            foreign=(pl.col("e") < floor).filter(~pl.col("unit").is_in(units.implode())).sum())
+        cannot_clear = other.filter((pl.col("n_c") >= cfg.min_flows_per_cell) & (pl.col("m") < floor) & (pl.col("foreign") == 0))
+        same = pl.col("inter") >= 0.9 * pl.max_horizontal(pl.col("n_c"), pl.lit(own_f.height))
+        alts += sorted(cannot_clear.filter(same)["cand"].to_list())
+        paced += sorted(cannot_clear.filter(~same)["cand"].to_list())
         # both ends of the same slow flows tied with the switch between them (a pair under one leaf):
         # neither NIC can be preferred to the other, the switch they share explains both at once
         sw_alt = tied.filter((pl.col("kind") == "switch") & pl.col("cand").is_in(alts))

@@ -1,6 +1,8 @@
 """Rate localization (fleetscope.flows.network.localize) on hand-built rings: a ring moves at its slowest
 hop's pace, so every NIC of a slowed ring explains it through that pacing; the element that carries
 every slow hop itself is the one named."""
+import json
+
 import numpy as np
 import polars as pl
 
@@ -264,3 +266,37 @@ def test_a_channel_slowed_by_a_spine_is_told_from_the_channel_beside_it_on_the_s
     f, pairs, hist = (pl.read_parquet(d / f"{n}.parquet") for n in ("flows", "pairs", "history"))
     v = network_verdicts(f, pairs, 1, (1795262460000000000, 1795262520000000000), "w", FlowConfig(), history=hist)
     assert loud(v) == [("switch", "T2-S00")]
+
+
+def test_flows_that_need_less_than_a_congested_leaf_leaves_them_do_not_clear_it():
+    # demo seed 733: a ring over two leaves whose only network hops cross both (leafA and leafB), paced
+    # to half its rate from 25 s by a congested leafB; another job's transfers under leafB alone move at
+    # a seventh of the ring's rate the whole time (spread over its backward pass: they never needed
+    # more than leafB leaves), so they keep their pace. They said leafB was healthy, and leafA, whose
+    # only data flows are the ring's, was named alone. Neither leaf can be told from the other by the
+    # ring's flows: both are named, in one answer
+    from fleetscope.flows.network import network_verdicts
+    rng = np.random.default_rng(9)
+    a, b = ["10.0.0.1", "10.0.0.2"], ["10.0.1.1", "10.0.1.2"]
+    hops = [(a[0], b[0]), (b[0], a[1]), (a[1], b[1]), (b[1], a[0])]
+    rows = []
+    for t in np.arange(0, 60, 0.1):
+        pace = 0.5 if t >= 25 else 1.0
+        rate = 40.0 * pace * np.exp(rng.normal(0, 0.02))
+        for i, (s, d) in enumerate(hops):
+            start = int(t * S) + i * 1000
+            rows.append((s, d, start, start + int(32_000_000 / rate), 32_000_000, ["leafA", "spine", "leafB"]
+                         if s in a else ["leafB", "spine", "leafA"], i))
+    fsdp = ["10.0.1.3", "10.0.1.4", "10.0.1.5"]
+    for t in np.arange(0, 60, 0.1):
+        rate = 6.0 * np.exp(rng.normal(0, 0.02))
+        for i, (s, d) in enumerate(zip(fsdp, fsdp[1:] + fsdp[:1])):
+            start = int(t * S) + i * 1000
+            rows.append((s, d, start, start + int(8_000_000 / rate), 8_000_000, ["leafB"], 10 + i))
+    f = pl.DataFrame(rows, schema=["src_ip", "dst_ip", "start_ns", "end_ns", "bytes", "path", "pid"], orient="row") \
+        .with_columns(pl.col("pid").cast(pl.Int64))
+    pairs = pl.DataFrame({"pid": [0, 1, 2, 3, 10, 11, 12], "comm_type": ["DP"] * 7, "job_id": ["job-1"] * 4 + ["job-2"] * 3,
+                          "dp_group": [0] * 7}).with_columns(pl.col("pid").cast(pl.Int64))
+    v = [x for x in network_verdicts(f, pairs, 2, (0, 60 * S), "w", FlowConfig()) if x["severity"] in ("warning", "critical")]
+    assert len(v) == 1 and v[0]["scope"] == "switch"
+    assert {v[0]["subject"], *json.loads(v[0]["evidence"])["or_equally"]} >= {"leafA", "leafB"}
