@@ -116,3 +116,25 @@ def test_forecast_on_held_out_steps_is_as_close_as_the_machine_lets_it(analyzed,
         ho = heldout_check(analyzed[name][2].graph, n=6000)
         assert ho["heldout_ks"] <= ho["halves_ks"] + 0.03, (name, ho)
         assert abs(ho["heldout_mean_error_pct"]) <= abs(ho["halves_mean_diff_pct"]) + 1.0, (name, ho)
+
+
+def test_one_slow_worker_on_a_quiet_machine_takes_the_whole_slowdown(analyzed):
+    """Issue 22: a one-slow-worker case has M_W >= 0.95 and no_stragglers within 5 % of ideal_ns.
+    Seed 5 was recorded on a quiet machine (load ~0 before; only the job and its re-run running):
+    the healthy job's own step-to-step variation, which the artifact's M_W counts in T_ori - T_ideal,
+    is small there (on the shared box at load 11-19, seed 1, M_W reads 0.84-0.89)."""
+    truth, _, a, v = analyzed["slow_worker-s5"]
+    s = a.summary.row(0, named=True)
+    assert json.loads(s["mw_workers"]) == [truth["slow_worker"]["rank"]]
+    assert s["mw"] >= 0.95, s["mw"]
+    assert abs(s["ideal_with_gaps_ns"] / s["ideal_ns"] - 1) <= 0.05, (s["ideal_with_gaps_ns"], s["ideal_ns"])
+
+
+def test_a_collective_whose_every_member_waits_on_the_slow_worker_is_not_typical(analyzed):
+    """PP2 x DP4, seed 8: the throttled rank's stage all-reduce (four members, all slowed) holds half
+    of the all-reduce slots. Its median over every slot and step together (the artifact's choice) put
+    ideal_ns 17 % above the re-run without the throttle; the ideal can never be slower than that."""
+    truth, _, a, _ = analyzed["slow_worker-s8"]
+    assert truth["pp"] == 2 and truth["dp"] == 4
+    rerun_ns = json.loads((DATA / "slow_worker-s8-rerun" / "truth.json").read_text())["measured_step_ns"]
+    assert a.summary["ideal_ns"][0] < rerun_ns, (a.summary["ideal_ns"][0] / 1e6, rerun_ns / 1e6)
