@@ -304,13 +304,14 @@ def fair_share_evidence(x: pl.DataFrame, floor: float) -> pl.DataFrame:
     job's transfers spread over its backward pass at a seventh of the fabric's rate, beside a ring
     slowed to half of 42 GB/s: the congested leaf looked healthy, and the other leaf on the ring's
     path was named alone, demo seed 733). Kept: flows whose healthy rate (rate minus residual) reaches
-    the median rate of the candidate's slow job flows in the bin; every flow where it has none.
+    the highest rate the candidate's slow job flows reached in the bin (the share it left them: slow
+    flows of fewer bytes reach less, their latency paid on top); every flow where it has none.
     localize uses it only to say which elements a named cause cannot be told from: whether an element
     is raised at all stays with all of its flows (without them a job slowed as a whole in one bin of a
     healthy fleet, simulator seed 2181, was pinned on the switch its bulk flows crossed).
     x: candidates joined with the flows' fid, e (log-rate residual), x (log rate), unit."""
     job = ~pl.col("unit").str.starts_with("bg:")
-    share = x.filter(job & (pl.col("e") < floor)).group_by("kind", "cand", "bin").agg(x_share=pl.col("x").median())
+    share = x.filter(job & (pl.col("e") < floor)).group_by("kind", "cand", "bin").agg(x_share=pl.col("x").max())
     return x.join(share, on=["kind", "cand", "bin"], how="left") \
         .filter(pl.col("x_share").is_null() | (pl.col("x") - pl.col("e") >= pl.col("x_share"))).drop("x_share")
 
@@ -337,7 +338,7 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
     faults are the commonest), a spine before a leaf (a leaf's own fault shows on its local flows)."""
     empty = pl.DataFrame(schema={"kind": pl.Utf8, "cand": pl.Utf8, "value": pl.Float64, "n_slow": pl.Int64,
                                  "n": pl.Int64, "s": pl.Int64, "e": pl.Int64, "bins": pl.Int64, "jobs": pl.Utf8,
-                                 "z": pl.Float64, "alts": pl.Utf8, "paced": pl.Utf8})
+                                 "z": pl.Float64, "alts": pl.Utf8, "paced": pl.Utf8, "top_ring": pl.Float64})
     if r.height == 0:
         return empty, {"n_tests": 0, "z_bar": None}
     r = r.with_columns(e=pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0)))
@@ -489,13 +490,22 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
             "bins": bins.n_unique(), "z": float(zmin),
             "jobs": ",".join(sorted(mine.filter(pl.col("job_id").is_not_null()).group_by("job_id").agg(m=pl.col("e").median())
                                     .filter(pl.col("m") < floor)["job_id"].to_list())),
-            "alts": ",".join(alts), "paced": ",".join(paced)})
+            "alts": ",".join(alts), "paced": ",".join(paced),
+            # the largest share of its slow flows that one collective holds (a ring: its lockstep cohort
+            # where the flows show one, else its DP group or pair): a slow GPU paces its own rings only
+            "top_ring": float(slow.group_by(pl.coalesce("cohort", "unit")).len()["len"].max() / slow.height) if slow.height else None})
         # take its slowness off: all of its own flows' (named, it explains them; a fit per time bin would
         # leave the flows after an onset inside the bin slow, to be pinned on their NICs), and gamma from
         # the rest of their collectives
         # ... in the bins it was named in and their neighbours (its onset or end falls inside a bin, which
         # then holds too few slow flows to be named on its own, and would be pinned on a neighbour)
-        near = pl.concat([bins, bins - 1, bins + 1]).unique()
+        # ... and every other bin where the flows that can show its slowness (fair_share_evidence) are
+        # as slow: a ring paced by a congested spine for a minute, flagged in two bins only (another job's
+        # unsaturated transfers through it dilute the rest), left the ring's other bins to its leaf
+        # (demo seed 800). Only a named cause reaches that far: nothing is raised on those flows alone
+        own_bins = xf.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])).group_by("bin").agg(
+            n=pl.len(), m=trimmed_mean(pl.col("e"))).filter((pl.col("n") >= cfg.min_flows_per_cell) & (pl.col("m") < floor))["bin"]
+        near = pl.concat([bins, bins - 1, bins + 1, own_bins]).unique()
         fit_ids = memb.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]) & pl.col("bin").is_in(near)) \
             .select("fid")
         direct = fit_ids.join(flows.select("fid", "e"), on="fid").select("fid", fit="e")
@@ -641,7 +651,8 @@ def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, wind
         paced = [a for a in (r["paced"] or "").split(",") if a]
         ev = json.dumps({"jobs": jobs, "bins": r["bins"], "flows": r["n"], "slow_flows": r["n_slow"],
                          "z": round(r["z"], 2), "z_bar": round(st["z_bar"], 2), "n_tests": st["n_tests"],
-                         "or_equally": alts, "or_in_its_rings": paced})
+                         "or_equally": alts, "or_in_its_rings": paced,
+                         "top_ring_share": None if r["top_ring"] is None else round(r["top_ring"], 3)})
         sev = "critical" if r["value"] < 0.5 else "warning"
         tie = (f" (the flows cannot tell it from {', '.join(alts)}: {'they carry' if len(alts) > 1 else 'it carries'} "
                "the same slow flows; check both)") if alts else ""

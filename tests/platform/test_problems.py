@@ -329,3 +329,20 @@ def test_a_switch_slow_while_its_jobs_steps_were_not_is_its_own_problem_beside_t
     # slow only while the steps were slow: the GPU's rings' pacing, one problem
     problems, _ = group_problems(make_verdicts([gpu, slower, switch(61, 100)]), topo, jc, ranks)
     assert problems["cause"].to_list() == ["gpu"], problems.select("cause", "title")
+
+
+def test_a_switch_that_slowed_many_rings_at_once_is_its_own_problem_beside_the_slow_gpu_of_its_job():
+    """Demo seed 803's shape: a congested spine under every rail's rings of a job, and a slow GPU of
+    that job on one rail. A slow GPU paces its own rings; a switch whose slow flows no one ring holds
+    most of (the flows' localization says the largest share one collective holds) is slow itself.
+    Where one ring holds most of them, the switch may be the GPU's pacing: one problem."""
+    topo, jc, ranks = _fleet()
+    gpu = _v(detector="prism.stragglers", scope="rank", subject="0", capture_id="capA", job_id="capA-job", severity="critical")
+
+    def spine(top):
+        return _v(detector="flows.switch_bandwidth", scope="switch", subject="spine-0", severity="critical",
+                  evidence=json.dumps({"jobs": ["jobA"], "top_ring_share": top}))
+    problems, _ = group_problems(make_verdicts([gpu, spine(0.2)]), topo, jc, ranks)
+    assert sorted(problems["cause"].to_list()) == ["gpu", "switch"], problems.select("cause", "title")
+    problems, _ = group_problems(make_verdicts([gpu, spine(0.9)]), topo, jc, ranks)
+    assert problems["cause"].to_list() == ["gpu"], problems.select("cause", "title")
