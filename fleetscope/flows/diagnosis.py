@@ -126,24 +126,7 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
         rows += nic_overload_rows(flows, pairs, topology, win, window_id)
     impact = (lambda c, job: network_impact(c, job, flows, pairs, st)) if pairs.height and st.height else None
     feeds = (lambda c, ips: inputs_cross(c, ips, flows, pairs)) if pairs.height else None
-    rings = (lambda c, job, ips: rings_share(c, job, ips, flows, pairs)) if pairs.height else None
-    return make_verdicts(explain_symptoms(explain_late_ranks(rows, impact, feeds, rings)))
-
-
-def rings_share(c: dict, job: str, ips: set, flows: pl.DataFrame, pairs: pl.DataFrame) -> float | None:
-    """Of job's flows through NIC or switch c during its span, the share that belongs to the collectives
-    of the addresses ips (their DP groups, their own pairs); None without such flows."""
-    if "pid" not in flows.columns or not ips:
-        return None
-    jp = pairs.filter(pl.col("job_id") == job)
-    own = pl.col("ip_a").is_in(list(ips)) | pl.col("ip_b").is_in(list(ips))
-    groups = jp.filter(own & (pl.col("comm_type") == "DP"))["dp_group"].drop_nulls().unique()
-    theirs = jp.filter(own | ((pl.col("comm_type") == "DP") & pl.col("dp_group").is_in(groups.implode())))["pid"]
-    f = flows.join(jp.select("pid"), on="pid").filter((pl.col("start_ns") >= c["start_ns"]) & (pl.col("start_ns") <= c["end_ns"]))
-    through = (pl.col("src_ip") == c["subject"]) | (pl.col("dst_ip") == c["subject"]) if c["scope"] == "link" \
-        else pl.col("path").list.contains(c["subject"])
-    f = f.filter(through)
-    return f.filter(pl.col("pid").is_in(theirs.implode())).height / f.height if f.height else None
+    return make_verdicts(explain_symptoms(explain_late_ranks(rows, impact, feeds)))
 
 
 def inputs_cross(c: dict, ips: set, flows: pl.DataFrame, pairs: pl.DataFrame) -> bool:
@@ -172,7 +155,7 @@ def network_impact(c: dict, job: str, flows: pl.DataFrame, pairs: pl.DataFrame, 
     return float(extra) / max(n, 1)
 
 
-def explain_late_ranks(rows: list[dict], impact=None, feeds=None, rings=None) -> list[dict]:
+def explain_late_ranks(rows: list[dict], impact=None, feeds=None) -> list[dict]:
     """Late ranks against the NIC and switch findings of their job at the same time: the one that
     costs the job's steps less is the other's symptom (info, pointing at it). A rank that computes
     late slows its rings (its peers wait, its inputs drain late): a rate finding on its job costing
@@ -180,12 +163,9 @@ def explain_late_ranks(rows: list[dict], impact=None, feeds=None, rings=None) ->
     extra transfer time: a late rank by no more than that is the link's. A switch that the late
     rank's own pipeline inputs cross is the cause whatever its average cost: the rank waits for
     activations the switch delays, microbatch after microbatch, which the lag (measured from when the
-    inputs start) counts as its own. A rank paces only its own rings: a finding whose flows are mostly
-    other collectives' (a congested spine under eight rails' rings, one of them the slow GPU's: demo
-    seed 803) is neither's symptom, and both stand. impact(c, job): the finding's cost per step
-    (network_impact); unknown (a stall finding, no flows): the late rank yields. feeds(c, ips): whether
-    the rank's pipeline inputs cross switch c (inputs_cross). rings(c, job, ips): the share of the
-    finding's flows of the job in the rank's collectives (rings_share)."""
+    inputs start) counts as its own. impact(c, job): the finding's cost per step (network_impact);
+    unknown (a stall finding, no flows): the late rank yields. feeds(c, ips): whether the rank's
+    pipeline inputs cross switch c (inputs_cross)."""
     net = [r for r in rows if r["scope"] in ("link", "switch") and r["severity"] != "info"
            and r["detector"] != "flows.late_rank"]
 
@@ -197,9 +177,6 @@ def explain_late_ranks(rows: list[dict], impact=None, feeds=None, rings=None) ->
         for c in net:
             if not (r["start_ns"] <= c["end_ns"] and r["end_ns"] >= c["start_ns"]) or \
                     (c["subject"] not in ips and r.get("job_id") not in jobs(c)):
-                continue
-            share = rings(c, r["job_id"], ips) if rings is not None else None
-            if share is not None and share < 0.5 and c["subject"] not in ips:
                 continue
             cost = impact(c, r["job_id"]) if impact is not None else None
             fed = feeds is not None and feeds(c, ips)
