@@ -502,7 +502,8 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         # ... and every other bin where the flows that can show its slowness (fair_share_evidence) are
         # as slow: a ring paced by a congested spine for a minute, flagged in two bins only (another job's
         # unsaturated transfers through it dilute the rest), left the ring's other bins to its leaf
-        # (demo seed 800). Only a named cause reaches that far: nothing is raised on those flows alone
+        # (demo seed 800, in a draft that gave merged transfers a baseline). Only a named cause reaches that
+        # far: nothing is raised on those flows alone
         own_bins = xf.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])).group_by("bin").agg(
             n=pl.len(), m=trimmed_mean(pl.col("e"))).filter((pl.col("n") >= cfg.min_flows_per_cell) & (pl.col("m") < floor))["bin"]
         near = pl.concat([bins, bins - 1, bins + 1, own_bins]).unique()
