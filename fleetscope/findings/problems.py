@@ -491,15 +491,17 @@ def _slow_alone(switch: dict, slow_spans: dict[str, list[tuple[int, int]]]) -> b
 
 def _may_pace(cause: dict, switch: dict, rails: dict[str, set]) -> bool:
     """Whether a cause's rings can cross the switch: their rails meet (unknown rails: they may), and the
-    switch's slow flows are mostly one ring's (a slow GPU paces its own rings; a spine that slowed the
-    rings of eight rails at once is slow itself: demo seed 803). The flows' localization says the
-    largest share one collective holds (evidence top_ring_share; unknown: it may)."""
-    top = [json.loads(d.get("evidence") or "{}").get("top_ring_share") for d in switch["members"]
-           if d["detector"] == "flows.switch_bandwidth"]
-    if top and all(t is not None and t < 0.5 for t in top):
+    switch's slow flows are mostly the cause's own ring's (a slow GPU paces its own rings: a spine whose
+    slow flows were mostly another rail's ring is slow itself, demo seed 803). The flows' localization
+    gives the collective holding most of a finding's slow flows, its share and its addresses (evidence
+    top_ring_share, top_ring_ips); a finding without them, or a cause without an address: it may."""
+    lead = cause["lead"]
+    ip = lead.get("ip") if cause["family"] in ("gpu", "nic") else None
+    tops = [json.loads(d.get("evidence") or "{}") for d in switch["members"] if d["detector"] == "flows.switch_bandwidth"]
+    if ip and tops and all(t.get("top_ring_share") is not None for t in tops) and \
+            not any(t["top_ring_share"] >= 0.5 and ip in (t.get("top_ring_ips") or []) for t in tops):
         return False
     sw = rails.get(switch["lead"].get("switch") or switch["lead"]["subject"])
-    lead = cause["lead"]
     own = rails.get(lead.get("ip") or "") if cause["family"] in ("gpu", "nic") and lead.get("ip") else rails.get(lead.get("host") or "")
     return not sw or not own or bool(sw & own)
 

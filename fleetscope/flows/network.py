@@ -338,7 +338,8 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
     faults are the commonest), a spine before a leaf (a leaf's own fault shows on its local flows)."""
     empty = pl.DataFrame(schema={"kind": pl.Utf8, "cand": pl.Utf8, "value": pl.Float64, "n_slow": pl.Int64,
                                  "n": pl.Int64, "s": pl.Int64, "e": pl.Int64, "bins": pl.Int64, "jobs": pl.Utf8,
-                                 "z": pl.Float64, "alts": pl.Utf8, "paced": pl.Utf8, "top_ring": pl.Float64})
+                                 "z": pl.Float64, "alts": pl.Utf8, "paced": pl.Utf8, "top_ring": pl.Float64,
+                                 "top_ring_ips": pl.Utf8})
     if r.height == 0:
         return empty, {"n_tests": 0, "z_bar": None}
     r = r.with_columns(e=pl.min_horizontal(pl.col("e_peer").fill_null(0.0), pl.col("e_hist").fill_null(0.0)))
@@ -491,9 +492,10 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
             "jobs": ",".join(sorted(mine.filter(pl.col("job_id").is_not_null()).group_by("job_id").agg(m=pl.col("e").median())
                                     .filter(pl.col("m") < floor)["job_id"].to_list())),
             "alts": ",".join(alts), "paced": ",".join(paced),
-            # the largest share of its slow flows that one collective holds (a ring: its lockstep cohort
-            # where the flows show one, else its DP group or pair): a slow GPU paces its own rings only
-            "top_ring": float(slow.group_by(pl.coalesce("cohort", "unit")).len()["len"].max() / slow.height) if slow.height else None})
+            # the collective (DP group, or pair; not a lockstep cohort: one instance of a collective in time)
+            # holding the largest share of its slow flows, that share and its members: a slow GPU paces its
+            # own rings only (problems: _may_pace)
+            **_top_ring(slow, r)})
         # take its slowness off: all of its own flows' (named, it explains them; a fit per time bin would
         # leave the flows after an onset inside the bin slow, to be pinned on their NICs), and gamma from
         # the rest of their collectives
@@ -523,6 +525,17 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
             zf=pl.col("e") * pl.col("w")).drop("fit")
     out = pl.DataFrame(accepted, schema=empty.schema) if accepted else empty
     return out, {"n_tests": n_tests, "z_bar": zb}
+
+
+def _top_ring(slow: pl.DataFrame, r: pl.DataFrame) -> dict:
+    """top_ring: the largest share of the slow flows (fid, unit) one collective holds; top_ring_ips: that
+    collective's addresses (every flow of it in r), ','-joined."""
+    if not slow.height:
+        return {"top_ring": None, "top_ring_ips": None}
+    t = slow.group_by("unit").len().sort("len", "unit", descending=[True, False]).row(0, named=True)
+    m = r.filter(pl.col("unit") == t["unit"])
+    ips = sorted(set(m["src_ip"].to_list()) | set(m["dst_ip"].to_list()))
+    return {"top_ring": t["len"] / slow.height, "top_ring_ips": ",".join(ips)}
 
 
 def paced_by(flows: pl.DataFrame, own: pl.DataFrame, key: list[str]) -> pl.DataFrame:
@@ -653,7 +666,8 @@ def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, wind
         ev = json.dumps({"jobs": jobs, "bins": r["bins"], "flows": r["n"], "slow_flows": r["n_slow"],
                          "z": round(r["z"], 2), "z_bar": round(st["z_bar"], 2), "n_tests": st["n_tests"],
                          "or_equally": alts, "or_in_its_rings": paced,
-                         "top_ring_share": None if r["top_ring"] is None else round(r["top_ring"], 3)})
+                         "top_ring_share": None if r["top_ring"] is None else round(r["top_ring"], 3),
+                         "top_ring_ips": (r["top_ring_ips"] or "").split(",") if r["top_ring_ips"] else []})
         sev = "critical" if r["value"] < 0.5 else "warning"
         tie = (f" (the flows cannot tell it from {', '.join(alts)}: {'they carry' if len(alts) > 1 else 'it carries'} "
                "the same slow flows; check both)") if alts else ""

@@ -331,18 +331,20 @@ def test_a_switch_slow_while_its_jobs_steps_were_not_is_its_own_problem_beside_t
     assert problems["cause"].to_list() == ["gpu"], problems.select("cause", "title")
 
 
-def test_a_switch_that_slowed_many_rings_at_once_is_its_own_problem_beside_the_slow_gpu_of_its_job():
+def test_a_switch_whose_slow_flows_are_another_rings_is_its_own_problem_beside_the_slow_gpu_of_its_job():
     """Demo seed 803's shape: a congested spine under every rail's rings of a job, and a slow GPU of
-    that job on one rail. A slow GPU paces its own rings; a switch whose slow flows no one ring holds
-    most of (the flows' localization says the largest share one collective holds) is slow itself.
-    Where one ring holds most of them, the switch may be the GPU's pacing: one problem."""
+    that job on another rail. A slow GPU paces its own rings: a switch whose slow flows are mostly
+    another collective's (the flows' localization names the collective holding most of them and its
+    addresses), or spread over many, is slow itself. Where the GPU's own ring holds most of them, the
+    switch may be its pacing: one problem."""
     topo, jc, ranks = _fleet()
     gpu = _v(detector="prism.stragglers", scope="rank", subject="0", capture_id="capA", job_id="capA-job", severity="critical")
 
-    def spine(top):
+    def spine(top, ips):
         return _v(detector="flows.switch_bandwidth", scope="switch", subject="spine-0", severity="critical",
-                  evidence=json.dumps({"jobs": ["jobA"], "top_ring_share": top}))
-    problems, _ = group_problems(make_verdicts([gpu, spine(0.2)]), topo, jc, ranks)
-    assert sorted(problems["cause"].to_list()) == ["gpu", "switch"], problems.select("cause", "title")
-    problems, _ = group_problems(make_verdicts([gpu, spine(0.9)]), topo, jc, ranks)
+                  evidence=json.dumps({"jobs": ["jobA"], "top_ring_share": top, "top_ring_ips": ips}))
+    for top, ips in ((0.85, ["10.0.1.2", "10.0.2.2"]), (0.2, ["10.0.1.0", "10.0.2.0"])):
+        problems, _ = group_problems(make_verdicts([gpu, spine(top, ips)]), topo, jc, ranks)
+        assert sorted(problems["cause"].to_list()) == ["gpu", "switch"], (top, ips, problems.select("cause", "title"))
+    problems, _ = group_problems(make_verdicts([gpu, spine(0.85, ["10.0.1.0", "10.0.2.0"])]), topo, jc, ranks)
     assert problems["cause"].to_list() == ["gpu"], problems.select("cause", "title")
