@@ -1,0 +1,72 @@
+"""What a transfer is (fleetscope.flows.network.flow_residuals): records of one stream that abut in time are
+the pieces of one transfer when an exporter cut it by time, and as many transfers when whole transfers ran
+back to back (a ring paced by a congested switch: its sender is never idle). A transfer's size class picks
+the rate it is judged against, so a slowed ring's chunks merged into one record-sized class have no healthy
+level to be slow against (demo seed 806)."""
+import numpy as np
+import polars as pl
+
+from fleetscope.flows import FlowConfig
+from fleetscope.flows.network import flow_residuals
+
+S = 1_000_000_000
+PATH = ["leaf0", "spine", "leaf1"]
+
+
+def stream(records: list[tuple[int, int, int]]) -> pl.DataFrame:
+    """One directed pair's records (start_ns, duration_ns, bytes) on one 5-tuple, as a DP pair of job-1."""
+    return pl.DataFrame({
+        "start_ns": [s for s, _, _ in records], "end_ns": [s + d for s, d, _ in records],
+        "src_ip": "10.0.0.1", "dst_ip": "10.0.1.1", "bytes": [b for _, _, b in records],
+        "src_port": 50270, "dst_port": 4791, "src_qp": 7, "dst_qp": 9,
+        "path": [PATH] * len(records), "pid": 0})
+
+
+PAIRS = pl.DataFrame({"pid": [0], "job_id": ["job-1"], "comm_type": ["DP"], "dp_group": [0]})
+
+
+def chunks(t0: float, t1: float, size: int, rate: float, gap_s: float, rng) -> list[tuple[int, int, int]]:
+    """Chunks of `size` bytes at `rate` bytes/ns (a few microseconds of jitter) from t0 to t1 s, `gap_s`
+    apart (0: back to back, each starting where the last ended)."""
+    out, t = [], int(t0 * S)
+    while True:
+        d = int(size / rate) + int(rng.normal(0, 2_000))
+        if t + d >= t1 * S:
+            return out
+        out.append((t, d, size))
+        t += d + int(gap_s * S)
+
+
+def test_a_ring_paced_back_to_back_keeps_its_chunks_size_class_and_shows_slow():
+    size, rate = 426_666_667, 16.98
+    rng = np.random.default_rng(0)
+    # healthy: chunks with compute gaps between them; then a congested switch holds the ring to 42 % of
+    # its rate and the sender is never idle: its chunks' records abut
+    recs = chunks(0, 20, size, rate, 0.05, rng) + chunks(20, 60, size, rate * 0.42, 0.0, rng)
+    r = flow_residuals(stream(recs), PAIRS, FlowConfig())
+    slow = r.filter(pl.col("start_ns") >= 20 * S)
+    assert slow.height > 100
+    assert set(slow["size"].unique()) == set(r.filter(pl.col("start_ns") < 20 * S)["size"].unique())
+    assert abs(slow["e_hist"].median() - np.log(0.42)) < 0.05
+
+
+def test_the_pieces_of_a_transfer_cut_by_time_stay_one_transfer():
+    """An exporter's active timeout cuts a 3.2 GB transfer into 100 ms pieces, more and smaller ones when
+    it moves slowly: they are one transfer of 3.2 GB whether it is slowed or not, so the slowed pieces
+    are judged against the healthy transfer's rate, not against smaller transfers'. (A link's rate
+    varies a little from piece to piece, so the pieces' bytes do: at an exactly constant rate they would
+    be chunks of one size moved back to back, which is the other case.)"""
+    size, timeout = 3_200_000_000, 100_000_000
+    rng = np.random.default_rng(1)
+    recs = []
+    for k in range(60):
+        t, left = k * S, size
+        while left > 0:
+            rate = (32.0 if k < 20 else 16.0) * rng.uniform(0.97, 1.03)
+            d = max(1, min(timeout, int(left / rate)))
+            b = left if d < timeout else min(left, int(rate * d))
+            recs.append((t, d, b))
+            t, left = t + d, left - b
+    r = flow_residuals(stream(recs), PAIRS, FlowConfig())
+    assert set(r["size"].unique()) == {32}          # log2(3.2e9) = 31.6
+    assert abs(r.filter(pl.col("start_ns") >= 20 * S)["e_hist"].median() - np.log(0.5)) < 0.05
