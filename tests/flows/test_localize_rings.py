@@ -300,3 +300,33 @@ def test_flows_that_need_less_than_a_congested_leaf_leaves_them_do_not_clear_it(
     v = [x for x in network_verdicts(f, pairs, 2, (0, 60 * S), "w", FlowConfig()) if x["severity"] in ("warning", "critical")]
     assert len(v) == 1 and v[0]["scope"] == "switch"
     assert {v[0]["subject"], *json.loads(v[0]["evidence"])["or_equally"]} >= {"leafA", "leafB"}
+
+
+
+def test_an_element_named_first_that_a_later_cause_explains_through_its_rings_is_dropped():
+    """Demo seed 820's shape: job-1 runs two DP groups in lockstep (one cohort per collective instance): group
+    0's ring of six ranks inside leaf A, group 4's ring over leaf B. Leaf B is congested: group 4 slows and
+    group 0 waits with it, and so does job-2's ring inside leaf B. The greedy search names leaf A first (it
+    carries the most slow flows, and a group paces its own hops only), then leaf B for job-2; leaf B
+    explains leaf A's flows through the lockstep, so leaf A is no cause of its own."""
+    leaf = {"a1": "leafA", "a2": "leafA", "a3": "leafA", "a4": "leafA", "a5": "leafA", "a6": "leafA",
+            "b1": "leafB", "b2": "leafB", "c1": "leafB", "c2": "leafB", "c3": "leafB"}
+    groups = {("job-1", "0"): ["a1", "a2", "a3", "a4", "a5", "a6"], ("job-1", "4"): ["b1", "b2"],
+              ("job-2", "0"): ["c1", "c2", "c3"]}
+    rng = np.random.default_rng(3)
+    rows = []
+    for (job, g), members in groups.items():
+        hops = list(zip(members, members[1:] + members[:1]))
+        for k, t in enumerate(np.arange(0, 60, 0.2)):
+            for src, dst in hops:
+                path = [leaf[src]] if leaf[src] == leaf[dst] else [leaf[src], "spine", leaf[dst]]
+                rows.append((src, dst, job, f"dp:{job}/{g}", f"{job}/{k}", int(t * S), int(t * S) + 20_000_000, path,
+                             float(np.log(0.5))))
+    f = pl.DataFrame(rows, schema=["src_ip", "dst_ip", "job_id", "unit", "cohort", "start_ns", "end_ns", "path", "e0"],
+                     orient="row")
+    noise = rng.normal(0, 0.03, (2, f.height))
+    f = f.with_row_index("fid").with_columns(
+        fid=pl.col("fid").cast(pl.Int64), bin=pl.col("start_ns") // (10 * S),
+        e_peer=pl.col("e0") + noise[0], e_hist=pl.col("e0") + noise[1]).drop("e0")
+    causes, _ = localize(f, 2, (0, 60 * S), FlowConfig())
+    assert causes.select("kind", "cand").rows() == [("switch", "leafB")]
