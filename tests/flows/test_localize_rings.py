@@ -220,6 +220,20 @@ def test_a_ring_whose_hops_are_pairs_of_their_own_is_paced_as_one_by_the_spine_o
     assert loud(network_verdicts(f, pairs, 1, (0, 60 * S), "w", FlowConfig())) == [("switch", "spine0")]
 
 
+def paced_ring_rows(rng, hops: list[tuple[str, str]], path, size: int, rate: float, slow: float = 1.0,
+                    pid0: int = 0) -> list[tuple]:
+    """Raw flow rows (src, dst, start, end, bytes, path, pid) of a ring moving `size`-byte transfers on
+    every hop every 0.1 s for a minute at `rate` bytes/ns (2 % jitter), paced to `slow` of it from 25 s;
+    path(src, dst) -> its switches; hop i is pair pid0 + i."""
+    rows = []
+    for t in np.arange(0, 60, 0.1):
+        r = rate * (slow if t >= 25 else 1.0) * np.exp(rng.normal(0, 0.02))
+        for i, (s, d) in enumerate(hops):
+            start = int(t * S) + i * 1000
+            rows.append((s, d, start, start + int(size / r), size, path(s, d), pid0 + i))
+    return rows
+
+
 def test_of_two_leaves_one_paced_ring_cannot_tell_apart_the_one_whose_storage_reads_slowed_is_named():
     # one ring over leafA (3 ranks) and leafB (4 ranks), paced as a whole from 25 s: leafB carries more
     # of its hops (5 of 7) than leafA (4), and the ring's flows cannot tell them apart. A storage server
@@ -233,13 +247,7 @@ def test_of_two_leaves_one_paced_ring_cannot_tell_apart_the_one_whose_storage_re
     leaf.update({m: "leafC" for m in others})
     hops = list(zip(members, members[1:] + members[:1]))
     path = {h: [leaf[h[0]]] if leaf[h[0]] == leaf[h[1]] else [leaf[h[0]], "spine", leaf[h[1]]] for h in hops}
-    rows = []
-    for t in np.arange(0, 60, 0.1):
-        pace = 0.4 if t >= 25 else 1.0
-        rate = 20.0 * pace * np.exp(rng.normal(0, 0.02))
-        for i, (s, d) in enumerate(hops):
-            start = int(t * S) + i * 1000
-            rows.append((s, d, start, start + int(8_000_000 / rate), 8_000_000, path[(s, d)], i))
+    rows = paced_ring_rows(rng, hops, lambda s, d: path[(s, d)], 8_000_000, 20.0, slow=0.4)
     for t in np.arange(0.5, 60, 2.0):
         for j, c in enumerate(members + others):
             slow = 0.4 if t >= 25 and leaf[c] == "leafA" else 1.0
@@ -279,20 +287,10 @@ def test_flows_that_need_less_than_a_congested_leaf_leaves_them_do_not_clear_it(
     rng = np.random.default_rng(9)
     a, b = ["10.0.0.1", "10.0.0.2"], ["10.0.1.1", "10.0.1.2"]
     hops = [(a[0], b[0]), (b[0], a[1]), (a[1], b[1]), (b[1], a[0])]
-    rows = []
-    for t in np.arange(0, 60, 0.1):
-        pace = 0.5 if t >= 25 else 1.0
-        rate = 40.0 * pace * np.exp(rng.normal(0, 0.02))
-        for i, (s, d) in enumerate(hops):
-            start = int(t * S) + i * 1000
-            rows.append((s, d, start, start + int(32_000_000 / rate), 32_000_000, ["leafA", "spine", "leafB"]
-                         if s in a else ["leafB", "spine", "leafA"], i))
+    rows = paced_ring_rows(rng, hops, lambda s, d: ["leafA", "spine", "leafB"] if s in a else ["leafB", "spine", "leafA"],
+                           32_000_000, 40.0, slow=0.5)
     fsdp = ["10.0.1.3", "10.0.1.4", "10.0.1.5"]
-    for t in np.arange(0, 60, 0.1):
-        rate = 6.0 * np.exp(rng.normal(0, 0.02))
-        for i, (s, d) in enumerate(zip(fsdp, fsdp[1:] + fsdp[:1])):
-            start = int(t * S) + i * 1000
-            rows.append((s, d, start, start + int(8_000_000 / rate), 8_000_000, ["leafB"], 10 + i))
+    rows += paced_ring_rows(rng, list(zip(fsdp, fsdp[1:] + fsdp[:1])), lambda s, d: ["leafB"], 8_000_000, 6.0, pid0=10)
     f = pl.DataFrame(rows, schema=["src_ip", "dst_ip", "start_ns", "end_ns", "bytes", "path", "pid"], orient="row") \
         .with_columns(pl.col("pid").cast(pl.Int64))
     pairs = pl.DataFrame({"pid": [0, 1, 2, 3, 10, 11, 12], "comm_type": ["DP"] * 7, "job_id": ["job-1"] * 4 + ["job-2"] * 3,
