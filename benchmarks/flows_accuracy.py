@@ -151,13 +151,17 @@ def main() -> int:
 
 
 def per_kind(sets: dict[str, list[dict]]) -> pl.DataFrame:
-    """Per set and fault kind: faults named on their exact subject, at job level only, missed."""
+    """Per set and fault kind: faults named on their exact subject (on_host: a compute fault on its
+    GPU's host), at job level only, missed."""
     parts = [r["per_fault"].with_columns(set=pl.lit(name)) for name, runs in sets.items() for r in runs
              if isinstance(r.get("per_fault"), pl.DataFrame) and r["per_fault"].height]
     if not parts:
         return pl.DataFrame()
     return pl.concat(parts).group_by("set", "kind").agg(
-        faults=pl.len(), exact=(pl.col("outcome") == "exact").sum(), job_level=(pl.col("outcome") == "job_level").sum(),
+        faults=pl.len(), exact=(pl.col("outcome") == "exact").sum(),
+        # of those, named on the GPU's host only (a compute fault: scoring.COMPUTE_KINDS)
+        on_host=(pl.col("outcome").eq("exact") & pl.col("on_host").fill_null(False)).sum(),
+        job_level=(pl.col("outcome") == "job_level").sum(),
         missed=(pl.col("outcome") == "missed").sum()).sort("set", "kind")
 
 

@@ -143,21 +143,22 @@ def late_ranks(lags: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Fl
         L *= 2
     alpha = window_alpha(cfg.fa_per_job_hour, n_jobs, window[1] - window[0])
     z_bar = bonferroni_z(alpha, n_tests)
-    # ... and late by more than the job's own step-to-step jitter (the same robust spread of its
-    # ranks' successive step durations): a lag the job's steps hide in their noise sets no pace
-    jit = x.with_columns(dd=(pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64).diff().over(key)).group_by(key).agg(
-        j=robust_sigma(pl.col("dd")) / np.sqrt(2)).group_by("job_id").agg(jitter=pl.col("j").median())
-    hit = pl.concat(runs).join(jit, on="job_id").filter((pl.col("z") > z_bar) & (pl.col("med") > pl.col("jitter")))
+    hit = pl.concat(runs).filter(pl.col("z") > z_bar)
     if hit.height == 0:
         return empty
     # per rank its strongest run; its median lag, and its span: the run's steps late by more than half
     # of it (a run of 2^j steps may reach past the fault's onset or end)
     best = hit.sort("z", descending=True).group_by(key, maintain_order=True).first()
-    # ... and the run's steps longer than the rank's others, to the same bar: its peers wait, so the
-    # job's steps slow (by the lag, or by more where the rank is late in every microbatch) against
-    # their own step-to-step jitter outside the run (the run's steps, and the step after it, would
-    # count the fault in its noise). A loaded host's few-millisecond lag leaves the steps within
-    # their noise.
+    # ... and it sets the job's pace: the run's steps are longer than the rank's others, to the same
+    # bar: its peers wait, so the job's steps slow (by the lag, or by more where the rank is late in
+    # every microbatch: a pipeline stage's first send lags by one microbatch's delay, its step by all
+    # of them) against their own step-to-step jitter outside the run (the run's steps, and the step
+    # after it, would count the fault in its noise). A loaded host's few-millisecond lag leaves the
+    # steps within their noise. With too few steps outside the run to compare, the lag itself must
+    # exceed the job's step-to-step jitter (the same robust spread over all its ranks' steps), unless
+    # an earlier window named the rank (its run there had the steps before it).
+    jit = x.with_columns(dd=(pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64).diff().over(key)).group_by(key).agg(
+        j=robust_sigma(pl.col("dd")) / np.sqrt(2)).group_by("job_id").agg(jitter=pl.col("j").median())
     d = x.with_columns(d=(pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64)).with_columns(
         dd=pl.col("d").diff().over(key)).join(best.select(*key, k_end="k", L="L"), on=key).with_columns(
         run=(pl.col("k") > pl.col("k_end") - pl.col("L")) & (pl.col("k") <= pl.col("k_end")))
@@ -166,9 +167,10 @@ def late_ranks(lags: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Fl
         nq=pl.col("dd").filter(outside).drop_nulls().len(),
         qj=pl.max_horizontal(pl.lit(1e3), robust_sigma(pl.col("dd").filter(outside)) / np.sqrt(2)),
         more=pl.col("d").filter("run").median() - pl.col("d").filter(~pl.col("run")).median())
-    best = best.join(slow, on=key, how="left").filter(
-        (pl.col("nq").fill_null(0) < MIN_RUN)
-        | (pl.col("more") / pl.col("qj") * (pl.col("L") / (np.pi / 2)).sqrt() > z_bar)).drop("nq", "qj", "more")
+    best = best.join(slow, on=key, how="left").join(jit, on="job_id", how="left").filter(
+        pl.when(pl.col("nq").fill_null(0) < MIN_RUN).then((pl.col("med") > pl.col("jitter")) | pl.col("ip").is_in(list(known or ())))
+        .otherwise(pl.col("more") / pl.col("qj") * (pl.col("L") / (np.pi / 2)).sqrt() > z_bar)
+    ).drop("nq", "qj", "more", "jitter")
     span = x.join(best.select(*key, "med", k_end="k", L="L"), on=key).filter(
         (pl.col("k") > pl.col("k_end") - pl.col("L")) & (pl.col("k") <= pl.col("k_end")) & (pl.col("lag") > pl.col("med") / 2)
         & (pl.col("start_ns") >= window[0])

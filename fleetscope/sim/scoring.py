@@ -30,6 +30,8 @@ import polars as pl
 LOUD = ["warning", "critical"]
 LOCALIZING = ["gpu", "link", "host", "switch"]
 IP_SCOPES = ["gpu", "link"]
+# faults of one GPU's computing (scope gpu): named on their host counts (score_verdicts.exact)
+COMPUTE_KINDS = {"slow_gpu", "straggler", "gc_stall"}
 TRUTH_NAMES = ("jobs", "pairs", "steps", "faults", "events", "background", "job_layout")
 
 
@@ -244,7 +246,7 @@ def score_verdicts(verdicts: pl.DataFrame, faults: pl.DataFrame, events: pl.Data
         f["_affected"] = set(_split(f.get("affected_jobs"))) | ({f["job_id"]} if f.get("job_id") else set())
         f["_ips"] = set(_split(f.get("ips")))
         f["_hosts"] = set(_split(f.get("hosts")))
-        f["_hits"] = {"exact": [], "job_level": []}
+        f["_hits"] = {"exact": [], "job_level": [], "on_host": []}
 
     def vjobs(v) -> set:
         js = set()
@@ -262,8 +264,18 @@ def score_verdicts(verdicts: pl.DataFrame, faults: pl.DataFrame, events: pl.Data
     def overlaps(vs, ve, a, b) -> bool:
         return vs <= b + slack_ns and ve >= a - slack_ns
 
+    ip_host = dict(zip(tj["ip"].to_list(), tj["host"].to_list())) if "host" in tj.columns else {}
+
     def exact(v, f) -> bool:
         sc, subj = v["scope"], str(v["subject"])
+        if f["scope"] == "gpu" and f["kind"] in COMPUTE_KINDS and sc == "host":
+            # a GPU computing late holds back its whole tensor-parallel group (and a member without
+            # its own NIC sends through another's): from flows alone its host is the exact answer
+            # (issue 25: "name the host, and the GPU where the rail / NIC pattern allows")
+            if subj == ip_host.get(f["subject"]):
+                f["_hits"]["on_host"].append(v["verdict_id"])
+                return True
+            return False
         if f["scope"] in ("gpu", "link"):
             return sc in IP_SCOPES and subj == f["subject"]
         if f["scope"] == "switch":
@@ -305,16 +317,18 @@ def score_verdicts(verdicts: pl.DataFrame, faults: pl.DataFrame, events: pl.Data
                         "subject": str(v["subject"]), "class": cls or "false"})
     per_fault = pl.DataFrame([{"fault_id": f["fault_id"], "kind": f["kind"], "scope": f["scope"], "subject": f["subject"],
                                "outcome": "exact" if f["_hits"]["exact"] else ("job_level" if f["_hits"]["job_level"] else "missed"),
+                               "on_host": bool(f["_hits"]["on_host"]) and len(f["_hits"]["on_host"]) == len(f["_hits"]["exact"]),
                                "n_verdicts": len(f["_hits"]["exact"]) + len(f["_hits"]["job_level"]),
                                "impact": f.get("impact")} for f in frows],
                              schema={"fault_id": pl.Utf8, "kind": pl.Utf8, "scope": pl.Utf8, "subject": pl.Utf8,
-                                     "outcome": pl.Utf8, "n_verdicts": pl.Int64, "impact": pl.Float64})
+                                     "outcome": pl.Utf8, "on_host": pl.Boolean, "n_verdicts": pl.Int64, "impact": pl.Float64})
     vc = pl.DataFrame(classes, schema={"verdict_id": pl.Utf8, "detector": pl.Utf8, "scope": pl.Utf8, "subject": pl.Utf8,
                                        "class": pl.Utf8})
     count = {c: int((vc["class"] == c).sum()) for c in ("fault_exact", "fault_job", "mislocalized", "benign", "false")}
     hours = job_hours(tj, window)
     n_loud = vc.height
     return {"faults": len(frows), "faults_exact": int((per_fault["outcome"] == "exact").sum()),
+            "faults_on_host": int(per_fault["on_host"].sum()),
             "faults_job_level": int((per_fault["outcome"] == "job_level").sum()),
             "faults_missed": int((per_fault["outcome"] == "missed").sum()),
             "verdicts_loud": n_loud, **{f"verdicts_{k}": v for k, v in count.items()},

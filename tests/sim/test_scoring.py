@@ -139,3 +139,21 @@ def test_score_tables_reads_window_ids_and_scores_everything():
     s = score_tables(tables, truth)
     assert (s["jobs_exact"], s["jobs_true"]) == (2, 2) and s["pair_accuracy"] == 1.0 and s["step_coverage"] == 1.0
     assert s["verdicts_false"] == 1 and s["faults"] == 0
+
+
+def test_a_compute_fault_named_on_its_gpus_host_is_exact_a_network_fault_on_a_host_is_not():
+    # flows see a late GPU as its host's late traffic (its tensor-parallel group waits with it):
+    # the host holding it is its exact subject from flows; another host, or a host for a NIC, is not
+    def outcome(rows):
+        s = score_verdicts(_v(rows), FAULTS, EVENTS, CLUSTERS, JOBS, W, slack_ns=S)
+        return {r["fault_id"]: (r["outcome"], r["on_host"]) for r in s["per_fault"].iter_rows(named=True)}, s
+
+    when = {"start_ns": T0 + 20 * S, "end_ns": T0 + 21 * S}
+    pf, s = outcome([{"scope": "host", "subject": "h1"} | when])            # a2's host
+    assert pf["F0"] == ("exact", True) and s["faults_on_host"] == 1 and s["verdicts_fault_exact"] == 1
+    pf, s = outcome([{"scope": "host", "subject": "h2"} | when])            # job A's other host
+    assert pf["F0"][0] != "exact" and s["verdicts_mislocalized"] == 1
+    pf, s = outcome([{"scope": "host", "subject": "h4"} | when])            # degraded NIC b3's host
+    assert pf["F2"][0] != "exact"
+    pf, s = outcome([{"scope": "gpu", "subject": "a2"} | when])             # the GPU itself
+    assert pf["F0"] == ("exact", False)
