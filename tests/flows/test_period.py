@@ -54,3 +54,23 @@ def test_the_step_clock_counts_one_unit_per_step_through_a_slower_stretch_and_a_
     du = np.diff(ku)
     pause = 70
     assert np.allclose(np.delete(du, pause), 1.0, atol=0.01) and abs(du[pause] - 5000 / 256) < 0.1, du
+
+
+
+def _buckets(n_steps: int, seed: int = 1):
+    """Steps of 4.2 s: a 1.4 s forward pass with no traffic, then 40 gradient buckets 70 ms apart
+    over the backward pass (64-GPU seed 2183: a TP2 x DP20 Megatron job with overlap)."""
+    rng = np.random.default_rng(seed)
+    t, g = [], []
+    for s in range(n_steps):
+        for b in range(40):
+            t.append(s * 4200.0 + 1400 + b * 70 + rng.normal(0, 1))
+            g.append((1400 + 40 if b == 0 else 40) * (1 + 0.05 * rng.standard_normal()))
+    return np.array(t) * MS, np.array(g) * MS
+
+
+def test_buckets_spread_over_the_backward_pass_are_not_steps():
+    """The buckets' spacings tile most of the flows evenly, but a third of the time lies in the
+    forward passes' spacings, twenty times longer: one step per 4.2 s."""
+    period, tb = gap_ladder(*_buckets(20))
+    assert abs(period / (4200 * MS) - 1) < 0.02 and abs(len(tb) - 20) <= 1, (period / MS, len(tb))
