@@ -56,7 +56,6 @@ def test_the_step_clock_counts_one_unit_per_step_through_a_slower_stretch_and_a_
     assert np.allclose(np.delete(du, pause), 1.0, atol=0.01) and abs(du[pause] - 5000 / 256) < 0.1, du
 
 
-
 def _buckets(n_steps: int, seed: int = 1):
     """Steps of 4.2 s: a 1.4 s forward pass with no traffic, then 40 gradient buckets 70 ms apart
     over the backward pass (64-GPU seed 2183: a TP2 x DP20 Megatron job with overlap)."""
