@@ -193,6 +193,61 @@ def phase_locked_pairs(cand: pl.DataFrame, events: pl.DataFrame, cfg: FlowConfig
     return pl.DataFrame(keep, schema={"a": pl.Int64, "b": pl.Int64}, orient="row")
 
 
+def _distinct(t: np.ndarray, tol: int) -> np.ndarray:
+    t = np.unique(t)
+    return t[np.concatenate([[True], np.diff(t) > tol])] if len(t) else t
+
+
+def cycle_phase_lock(ta: np.ndarray, tb: np.ndarray, tol: int) -> tuple[float, int]:
+    """How firmly the events tb keep one place in the cycles of the events ta: each b event's phase
+    in the interval of a's consecutive events holding it (intervals longer than twice a's usual one
+    are gaps, not cycles), and the mean resultant length R of those phases on the circle (1: one
+    phase, whatever the offset; near 0: any phase) with the number of phases n. Events within tol
+    are one (a step's pairs end together)."""
+    ta, tb = _distinct(ta, tol), _distinct(tb, tol)
+    if len(ta) < 3 or len(tb) < 3:
+        return 0.0, 0
+    gaps = np.diff(ta)
+    i = np.searchsorted(ta, tb, side="right") - 1
+    ok = (i >= 0) & (i < len(gaps))
+    i, t = i[ok], tb[ok]
+    keep = gaps[i] <= 2 * np.median(gaps)
+    ph = (t[keep] - ta[i[keep]]) / gaps[i[keep]]
+    return (float(np.abs(np.exp(2j * np.pi * ph).mean())), len(ph)) if len(ph) else (0.0, 0)
+
+
+# a phase drifting by one cycle or more over the window leaves R at most max |sin(pi c) / (pi c)| over
+# c >= 1 (0.217, at c = 1.43): a larger R is a phase the window never lost
+_DRIFT_R = 0.2172
+
+
+def step_phase_locked(cand: pl.DataFrame, events: pl.DataFrame, cfg: FlowConfig, alpha: float = 0.01) -> pl.DataFrame:
+    """Candidate cluster pairs (a, b) whose step ends (events: cluster_id, t) keep one phase of each
+    other's cycles, either way round: Rayleigh's test of uniform phases (Bonferroni over the pairs, at
+    alpha) and R above what a phase drifting by a cycle over the window could leave. One job's
+    clusters end their steps at a fixed offset (a pipeline hop's last send before the ring's last
+    chunk), whatever the jitter; two jobs with their own step periods drift through every phase even
+    when the chunks inside their steps share one cadence (the transport's), which is all the
+    autocorrelation of flow starts sees (phase_locked_pairs; simulator seed 2204: a job funnelled
+    through one NIC per host merged with its neighbour on the same hosts)."""
+    if cand.height == 0 or events.height == 0:
+        return cand.head(0)
+    t = {c: g["t"].to_numpy() for (c,), g in events.group_by(["cluster_id"])}
+    a_ = alpha / cand.height
+    keep = []
+    for a, b in cand.iter_rows():
+        if a not in t or b not in t:
+            continue
+        for x, y in ((a, b), (b, a)):
+            r, n = cycle_phase_lock(t[x], t[y], cfg.sync_tol_ns)
+            # Rayleigh's p (Zar's approximation), n phases with resultant n R
+            p = np.exp(np.sqrt(1 + 4 * n + 4 * (n * n - (n * r) ** 2)) - (1 + 2 * n)) if n else 1.0
+            if r > _DRIFT_R and p <= a_:
+                keep.append((a, b))
+                break
+    return pl.DataFrame(keep, schema={"a": pl.Int64, "b": pl.Int64}, orient="row")
+
+
 def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.DataFrame,
                    cfg: FlowConfig) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """pairs: pair_summary rows of in-topology pairs. Returns (membership: ip, host, gpu,
@@ -241,7 +296,10 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
         # one stage, pipeline-only NICs) still repeat with the job's period and phase
         rest = cand.filter(pl.struct("a", "b").map_elements(lambda r: find(r["a"]) != find(r["b"]),
                                                             return_dtype=pl.Boolean))
-        for a, b in phase_locked_pairs(rest, ef.select("cluster_id", t=pl.col("start_ns")), cfg).iter_rows():
+        # ... with their step ends keeping one phase of each other (step_phase_locked): a shared cadence
+        # of chunks inside the steps is not one job
+        locked = phase_locked_pairs(rest, ef.select("cluster_id", t=pl.col("start_ns")), cfg)
+        for a, b in step_phase_locked(locked, ends, cfg).iter_rows():
             parent[find(b)] = find(a)
     root = pl.DataFrame({"cluster_id": list(parent), "root": [find(c) for c in parent]},
                         schema={"cluster_id": pl.Int64, "root": pl.Int64})

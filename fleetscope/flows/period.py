@@ -75,7 +75,9 @@ def autocorr_period(t: np.ndarray, min_lag_ns: int, bin_ns: int | None = None, n
     if 1 <= lag < len(ac) - 1:
         y0, y1, y2 = ac[lag - 1], ac[lag], ac[lag + 1]
         den = y0 - 2 * y1 + y2
-        off = 0.5 * (y0 - y2) / den if den < 0 else 0.0
+        # (the lag was picked on the smoothed autocorrelation: where the raw one has no peak at it, the
+        # parabola's vertex may lie anywhere, even at a negative lag; it refines within half a bin)
+        off = float(np.clip(0.5 * (y0 - y2) / den, -0.5, 0.5)) if den < 0 else 0.0
     else:
         off = 0.0
     return float((lag + off) * b)

@@ -144,3 +144,30 @@ def test_a_service_host_of_the_topology_reading_every_step_from_a_job_is_not_a_m
     assert members == set(truths[0]["ips"])
     assert "172.20.0.2" not in set(out["comm_pairs"].filter(pl.col("comm_type").is_in(["DP", "PP"]))
                                    .select(pl.concat_list("ip_a", "ip_b").explode()).to_series().to_list())
+
+
+def _cadenced(period_ns: int, n_steps: int, offset_ns: int = 0, jitter_ns: int = 0, seed: int = 0):
+    """Flow starts (chunks every 25 ms on one clock-wide grid: the transport's pacing) over the last
+    900 ms of each step, and the step ends, of one cluster."""
+    rng = np.random.default_rng(seed)
+    ends = offset_ns + period_ns * np.arange(1, n_steps + 1) + rng.integers(-jitter_ns, jitter_ns + 1, n_steps)
+    grid = 25 * MS
+    starts = np.concatenate([np.arange((e - 900 * MS) // grid * grid + grid, e, grid) for e in ends])
+    return starts, ends
+
+
+def test_two_jobs_whose_steps_drift_apart_stay_two_one_jobs_clusters_at_an_offset_are_one():
+    # clusters on the same hosts that the flow starts could not tell apart (in the simulator, seed 2204,
+    # both jobs' chunks moved at one cadence, which is all the starts' autocorrelation saw): their step
+    # ends decide. b is another job (its own step period), c a replica of a's job ending its steps
+    # 80 ms before a's, give or take 20 ms
+    from fleetscope.flows.config import FlowConfig
+    from fleetscope.flows.jobs import step_phase_locked
+
+    n = 50
+    ends = [_cadenced(int(1.113 * S), n)[1], _cadenced(int(1.259 * S), n, offset_ns=400 * MS)[1],
+            _cadenced(int(1.113 * S), n, offset_ns=-80 * MS, jitter_ns=20 * MS, seed=1)[1]]
+    ev = pl.concat([pl.DataFrame({"cluster_id": [i] * n, "t": e}, schema={"cluster_id": pl.Int64, "t": pl.Int64})
+                    for i, e in enumerate(ends)])
+    cand = pl.DataFrame({"a": [0, 0, 1], "b": [1, 2, 2]}, schema={"a": pl.Int64, "b": pl.Int64})
+    assert step_phase_locked(cand, ev, FlowConfig()).rows() == [(0, 2)]

@@ -2,7 +2,7 @@
 sequences whose step starts are known."""
 import numpy as np
 
-from fleetscope.flows.period import gap_ladder, step_warp
+from fleetscope.flows.period import autocorr_period, gap_ladder, step_warp
 
 MS = 1_000_000
 
@@ -73,3 +73,12 @@ def test_buckets_spread_over_the_backward_pass_are_not_steps():
     forward passes' spacings, twenty times longer: one step per 4.2 s."""
     period, tb = gap_ladder(*_buckets(20))
     assert abs(period / (4200 * MS) - 1) < 0.02 and abs(len(tb) - 20) <= 1, (period / MS, len(tb))
+
+
+def test_the_period_of_a_train_of_chunks_on_a_clock_wide_grid_is_a_positive_lag():
+    # chunks every 25 ms over 900 ms of each 1.259 s step: the lag picked on the smoothed
+    # autocorrelation is no peak of the raw one, and the parabola through it put the period at -31 s
+    from tests.flows.test_jobs_and_types import _cadenced
+    starts, _ = _cadenced(int(1.259e9), 50, offset_ns=400_000_000)
+    p = autocorr_period(starts, 20_000_000)
+    assert p is not None and p > 20_000_000
