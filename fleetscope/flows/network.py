@@ -292,17 +292,7 @@ def pair_levels(f: pl.DataFrame, min_side: int = 8, level=trimmed_mean) -> pl.Da
                        / (pl.col("sig") * (1 / pl.col("k") + 1 / (pl.col("n") - pl.col("k"))).sqrt()))
     best = g.sort("t", descending=True).unique("hid", keep="first")
     bar = bonferroni_z(0.01, max(g.height, 1))
-    # each side's level is the trimmed mean of its own flows: the winsorized means above only find the
-    # split, and a side where a fifth of the records are an exporter's degenerate pieces (thousands of
-    # GB/s) past the pair's 99th percentile has its mean lifted by them (demo seed 821: a healthy ring's
-    # level 2.4 times its typical rate, every hop of it "slow", its leaf named); not a median, even for
-    # the stall test's levels: a side's chunks at two rates would put it on the faster mode
-    side = f.select("hid", "start_ns", "x").sort("hid", "start_ns").with_columns(k=pl.int_range(1, pl.len() + 1).over("hid")) \
-        .join(best.select("hid", kb="k"), on="hid").group_by("hid").agg(
-            ml=trimmed_mean(pl.col("x").filter(pl.col("k") <= pl.col("kb"))),
-            mr=trimmed_mean(pl.col("x").filter(pl.col("k") > pl.col("kb"))))
-    base = f.group_by("hid").agg(base_med=level(pl.col("x"))).join(best.select("hid", "t"), on="hid", how="left") \
-        .join(side, on="hid", how="left")
+    base = f.group_by("hid").agg(base_med=level(pl.col("x"))).join(best.select("hid", "t", "ml", "mr"), on="hid", how="left")
     return base.select("hid", "base_med", base_step=pl.when(pl.col("t") > bar).then(pl.max_horizontal("ml", "mr"))
                        .otherwise("base_med"))
 
