@@ -63,9 +63,40 @@ def pair_summary(seg_flows: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
                                         n_recurring=pl.col("rec").sum().cast(pl.Int64))
     out = base.join(out, on="pid", how="left").join(by, on="pid")
     # job traffic repeats: enough flows of recurring sizes (one-off control or copy flows do not),
-    # over more than one step (a checkpoint copy cut into equal messages is one burst)
-    return out.with_columns(periodic=(pl.col("n_recurring") >= cfg.min_pair_flows) & (pl.col("n_steps") >= 2)
-                            ).sort("ip_a", "ip_b")
+    # over more than one step (a checkpoint copy cut into equal messages is one burst) ... or, where
+    # the split saw one gap level only, with a period of its own over the window (repeats)
+    return out.join(repeats(seg_flows, out, cfg), on="pid", how="left").with_columns(
+        periodic=(pl.col("n_recurring") >= cfg.min_pair_flows)
+        & ((pl.col("n_steps") >= 2) | pl.col("repeats").fill_null(False))).drop("repeats").sort("ip_a", "ip_b")
+
+
+def repeats(seg_flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
+    """pid, repeats: for the pairs the step split left whole (one segment: every gap it saw was of one
+    level, so it could not tell step gaps from the rest) with enough recurring flows, whether their
+    traffic repeats with a period over the window (flow starts weighted by bytes, autocorrelation:
+    period.autocorr_period), at least twice. A DP pair whose NIC streams all step and rests only
+    between steps, or that moves one burst of parallel channels per step, is such a pair (simulator
+    seeds 2168 and 2217: jobs never found). pairs: pair_summary's rows so far (pid, ip_a, ip_b,
+    n_steps, n_recurring, first_ns, last_ns)."""
+    from fleetscope.flows.period import autocorr_period
+
+    # ... and for as long as its ends are active at all (the longer of the two ends' spans over all
+    # their pairs, half of it at least): a GPU's job traffic lasts as long as it works in the job,
+    # an episode of copies (a checkpoint cut into equal writes, as regular inside as any step) does not
+    ends = pl.concat([pairs.select(ip="ip_a", s="first_ns", e="last_ns"), pairs.select(ip="ip_b", s="first_ns", e="last_ns")]) \
+        .group_by("ip").agg(span=pl.col("e").max() - pl.col("s").min())
+    flat = pairs.filter((pl.col("n_steps") < 2) & (pl.col("n_recurring") >= cfg.min_pair_flows)) \
+        .join(ends.select(ip_a="ip", sa="span"), on="ip_a").join(ends.select(ip_b="ip", sb="span"), on="ip_b") \
+        .filter(2 * (pl.col("last_ns") - pl.col("first_ns")) >= pl.max_horizontal("sa", "sb")).select("pid")
+    out = {"pid": [], "repeats": []}
+    if flat.height:
+        f = seg_flows.join(flat, on="pid").select("pid", "start_ns", "bytes").sort("pid", "start_ns")
+        for (pid,), g in f.group_by(["pid"], maintain_order=True):
+            t = g["start_ns"].to_numpy()
+            per = autocorr_period(t, cfg.min_period_ns, weights=g["bytes"].to_numpy().astype(np.float64))
+            out["pid"].append(pid)
+            out["repeats"].append(per is not None and per > 0 and t[-1] - t[0] >= 2 * per)
+    return pl.DataFrame(out, schema={"pid": pairs.schema["pid"], "repeats": pl.Boolean})
 
 
 def hub_addresses(pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:

@@ -171,3 +171,27 @@ def test_two_jobs_whose_steps_drift_apart_stay_two_one_jobs_clusters_at_an_offse
                     for i, e in enumerate(ends)])
     cand = pl.DataFrame({"a": [0, 0, 1], "b": [1, 2, 2]}, schema={"a": pl.Int64, "b": pl.Int64})
     assert step_phase_locked(cand, ev, FlowConfig()).rows() == [(0, 2)]
+
+
+def _pair_flows(starts_ns, dur_ns, nbytes, ip_a="10.0.0.1", ip_b="10.0.1.1"):
+    s = np.asarray(starts_ns, dtype=np.int64)
+    return pl.DataFrame({"pid": pl.Series([1] * len(s), dtype=pl.Int64), "ip_a": ip_a, "ip_b": ip_b, "src_ip": ip_a, "dst_ip": ip_b,
+                         "start_ns": s, "end_ns": s + dur_ns, "bytes": [nbytes] * len(s)})
+
+
+def test_a_pair_moving_one_burst_of_parallel_channels_per_step_is_job_traffic_an_episode_of_copies_is_not():
+    # four channels of one bucket each step (2.4 GB, 114 ms), then 760 ms of compute: every gap the
+    # split can see is a step gap, so it sees one level and no step; the pair still repeats every step
+    from fleetscope.flows.config import FlowConfig
+    from fleetscope.flows.jobs import pair_summary
+    from fleetscope.flows.prepare import segment
+
+    cfg = FlowConfig()
+    steps = np.arange(70) * 874 * MS
+    dp = _pair_flows(np.repeat(steps, 4) + np.tile(np.arange(4) * 5_000, 70), 114 * MS, 2_430_343_494)
+    # ... while the same GPU's one episode of equal storage writes, however regular inside, is not
+    # traffic that repeats for as long as the GPU works
+    ckpt = _pair_flows(30 * S + np.arange(12) * 50 * MS, 20 * MS, 8 << 20, ip_b="10.0.9.9").with_columns(pid=pl.lit(2, dtype=pl.Int64))
+    p = pair_summary(segment(pl.concat([dp, ckpt]), ["pid"], cfg.split), cfg).sort("pid")
+    assert p["n_steps"].to_list() == [1, 1]
+    assert p["periodic"].to_list() == [True, False]
