@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import polars as pl
 
 from fleetscope.schemas.base import conform
@@ -144,14 +145,17 @@ def _tasks(ev: pl.DataFrame) -> pl.DataFrame:
     tasks = ev[order["_i"]].with_columns(kind=order["kind"], _part=order["_part"])
     del order
     rt = tasks.filter(pl.col("cat") == "cuda_runtime")["name"]
+    part = pl.col("_part")
     tasks = tasks.with_columns(
-        processor=pl.when(pl.col("_part") == 0).then(pl.concat_str([pl.lit("thread:"), pl.col("pid"), pl.lit(":"), pl.col("tid")]))
-        # point-to-point work spans overlap each other and their thread's operators: a processor of
-        # their own (no order among them); collectives run in order on the backend's worker thread
-        .when(pl.col("_part") == 1).then(pl.concat_str([pl.lit("comm:"), pl.col("pid"), pl.lit(":"), pl.col("tid"),
-                                                        pl.when(pl.col("collective").is_in(["send", "recv"])).then(pl.lit(":p2p"))
-                                                        .otherwise(pl.lit(""))]))
-        .otherwise(pl.concat_str([pl.lit("stream:"), pl.col("device").cast(pl.Utf8), pl.lit(":"), pl.col("stream").cast(pl.Utf8)])),
+        # thread:<pid>:<tid>, comm:<pid>:<tid>[:p2p], stream:<device>:<stream>, built by one concat_str (a
+        # when/then of three concat_str builds all three for every task)
+        processor=pl.concat_str([
+            pl.when(part == 0).then(pl.lit("thread:")).when(part == 1).then(pl.lit("comm:")).otherwise(pl.lit("stream:")),
+            pl.when(part < 2).then(pl.col("pid")).otherwise(pl.col("device").cast(pl.Utf8)), pl.lit(":"),
+            pl.when(part < 2).then(pl.col("tid")).otherwise(pl.col("stream").cast(pl.Utf8)),
+            # point-to-point work spans overlap each other and their thread's operators: a processor of
+            # their own (no order among them); collectives run in order on the backend's worker thread
+            pl.when((part == 1) & pl.col("collective").is_in(["send", "recv"])).then(pl.lit(":p2p")).otherwise(pl.lit(""))]),
         role=pl.when(pl.col("_part") == 1).then(pl.lit("comm"))
         .when((pl.col("_part") == 0) & (pl.col("cat") == "cuda_runtime")).then(
             _by_name(rt, _runtime_role) if rt.len() else pl.lit(None, pl.Utf8))
@@ -160,23 +164,39 @@ def _tasks(ev: pl.DataFrame) -> pl.DataFrame:
         .when(pl.col("cat") == "gpu_memcpy").then(pl.lit("memcpy"))
         .when(pl.col("cat") == "gpu_memset").then(pl.lit("memset"))
         .otherwise(pl.lit("compute")),
-    ).drop("_part")
+    )
     # iteration: CPU tasks by time inside ProfilerStep#N, GPU tasks by their launching call
     its = _iterations(ev)
     if its.height:
-        n = tasks.select("rank", "ts_ns", "kind", "cat", "role", "correlation").with_row_index("_r")
-        n = n.sort("ts_ns").join_asof(its.select("rank", "start_ns", "end_ns", "iteration").rename(
-            {"start_ns": "_it_start", "end_ns": "_it_end"}).sort("_it_start"), left_on="ts_ns", right_on="_it_start", by="rank",
-            strategy="backward", check_sortedness=False).sort("_r")
-        n = n.with_columns(iteration=pl.when(pl.col("ts_ns") < pl.col("_it_end")).then(pl.col("iteration")))
-        launch_it = n.filter((pl.col("kind") == "cpu") & pl.col("correlation").is_not_null() & (pl.col("cat") != "cpu_op")
-                             & (pl.col("role") != "comm")).select("rank", "correlation", _lit=pl.col("iteration")).unique(
-            ["rank", "correlation"], keep="first", maintain_order=True)
-        lit = n.select("rank", "correlation").join(launch_it, on=["rank", "correlation"], how="left", maintain_order="left")["_lit"]
-        tasks = tasks.with_columns(iteration=pl.when(pl.col("kind") == "gpu").then(pl.coalesce(lit, n["iteration"])).otherwise(n["iteration"]))
+        it = pl.Series("iteration", _step_of(tasks["rank"].to_numpy(), tasks["ts_ns"].to_numpy(), its)).fill_nan(None).cast(pl.Int64)
+        n = tasks.select("rank", "cat", "correlation", "_part").with_columns(it).with_row_index("_r")
+        # a GPU task's launching call: a thread task (_part 0) with its correlation that is not an operator
+        launch_it = n.filter((pl.col("_part") == 0) & pl.col("correlation").is_not_null() & (pl.col("cat") != "cpu_op")).group_by(
+            ["rank", "correlation"]).agg(_lit=pl.col("iteration").first())
+        g = n.filter(pl.col("_part") == 2).select("_r", "rank", "correlation", "iteration").join(
+            launch_it, on=["rank", "correlation"], how="left")
+        it = it.scatter(g["_r"], g.select(pl.coalesce("_lit", "iteration")).to_series())
+        tasks = tasks.with_columns(it)
     else:
         tasks = tasks.with_columns(iteration=pl.lit(None, pl.Int64))
-    return tasks
+    return tasks.drop("_part")
+
+
+def _step_of(rank: np.ndarray, ts: np.ndarray, its: pl.DataFrame) -> np.ndarray:
+    """Per task (rows sorted by rank, then start): the ProfilerStep it starts in (the latest step of its rank
+    starting at or before it, while that step lasts), else NaN; searchsorted per rank on the sorted tasks."""
+    out = np.full(rank.size, np.nan)
+    bounds = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1], True])
+    steps = {r: g.sort("start_ns") for (r,), g in its.partition_by("rank", as_dict=True).items()}
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        st = steps.get(rank[a])
+        if st is None:
+            continue
+        start, end, num = st["start_ns"].to_numpy(), st["end_ns"].to_numpy(), st["iteration"].to_numpy()
+        k = np.searchsorted(start, ts[a:b], side="right") - 1
+        ok = (k >= 0) & (ts[a:b] < end[np.maximum(k, 0)])
+        out[a:b][ok] = num[k[ok]]
+    return out
 
 
 def _host_expr() -> pl.Expr:
@@ -199,7 +219,8 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None, stage_of_ra
     tasks = _tasks(events).with_row_index("task_id").with_columns(
         pl.col("task_id").cast(pl.Int64), host=pl.col("rank").replace_strict(hosts["rank"], hosts["host"], default=None),
         _pk=pl.struct("rank", "processor").rank("dense").cast(pl.Int32))  # processor as a number: sorts and windows on it are cheap
-    calls, launched = _sync_info(tasks, events), _gpu_by_launch(tasks)  # shared by the sync and event-wait edges
+    launched = _gpu_by_launch(tasks)
+    calls = _sync_info(tasks, events, launched)  # shared by the sync and event-wait edges
     edges = [
         _thread_edges(tasks),
         _launch_edges(tasks),
@@ -217,17 +238,18 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None, stage_of_ra
     edges.append(_collective_edges(tasks))
     e = pl.concat([x for x in edges if x.height], how="vertical_relaxed") if any(x.height for x in edges) else pl.DataFrame(
         schema=EDGE_SCHEMA)
-    e = e.unique(["src", "dst", "subtype"], keep="first", maintain_order=True).filter(pl.col("src") != pl.col("dst"))
+    # the first of each (src, dst, subtype), by one integer key (a unique over three columns of millions of rows costs seconds)
+    bits = max(1, tasks.height.bit_length())
+    key = (pl.col("src") * (1 << bits) + pl.col("dst")) * 64 + pl.col("subtype").to_physical().cast(pl.Int64)
+    e = e.filter(key.is_first_distinct() & (pl.col("src") != pl.col("dst"))) if 2 * bits + 6 < 63 else e.unique(
+        ["src", "dst", "subtype"], keep="first", maintain_order=True).filter(pl.col("src") != pl.col("dst"))
     tasks0, e0, _ = _calibrate(tasks, e, binding_only=True)
     inferred = _infer_stream_waits(tasks0, e0)
     if inferred.height:
         e = pl.concat([e, inferred], how="vertical_relaxed")
     tasks, e, dropped = _calibrate(tasks, e)
     tasks = tasks.with_columns(capture_id=pl.lit(cid))
-    rank_of = tasks.select(pl.col("task_id"), pl.col("rank"))
-    e = (e.join(rank_of.rename({"task_id": "src", "rank": "src_rank"}), on="src", how="left")
-          .join(rank_of.rename({"task_id": "dst", "rank": "rank"}), on="dst", how="left")
-          .with_columns(capture_id=pl.lit(cid)))
+    e = e.with_columns(src_rank=tasks["rank"].gather(e["src"]), rank=tasks["rank"].gather(e["dst"]), capture_id=pl.lit(cid))
     t = GRAPH_TASKS.validate(conform(tasks, GRAPH_TASKS))
     ed = GRAPH_EDGES.validate(conform(e, GRAPH_EDGES))
     meta = {"capture_id": cid, "ranks": sorted(events["rank"].unique().to_list()), **dropped, **_gradients(t, events, top_ops)}
@@ -317,7 +339,7 @@ def _gpu_by_launch(t: pl.DataFrame) -> pl.DataFrame:
     return g.sort("launch_ts")
 
 
-def _sync_info(t: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
+def _sync_info(t: pl.DataFrame, events: pl.DataFrame, launched: pl.DataFrame | None = None) -> pl.DataFrame:
     """Synchronizing runtime calls (CPU tasks) with what they wait on: the stream from the matching
     cuda_sync event when the trace has one, else the stream of the thread's previous launch."""
     calls = t.filter((pl.col("kind") == "cpu") & pl.col("role").is_in(["stream_sync", "context_sync", "event_sync", "event_record", "stream_wait"]))
@@ -326,7 +348,7 @@ def _sync_info(t: pl.DataFrame, events: pl.DataFrame) -> pl.DataFrame:
         s_rec=pl.col("wait_on_event_corr"), s_device=pl.col("device")).unique(["rank", "correlation"], keep="first")
     calls = calls.join(sync, on=["rank", "correlation"], how="left")
     # the stream of the last task launched by the same thread before the call (fallback)
-    g = _gpu_by_launch(t).filter(pl.col("launch_tid").is_not_null())
+    g = (_gpu_by_launch(t) if launched is None else launched).filter(pl.col("launch_tid").is_not_null())
     calls = calls.sort("ts_ns").join_asof(
         g.select("rank", pl.col("launch_tid").alias("tid"), "launch_ts", prev_stream=pl.col("stream"), prev_device=pl.col("device")),
         left_on="ts_ns", right_on="launch_ts", by=["rank", "tid"], strategy="backward", check_sortedness=False).drop("launch_ts")
@@ -453,7 +475,7 @@ def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX
     from fleetscope.traces.layers import infer_layer_spans, named_spans_numbered
 
     cpu_ev = events.filter(pl.col("cat").is_in(["python_function", "cpu_op", "user_annotation"]) & (pl.col("ph") == "X"))
-    fwd = cpu_ev.filter(pl.col("name").str.contains(layer_rx)).select(
+    fwd = cpu_ev.filter(_by_name(cpu_ev["name"], lambda n: n.str.contains(layer_rx))).select(
         "rank", "pid", "tid", s0="ts_ns", s1="end_ns", layer=pl.col("name").str.extract(LAYER_NUMBER_RX, 1).cast(pl.Int32, strict=False))
     if fwd.height and fwd["layer"].null_count() == fwd.height:  # named like a layer, without a number: numbered in order
         numbered = named_spans_numbered(fwd.drop("layer"), events, stage_of_rank, ops)
@@ -691,10 +713,11 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame, binding_only: bool = False) -> 
     start (`from_start`). Collectives end `sim_dur` after the last peer arrived.
     Heuristic dependencies that the trace contradicts (dst clearly started, or a waiting call
     clearly returned, before src ended) are dropped and counted in graph.meta."""
-    ts = t.select("task_id", "ts_ns", "end_ns", "kind", "role")
-    flow = e.filter(pl.col("edge_type") != "collective").join(
-        ts.select(src="task_id", s_end="end_ns", s_ts="ts_ns"), on="src").join(
-        ts.select(dst="task_id", d_ts="ts_ns", d_end="end_ns"), on="dst")
+    flow = e.filter(pl.col("edge_type") != "collective")
+    # task_id is the row number (build_graph): the ends' times by position, not by two joins of millions of edges
+    ts, te = t["ts_ns"], t["end_ns"]
+    flow = flow.with_columns(s_end=te.gather(flow["src"]), s_ts=ts.gather(flow["src"]), d_ts=ts.gather(flow["dst"]),
+                             d_end=te.gather(flow["dst"]))
     is_wait = pl.col("edge_type") == "gpu_cpu"
     checked = ~pl.col("subtype").is_in(["thread_order", "stream_order", "launch", "comm_issue"])
     contradicted = checked & pl.when(is_wait).then(pl.col("s_end") > pl.col("d_end") + CONTRADICTION_NS).otherwise(
@@ -703,8 +726,8 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame, binding_only: bool = False) -> 
     flow = flow.filter(~contradicted)
     wait_end = flow.filter(is_wait).group_by("dst").agg(c=pl.col("s_end").max())
     # on a narrow frame (task_id, times, group): joins on every column of millions of tasks cost seconds
-    n = t.select("task_id", "ts_ns", "end_ns", "dur_ns", "coll_group").join(
-        wait_end.rename({"dst": "task_id"}), on="task_id", how="left", maintain_order="left")
+    c = pl.Series("c", [None] * t.height, dtype=pl.Int64).scatter(wait_end["dst"], wait_end["c"])
+    n = t.select("task_id", "ts_ns", "end_ns", "dur_ns", "coll_group").with_columns(c)
     n = n.with_columns(g_start=pl.when(pl.col("coll_group").is_not_null()).then(pl.col("ts_ns").max().over("coll_group")))
     wait_ref = pl.max_horizontal("ts_ns", "c")
     n = n.select(
@@ -715,9 +738,8 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame, binding_only: bool = False) -> 
         wait_ref=pl.when(pl.col("c").is_not_null()).then(wait_ref),
     )
     t = t.with_columns(n)
-    waiting = t.filter(pl.col("wait_ref").is_not_null()).select(src="task_id").with_columns(from_start=pl.lit(True))
-    flow = flow.join(waiting, on="src", how="left").with_columns(
-        from_start=(pl.col("from_start").fill_null(False) & (pl.col("subtype") == "launch")) | (pl.col("subtype") == "comm_issue"))
+    flow = flow.with_columns(
+        from_start=(t["wait_ref"].is_not_null().gather(flow["src"]) & (pl.col("subtype") == "launch")) | (pl.col("subtype") == "comm_issue"))
     flow = flow.with_columns(slack=pl.when(is_wait).then(pl.lit(0, pl.Int64)).otherwise(
         pl.col("d_ts") - pl.when(pl.col("from_start")).then(pl.col("s_ts")).otherwise(pl.col("s_end"))))
     start_edges = ~is_wait

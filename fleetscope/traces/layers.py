@@ -138,7 +138,9 @@ def training_ops(events: pl.DataFrame) -> pl.DataFrame:
     ops = ops.sort(["rank", "step", "ts_ns", "dur_ns"], descending=[False, False, False, True]).with_columns(
         _g=pl.struct("rank", "step").rank("dense"))
     depth, parent = _nest(ops["_g"].to_numpy(), ops["ts_ns"].to_numpy(), ops["end_ns"].to_numpy())
-    cut = (pl.col("name").str.contains(_NOT_FORWARD) | pl.col("name").str.contains(r"^Backward \d+$")
+    from fleetscope.traces.graph import _by_name
+
+    cut = (_by_name(ops["name"], lambda n: n.str.contains(_NOT_FORWARD) | n.str.contains(r"^Backward \d+$"))
            | (pl.col("is_comm") & pl.col("collective").is_in(["send", "recv"])))
     return ops.with_row_index("row").with_columns(depth=pl.Series(depth), parent=pl.Series(parent), cut=cut).drop("_g", "_tid", "_s", "_e")
 
@@ -152,7 +154,9 @@ def infer_layer_spans(events: pl.DataFrame, stage_of_rank: dict[int, int] | None
     ops = training_ops(events) if ops is None else ops
     if ops.height == 0:
         return pl.DataFrame(schema=SPAN_COLUMNS)
-    coded = ops.select(tok=pl.col("name").rank("dense").cast(pl.Int64), model=pl.col("name").str.contains(MODEL_OP),
+    from fleetscope.traces.graph import _by_name
+
+    coded = ops.select(tok=pl.col("name").rank("dense").cast(pl.Int64), model=_by_name(ops["name"], lambda n: n.str.contains(MODEL_OP)),
                        top=pl.struct("rank", "step").rank("dense").cast(pl.Int64))
     tok = coded["tok"].to_numpy()
     model_tok = set(coded.filter("model")["tok"].unique().to_list())
