@@ -88,15 +88,34 @@ def repeats(seg_flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig) -> pl
     flat = pairs.filter((pl.col("n_steps") < 2) & (pl.col("n_recurring") >= cfg.min_pair_flows)) \
         .join(ends.select(ip_a="ip", sa="span"), on="ip_a").join(ends.select(ip_b="ip", sb="span"), on="ip_b") \
         .filter(2 * (pl.col("last_ns") - pl.col("first_ns")) >= pl.max_horizontal("sa", "sb")).select("pid")
-    out = {"pid": [], "repeats": []}
+    out = {"pid": [], "repeats": [], "repeat_period_ns": []}
     if flat.height:
         f = seg_flows.join(flat, on="pid").select("pid", "start_ns", "bytes").sort("pid", "start_ns")
         for (pid,), g in f.group_by(["pid"], maintain_order=True):
             t = g["start_ns"].to_numpy()
             per = autocorr_period(t, cfg.min_period_ns, weights=g["bytes"].to_numpy().astype(np.float64))
+            ok = per is not None and per > 0 and t[-1] - t[0] >= 2 * per
             out["pid"].append(pid)
-            out["repeats"].append(per is not None and per > 0 and t[-1] - t[0] >= 2 * per)
-    return pl.DataFrame(out, schema={"pid": pairs.schema["pid"], "repeats": pl.Boolean})
+            out["repeats"].append(ok)
+            out["repeat_period_ns"].append(float(per) if ok else None)
+    return pl.DataFrame(out, schema={"pid": pairs.schema["pid"], "repeats": pl.Boolean, "repeat_period_ns": pl.Float64})
+
+
+def period_cycles(flows: pl.DataFrame, period: pl.DataFrame) -> pl.DataFrame:
+    """flows (pid, start_ns, ..., seg) with each pair's step index cut again by its own period where
+    `period` (pid, repeat_period_ns) has one: its flow starts folded onto one cycle, a new step where
+    the cycle is quietest (the middle of the widest arc with no flow start). The pairs the step split
+    left whole (one level of gaps) then end a step once per cycle like any other, so their step ends
+    can be matched with their job's."""
+    per = period.filter(pl.col("repeat_period_ns").is_not_null()).select("pid", P="repeat_period_ns")
+    if per.height == 0 or flows.height == 0:
+        return flows
+    cut = flows.join(per, on="pid").with_columns(u=(pl.col("start_ns") - pl.col("start_ns").min().over("pid")) / pl.col("P"))
+    ph = cut.select("pid", ph=pl.col("u") % 1.0).sort("pid", "ph").with_columns(
+        arc=(pl.col("ph").shift(-1).over("pid") - pl.col("ph")).fill_null(pl.col("ph").first().over("pid") + 1.0 - pl.col("ph")))
+    quiet = ph.sort("arc", descending=True).unique("pid", keep="first").select("pid", c=pl.col("ph") + pl.col("arc") / 2)
+    cut = cut.join(quiet, on="pid").with_columns(seg=(pl.col("u") - pl.col("c")).floor().cast(pl.Int64) + 1)
+    return pl.concat([flows.join(per.select("pid"), on="pid", how="anti"), cut.select(flows.columns)])
 
 
 def hub_addresses(pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
@@ -229,22 +248,43 @@ def _distinct(t: np.ndarray, tol: int) -> np.ndarray:
     return t[np.concatenate([[True], np.diff(t) > tol])] if len(t) else t
 
 
-def cycle_phase_lock(ta: np.ndarray, tb: np.ndarray, tol: int) -> tuple[float, int]:
-    """How firmly the events tb keep one place in the cycles of the events ta: each b event's phase
-    in the interval of a's consecutive events holding it (intervals longer than twice a's usual one
-    are gaps, not cycles), and the mean resultant length R of those phases on the circle (1: one
-    phase, whatever the offset; near 0: any phase) with the number of phases n. Events within tol
-    are one (a step's pairs end together)."""
+def cycle_phases(ta: np.ndarray, tb: np.ndarray, tol: int) -> np.ndarray:
+    """The phase (0..1) of each event of tb in the interval of a's consecutive events holding it
+    (intervals longer than twice a's usual one are gaps, not cycles). Events within tol are one (a
+    step's pairs end together)."""
     ta, tb = _distinct(ta, tol), _distinct(tb, tol)
     if len(ta) < 3 or len(tb) < 3:
-        return 0.0, 0
+        return np.zeros(0)
     gaps = np.diff(ta)
     i = np.searchsorted(ta, tb, side="right") - 1
     ok = (i >= 0) & (i < len(gaps))
     i, t = i[ok], tb[ok]
     keep = gaps[i] <= 2 * np.median(gaps)
-    ph = (t[keep] - ta[i[keep]]) / gaps[i[keep]]
-    return (float(np.abs(np.exp(2j * np.pi * ph).mean())), len(ph)) if len(ph) else (0.0, 0)
+    return (t[keep] - ta[i[keep]]) / gaps[i[keep]]
+
+
+def phase_lock_p(ph: np.ndarray) -> float:
+    """p-value of n phases (0..1) this concentrated if they were uniform on the circle: the smaller
+    of Rayleigh's test (Zar's approximation; powerful for a broad lump over many cycles) and the scan
+    test (powerful for a tight lump over few: k of the n phases inside an arc of width w has
+    probability at most k C(n, k) w^(k-1), tried for k from half the phases up, Bonferroni
+    over the k's), doubled for taking the smaller. A job of multi-second steps shows few cycles
+    per window, but its clusters' step ends keep their offset to a few hundredths of a cycle."""
+    from scipy.special import gammaln
+
+    n = len(ph)
+    if n < 3:
+        return 1.0
+    r = float(np.abs(np.exp(2j * np.pi * ph).mean()))
+    p_r = float(np.exp(np.sqrt(1 + 4 * n + 4 * (n * n - (n * r) ** 2)) - (1 + 2 * n)))
+    s = np.sort(np.mod(ph, 1.0))
+    ring = np.concatenate([s, s + 1.0])
+    ks = np.unique(np.linspace(max(3, (n + 1) // 2), n, 32).astype(np.int64))  # (a few dozen k's are plenty)
+    # the narrowest arc holding k phases, for every k (in logs: C(n, k) overflows where w^k underflows)
+    w = np.array([(ring[k - 1:k - 1 + n] - ring[:n]).min() for k in ks])
+    log_p = np.log(ks) + gammaln(n + 1) - gammaln(ks + 1) - gammaln(n - ks + 1) \
+        + (ks - 1) * np.log(np.maximum(w, 1e-300)) + np.log(len(ks))
+    return min(1.0, 2 * min(p_r, float(np.exp(log_p.min()))))
 
 
 # a phase drifting by one cycle or more over the window leaves R at most max |sin(pi c) / (pi c)| over
@@ -254,13 +294,13 @@ _DRIFT_R = 0.2172
 
 def step_phase_locked(cand: pl.DataFrame, events: pl.DataFrame, cfg: FlowConfig, alpha: float = 0.01) -> pl.DataFrame:
     """Candidate cluster pairs (a, b) whose step ends (events: cluster_id, t) keep one phase of each
-    other's cycles, either way round: Rayleigh's test of uniform phases (Bonferroni over the pairs, at
-    alpha) and R above what a phase drifting by a cycle over the window could leave. One job's
-    clusters end their steps at a fixed offset (a pipeline hop's last send before the ring's last
-    chunk), whatever the jitter; two jobs with their own step periods drift through every phase even
-    when the chunks inside their steps share one cadence (the transport's), which is all the
-    autocorrelation of flow starts sees (phase_locked_pairs; simulator seed 2204: a job funnelled
-    through one NIC per host merged with its neighbour on the same hosts)."""
+    other's cycles, either way round: phases too concentrated for uniform ones (phase_lock_p,
+    Bonferroni over the pairs, at alpha) and R above what a phase drifting by a cycle over the window
+    could leave. One job's clusters end their steps at a fixed offset (a pipeline hop's last send
+    before the ring's last chunk), whatever the jitter; two jobs with their own step periods drift
+    through every phase even when the chunks inside their steps share one cadence (the transport's),
+    which is all the autocorrelation of flow starts sees (phase_locked_pairs; simulator seed 2204: a
+    job funnelled through one NIC per host merged with its neighbour on the same hosts)."""
     if cand.height == 0 or events.height == 0:
         return cand.head(0)
     t = {c: g["t"].to_numpy() for (c,), g in events.group_by(["cluster_id"])}
@@ -270,10 +310,9 @@ def step_phase_locked(cand: pl.DataFrame, events: pl.DataFrame, cfg: FlowConfig,
         if a not in t or b not in t:
             continue
         for x, y in ((a, b), (b, a)):
-            r, n = cycle_phase_lock(t[x], t[y], cfg.sync_tol_ns)
-            # Rayleigh's p (Zar's approximation), n phases with resultant n R
-            p = np.exp(np.sqrt(1 + 4 * n + 4 * (n * n - (n * r) ** 2)) - (1 + 2 * n)) if n else 1.0
-            if r > _DRIFT_R and p <= a_:
+            ph = cycle_phases(t[x], t[y], cfg.sync_tol_ns)
+            r = float(np.abs(np.exp(2j * np.pi * ph).mean())) if len(ph) else 0.0
+            if r > _DRIFT_R and phase_lock_p(ph) <= a_:
                 keep.append((a, b))
                 break
     return pl.DataFrame(keep, schema={"a": pl.Int64, "b": pl.Int64}, orient="row")
@@ -318,6 +357,9 @@ def recognize_jobs(pairs: pl.DataFrame, seg_flows: pl.DataFrame, topology: pl.Da
         # (a slice of the window is enough to see flows coincide, and keeps this cheap)
         t_mid = int(ef["start_ns"].median()) if ef.height else 0
         starts = ef.filter((pl.col("start_ns") - t_mid).abs() <= cfg.lockstep_slice_ns // 2).select("cluster_id", t=pl.col("start_ns"))
+        # (pairs the step split left whole end a step once per cycle of their own period)
+        if "repeat_period_ns" in pairs.columns:
+            ef = period_cycles(ef, pairs.select("pid", "repeat_period_ns"))
         ends = ef.group_by("pid", "seg").agg(cluster_id=pl.col("cluster_id").first(), t=pl.col("end_ns").max()) \
             .select("cluster_id", "t")
         ok = pl.concat([lockstep_pairs(cand, starts, cfg), lockstep_pairs(cand, ends, cfg)]).unique()

@@ -173,6 +173,42 @@ def test_two_jobs_whose_steps_drift_apart_stay_two_one_jobs_clusters_at_an_offse
     assert step_phase_locked(cand, ev, FlowConfig()).rows() == [(0, 2)]
 
 
+def test_clusters_of_a_job_of_long_steps_lock_in_few_cycles_among_a_fleets_candidates():
+    # a job of 5 s steps shows five cycles in a window's worth of step ends: its clusters keep their
+    # offset to a few hundredths of a cycle, a lump Rayleigh's test cannot clear among a fleet's 60
+    # candidates (p 0.002) but the scan test does; a neighbour of 5.6 s steps on the same hosts does not
+    from fleetscope.flows.config import FlowConfig
+    from fleetscope.flows.jobs import phase_lock_p, step_phase_locked
+
+    n = 6
+    ends = [_cadenced(5 * S, n, jitter_ns=20 * MS)[1], _cadenced(int(5.6 * S), n, offset_ns=1300 * MS, jitter_ns=20 * MS, seed=2)[1],
+            _cadenced(5 * S, n, offset_ns=-300 * MS, jitter_ns=20 * MS, seed=1)[1]]
+    ev = pl.concat([pl.DataFrame({"cluster_id": [i] * n, "t": e}, schema={"cluster_id": pl.Int64, "t": pl.Int64})
+                    for i, e in enumerate(ends)])
+    # the fleet's other candidate pairs (clusters with no step ends here) count in the Bonferroni bar
+    cand = pl.DataFrame({"a": [0, 0, 1] + list(range(10, 67)), "b": [1, 2, 2] + list(range(100, 157))},
+                        schema={"a": pl.Int64, "b": pl.Int64})
+    assert step_phase_locked(cand, ev, FlowConfig()).rows() == [(0, 2)]
+    rng = np.random.default_rng(0)
+    # uniform phases are not significant, whatever their number
+    assert min(phase_lock_p(rng.uniform(size=k)) for k in (5, 20, 200)) > 0.01
+
+
+def test_a_pair_left_whole_by_the_step_split_ends_a_step_once_per_cycle_of_its_period():
+    # one burst per 5 s step of ten messages 200 ms apart, and no other gap level: cut by its period
+    # (period_cycles) the pair ends one step per burst, wherever the cut falls in the window
+    from fleetscope.flows.jobs import period_cycles
+
+    starts = np.concatenate([k * 5 * S + 700 * MS + np.arange(10) * 200 * MS for k in range(8)])
+    f = pl.DataFrame({"pid": pl.Series([7] * len(starts), dtype=pl.Int64), "start_ns": starts, "end_ns": starts + 50 * MS,
+                      "seg": pl.Series([0] * len(starts), dtype=pl.Int64)})
+    other = f.with_columns(pid=pl.lit(8, dtype=pl.Int64))
+    out = period_cycles(pl.concat([f, other]), pl.DataFrame({"pid": [7, 8], "repeat_period_ns": [5.0 * S, None]}))
+    cut = out.filter(pl.col("pid") == 7).group_by("seg").agg(n=pl.len(), t0=pl.col("start_ns").min()).sort("seg")
+    assert cut["n"].to_list() == [10] * 8 and np.allclose(np.diff(cut["t0"].to_numpy()), 5 * S)
+    assert out.filter(pl.col("pid") == 8)["seg"].unique().to_list() == [0]  # no period: left as it was
+
+
 def _pair_flows(starts_ns, dur_ns, nbytes, ip_a="10.0.0.1", ip_b="10.0.1.1"):
     s = np.asarray(starts_ns, dtype=np.int64)
     return pl.DataFrame({"pid": pl.Series([1] * len(s), dtype=pl.Int64), "ip_a": ip_a, "ip_b": ip_b, "src_ip": ip_a, "dst_ip": ip_b,
