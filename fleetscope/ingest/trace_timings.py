@@ -39,7 +39,10 @@ def timings_from_trace_events(ev: pl.DataFrame) -> pl.DataFrame:
     comm_name = pl.concat_str([backend, pl.coalesce(camel, coll)])
     launch = ev.filter((pl.col("cat") == "cuda_runtime") & pl.col("correlation").is_not_null()).select(
         *key, "correlation", pl.col("ts_ns").alias("issue_ns"))
-    gpu = ev.filter(pl.col("cat") == "kernel").join(launch, on=[*key, "correlation"], how="left")
+    # the columns used, before the filter (not every column of millions of events)
+    gpu = ev.lazy().filter(pl.col("cat") == "kernel").select(
+        *key, "correlation", "name", "is_comm", "collective", "ts_ns", "end_ns", "stream", "msg_bytes", "pg_name", "group_size").collect()
+    gpu = gpu.join(launch, on=[*key, "correlation"], how="left")
     gpu = gpu.select(
         *key, pl.lit("kernel").alias("kind"),
         pl.when(pl.col("is_comm")).then(comm_name).when(pl.col("name").str.contains(_GEMM)).then(pl.lit("gemm"))
@@ -64,7 +67,9 @@ def timings_from_trace_events(ev: pl.DataFrame) -> pl.DataFrame:
     api_name = (pl.when(n.str.contains(r"DataLoader.*__next__|DataLoaderIter\.__next__")).then(pl.lit("dataloader.next"))
                 .when(n.str.contains(r"^Optimizer\.step#")).then(pl.lit("optimizer.step"))
                 .when(n.str.contains(r"^cuda(Device|Stream)Synchronize$")).then(pl.lit("cuda.synchronize")))
-    api = ev.filter(pl.col("cat").is_in(["cpu_op", "user_annotation", "cuda_runtime"])).with_columns(api_name.alias("_api"))
+    api = ev.lazy().filter(pl.col("cat").is_in(["cpu_op", "user_annotation", "cuda_runtime"])).select(*key, "name", "ts_ns", "end_ns").collect()
+    names = pl.DataFrame({"name": api["name"].unique()}).with_columns(_api=api_name)  # the regexes once per distinct name
+    api = api.with_columns(_api=pl.col("name").replace_strict(names["name"], names["_api"], default=None))
     api = api.filter(pl.col("_api").is_not_null()).select(
         *key, pl.lit("api").alias("kind"), pl.col("_api").alias("name"), pl.col("ts_ns").alias("issue_ns"),
         pl.col("ts_ns").alias("start_ns"), "end_ns", pl.lit(None, pl.Int64).alias("stream"), pl.lit(None, pl.Int64).alias("bytes"),
@@ -162,9 +167,10 @@ def derive_ops(ev: pl.DataFrame) -> pl.DataFrame:
         return pl.DataFrame(schema=out_schema)
     key = ["capture_id", "rank", "step"]
     cols = ["capture_id", "rank", "tid", "name", "cat", "ts_ns", "end_ns", "dur_ns", "is_comm", "collective"]
-    ops = ev.filter(pl.col("cat").is_in(["cpu_op", "user_annotation"]) & ~pl.col("name").str.starts_with("ProfilerStep#")).select(cols)
+    ops = ev.lazy().filter(pl.col("cat").is_in(["cpu_op", "user_annotation"]) & ~pl.col("name").str.starts_with("ProfilerStep#")).select(
+        cols).collect()
     # Python frames are containers of everything (with_stack): only the optimizer's step() frame is an op
-    frames = ev.filter(pl.col("cat") == "python_function").select(cols)
+    frames = ev.lazy().filter(pl.col("cat") == "python_function").select(cols).collect()
     # the threads that matter: the training thread, the autograd engine's (other threads of the rank that
     # run autograd nodes) and those that communicate (DDP's reducer); the rest (data loaders, ...) never sorted
     main_t = steps.select("capture_id", "rank", tid="_tid").unique()

@@ -98,7 +98,7 @@ def _cpu_comm(ev: pl.DataFrame) -> pl.Expr:
     """Communication tasks of ranks without GPU kernels (gloo): the collective's work span (gloo:all_reduce,
     gloo:send, ...), which runs on a worker thread or overlaps its issuing thread's next operators; the
     c10d:: operator that issues it stays a task of its thread."""
-    gpu_ranks = ev.filter(pl.col("cat") == "kernel")["rank"].unique().implode()
+    gpu_ranks = ev["rank"].filter(ev["cat"] == "kernel").unique().implode()
     return (pl.col("is_comm") & (pl.col("cat") == "user_annotation") & pl.col("collective").is_not_null() & (pl.col("ph") == "X")
             & ~pl.col("rank").is_in(gpu_ranks))
 
@@ -107,6 +107,12 @@ def _cpu_comm(ev: pl.DataFrame) -> pl.Expr:
 # join and filter several times faster on millions of tasks)
 TASK_EVENT_COLUMNS = ["rank", "event_id", "cat", "name", "ph", "pid", "tid", "ts_ns", "dur_ns", "end_ns", "device", "stream",
                       "correlation", "is_comm", "collective", "msg_bytes", "out_msg_bytes", "group_size", "group_ranks", "pg_name"]
+
+
+def _rows(t: pl.DataFrame, cond: pl.Expr, *cols, **named) -> pl.DataFrame:
+    """t's rows where cond holds, with only the columns asked for (filtering the whole task table first
+    copies its ~30 columns of millions of rows)."""
+    return t.lazy().filter(cond).select(*cols, **named).collect()
 
 
 def _by_name(names: pl.Series, fn) -> pl.Expr:
@@ -144,7 +150,7 @@ def _tasks(ev: pl.DataFrame) -> pl.DataFrame:
     del k, cpu
     tasks = ev[order["_i"]].with_columns(kind=order["kind"], _part=order["_part"])
     del order
-    rt = tasks.filter(pl.col("cat") == "cuda_runtime")["name"]
+    rt = tasks["name"].filter(tasks["cat"] == "cuda_runtime")
     part = pl.col("_part")
     tasks = tasks.with_columns(
         # thread:<pid>:<tid>, comm:<pid>:<tid>[:p2p], stream:<device>:<stream>, built by one concat_str (a
@@ -229,30 +235,35 @@ def build_graph(events: pl.DataFrame, capture_id: str | None = None, stage_of_ra
         _event_wait_edges(tasks, events, calls, launched),
         _cpu_comm_edges(tasks),
     ]
+    del calls, launched  # intermediates go as soon as they are used: the build's peak memory is the run's
     tasks = _collective_groups(tasks)
     tasks = _cpu_collective_groups(tasks, places)
     from fleetscope.traces.layers import training_ops
 
     top_ops = training_ops(events)  # the training threads' operators with their nesting (layers, gradients)
     tasks = _mark_layers(tasks, events, stage_of_rank=stage_of_rank, ops=top_ops)
+    grads = _gradients(tasks, events, top_ops)
+    del top_ops
     edges.append(_collective_edges(tasks))
     e = pl.concat([x for x in edges if x.height], how="vertical_relaxed") if any(x.height for x in edges) else pl.DataFrame(
         schema=EDGE_SCHEMA)
+    del edges
     # the first of each (src, dst, subtype), by one integer key (a unique over three columns of millions of rows costs seconds)
     bits = max(1, tasks.height.bit_length())
     key = (pl.col("src") * (1 << bits) + pl.col("dst")) * 64 + pl.col("subtype").to_physical().cast(pl.Int64)
     e = e.filter(key.is_first_distinct() & (pl.col("src") != pl.col("dst"))) if 2 * bits + 6 < 63 else e.unique(
         ["src", "dst", "subtype"], keep="first", maintain_order=True).filter(pl.col("src") != pl.col("dst"))
-    tasks0, e0, _ = _calibrate(tasks, e, binding_only=True)
-    inferred = _infer_stream_waits(tasks0, e0)
+    inferred = _infer_stream_waits(*_calibrate(tasks, e, binding_only=True)[:2])
     if inferred.height:
         e = pl.concat([e, inferred], how="vertical_relaxed")
     tasks, e, dropped = _calibrate(tasks, e)
     tasks = tasks.with_columns(capture_id=pl.lit(cid))
     e = e.with_columns(src_rank=tasks["rank"].gather(e["src"]), rank=tasks["rank"].gather(e["dst"]), capture_id=pl.lit(cid))
     t = GRAPH_TASKS.validate(conform(tasks, GRAPH_TASKS))
+    del tasks
     ed = GRAPH_EDGES.validate(conform(e, GRAPH_EDGES))
-    meta = {"capture_id": cid, "ranks": sorted(events["rank"].unique().to_list()), **dropped, **_gradients(t, events, top_ops)}
+    del e
+    meta = {"capture_id": cid, "ranks": sorted(events["rank"].unique().to_list()), **dropped, **grads}
     return Graph(t, ed, meta)
 
 
@@ -274,7 +285,7 @@ def _gradients(t: pl.DataFrame, events: pl.DataFrame, ops: pl.DataFrame | None =
     per = per.group_by("rank", "step", "seg").agg(b=pl.col("weight_bytes").sum()).group_by("rank").agg(b=pl.col("b").median())
     opt = events.filter((pl.col("cat") == "user_annotation") & pl.col("name").str.starts_with("Optimizer.step#")).select(
         pl.col("rank").cast(pl.Int32), "tid", _o="ts_ns").sort("_o")
-    cpu = t.filter((pl.col("kind") == "cpu") & (pl.col("role") != "comm")).select("rank", "tid", "task_id", "ts_ns").sort("ts_ns")
+    cpu = _rows(t, (pl.col("kind") == "cpu") & (pl.col("role") != "comm"), "rank", "tid", "task_id", "ts_ns").sort("ts_ns")
     first = opt.join_asof(cpu, left_on="_o", right_on="ts_ns", by=["rank", "tid"], strategy="forward", check_sortedness=False).drop_nulls(
         "task_id").group_by("rank").agg(pl.col("task_id"))
     return {"grad_bytes": {int(r): int(b) for r, b in per.iter_rows() if b},
@@ -295,8 +306,8 @@ def _edge(df: pl.DataFrame, etype: str, sub: str) -> pl.DataFrame:
 
 
 def _thread_edges(t: pl.DataFrame) -> pl.DataFrame:
-    cpu = t.filter((pl.col("kind") == "cpu") & (pl.col("role") != "comm")).select(
-        "rank", "pid", "processor", "_pk", "task_id", "ts_ns", "end_ns").sort(["_pk", "ts_ns", "task_id"])
+    # tasks are in task_id order, which is (start, task_id) order on each processor: no sort needed
+    cpu = _rows(t, (pl.col("kind") == "cpu") & (pl.col("role") != "comm"), "rank", "pid", "processor", "_pk", "task_id", "ts_ns", "end_ns")
     order = cpu.select(
         "rank", "pid", "processor", "task_id", "ts_ns", "end_ns",
         src=pl.col("task_id").shift(1).over("_pk"),
@@ -318,23 +329,24 @@ def _thread_edges(t: pl.DataFrame) -> pl.DataFrame:
 
 
 def _launch_edges(t: pl.DataFrame) -> pl.DataFrame:
-    cpu = t.filter((pl.col("kind") == "cpu") & pl.col("correlation").is_not_null() & pl.col("cat").is_in(["cuda_runtime", "cuda_driver"]))
-    gpu = t.filter((pl.col("kind") == "gpu") & pl.col("correlation").is_not_null())
-    j = cpu.select("rank", "correlation", src=pl.col("task_id")).join(gpu.select("rank", "correlation", dst=pl.col("task_id")), on=["rank", "correlation"])
+    cpu = _rows(t, (pl.col("kind") == "cpu") & pl.col("correlation").is_not_null() & pl.col("cat").is_in(["cuda_runtime", "cuda_driver"]),
+                "rank", "correlation", src=pl.col("task_id"))
+    gpu = _rows(t, (pl.col("kind") == "gpu") & pl.col("correlation").is_not_null(), "rank", "correlation", dst=pl.col("task_id"))
+    j = cpu.join(gpu, on=["rank", "correlation"])
     return _edge(j, "cpu_gpu", "launch")
 
 
 def _stream_edges(t: pl.DataFrame) -> pl.DataFrame:
-    g = t.filter(pl.col("kind") == "gpu").select("_pk", "ts_ns", "task_id").sort(["_pk", "ts_ns", "task_id"])
+    g = t.filter(pl.col("kind") == "gpu").select("_pk", "ts_ns", "task_id")  # in (start, task_id) order per stream
     e = g.select(src=pl.col("task_id").shift(1).over("_pk"), dst=pl.col("task_id")).filter(pl.col("src").is_not_null())
     return _edge(e, "gpu_gpu", "stream_order")
 
 
 def _gpu_by_launch(t: pl.DataFrame) -> pl.DataFrame:
     """GPU tasks with the time their launch call started (streams run in launch order)."""
-    launches = t.filter((pl.col("kind") == "cpu") & pl.col("correlation").is_not_null() & pl.col("cat").is_in(["cuda_runtime", "cuda_driver"])).select(
-        "rank", "correlation", launch_ts=pl.col("ts_ns"), launch_tid=pl.col("tid"))
-    g = t.filter(pl.col("kind") == "gpu").select("rank", "task_id", "device", "stream", "correlation", "ts_ns", "end_ns")
+    launches = _rows(t, (pl.col("kind") == "cpu") & pl.col("correlation").is_not_null() & pl.col("cat").is_in(["cuda_runtime", "cuda_driver"]),
+                     "rank", "correlation", launch_ts=pl.col("ts_ns"), launch_tid=pl.col("tid"))
+    g = _rows(t, pl.col("kind") == "gpu", "rank", "task_id", "device", "stream", "correlation", "ts_ns", "end_ns")
     g = g.join(launches, on=["rank", "correlation"], how="left", maintain_order="left").with_columns(launch_ts=pl.coalesce("launch_ts", "ts_ns"))
     return g.sort("launch_ts")
 
@@ -441,7 +453,7 @@ def _late_gpu(t: pl.DataFrame, e: pl.DataFrame) -> pl.DataFrame:
     b = e.filter(pl.col("binding") & (pl.col("edge_type") != "gpu_cpu") & (pl.col("edge_type") != "collective"))
     typ = e.filter(pl.col("binding")).group_by("subtype").agg(typ=pl.col("slack_ns").clip(lower_bound=0).median())
     b = b.join(typ, on="subtype", how="left").filter(pl.col("slack_ns") > pl.col("typ").fill_null(0) + UNEXPLAINED_NS)
-    return t.filter(pl.col("kind") == "gpu").join(b.select(task_id="dst").unique(), on="task_id")
+    return _rows(t, pl.col("kind") == "gpu", "rank", "device", "processor", "task_id", "ts_ns").join(b.select(task_id="dst").unique(), on="task_id")
 
 
 def _infer_stream_waits(t: pl.DataFrame, e: pl.DataFrame) -> pl.DataFrame:
@@ -451,7 +463,7 @@ def _infer_stream_waits(t: pl.DataFrame, e: pl.DataFrame) -> pl.DataFrame:
     late = _late_gpu(t, e)
     if late.height == 0:
         return pl.DataFrame(schema=EDGE_SCHEMA)
-    ends = t.filter(pl.col("kind") == "gpu").select("rank", "device", o_proc="processor", o_id="task_id", o_end="end_ns").sort("o_end")
+    ends = _rows(t, pl.col("kind") == "gpu", "rank", "device", o_proc="processor", o_id="task_id", o_end="end_ns").sort("o_end")
     # the latest end on another stream before the start: look a few candidates back
     cand = late.select("rank", "device", "processor", "task_id", "ts_ns").sort("ts_ns").join_asof(
         ends, left_on="ts_ns", right_on="o_end", by=["rank", "device"], strategy="backward", check_sortedness=False)
@@ -474,7 +486,8 @@ def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX
     operator inside a layer (PyTorch tags both with the same number)."""
     from fleetscope.traces.layers import infer_layer_spans, named_spans_numbered
 
-    cpu_ev = events.filter(pl.col("cat").is_in(["python_function", "cpu_op", "user_annotation"]) & (pl.col("ph") == "X"))
+    cpu_ev = _rows(events, pl.col("cat").is_in(["python_function", "cpu_op", "user_annotation"]) & (pl.col("ph") == "X"),
+                   "rank", "pid", "tid", "cat", "name", "ts_ns", "end_ns", "sequence_number")
     fwd = cpu_ev.filter(_by_name(cpu_ev["name"], lambda n: n.str.contains(layer_rx))).select(
         "rank", "pid", "tid", s0="ts_ns", s1="end_ns", layer=pl.col("name").str.extract(LAYER_NUMBER_RX, 1).cast(pl.Int32, strict=False))
     if fwd.height and fwd["layer"].null_count() == fwd.height:  # named like a layer, without a number: numbered in order
@@ -498,8 +511,8 @@ def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX
     bwd = ops.join(fwd_ops.select("rank", "sequence_number", "layer").unique(["rank", "sequence_number"]), on=["rank", "sequence_number"]).filter(
         pl.col("name").str.contains(r"(?i)backward")).select("rank", "pid", "tid", "layer", s0="o0", s1="o1", layer_pass=pl.lit("bwd"))
     spans = pl.concat([fwd, bwd.select(fwd.columns)])
-    cpu_in = inside(t.filter(pl.col("kind") == "cpu").select("task_id", "rank", "pid", "tid", "correlation", "ts_ns"), spans, "ts_ns")
-    launched = t.filter(pl.col("kind") == "gpu").select("task_id", "rank", "correlation").join(
+    cpu_in = inside(_rows(t, pl.col("kind") == "cpu", "task_id", "rank", "pid", "tid", "correlation", "ts_ns"), spans, "ts_ns")
+    launched = _rows(t, pl.col("kind") == "gpu", "task_id", "rank", "correlation").join(
         cpu_in.filter(pl.col("correlation").is_not_null()).select("rank", "correlation", "layer", "layer_pass").unique(["rank", "correlation"]),
         on=["rank", "correlation"]).select("task_id", "layer", "layer_pass")
     marks = pl.concat([cpu_in.select("task_id", "layer", "layer_pass"), launched]).unique("task_id").with_columns(in_layer=pl.lit(True))

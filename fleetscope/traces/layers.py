@@ -130,9 +130,9 @@ def training_ops(events: pl.DataFrame) -> pl.DataFrame:
         "rank", _tid=pl.col("tid"), _s=pl.col("ts_ns"), _e=pl.col("end_ns"), step=pl.col("name")).sort("_s")
     if steps.height == 0:
         return pl.DataFrame()
-    ops = events.filter(pl.col("cat").is_in(["cpu_op", "user_annotation"]) & (pl.col("ph") == "X")
-                        & ~pl.col("name").str.starts_with("ProfilerStep#")).select(
-        "rank", "pid", "tid", "name", "cat", "ts_ns", "end_ns", "dur_ns", "is_comm", "collective").sort("ts_ns")
+    ops = events.lazy().filter(pl.col("cat").is_in(["cpu_op", "user_annotation"]) & (pl.col("ph") == "X")
+                               & ~pl.col("name").str.starts_with("ProfilerStep#")).select(
+        "rank", "pid", "tid", "name", "cat", "ts_ns", "end_ns", "dur_ns", "is_comm", "collective").collect().sort("ts_ns")
     ops = ops.join_asof(steps, left_on="ts_ns", right_on="_s", by="rank", strategy="backward", check_sortedness=False)
     ops = clip_work_spans(ops.filter((pl.col("tid") == pl.col("_tid")) & (pl.col("ts_ns") < pl.col("_e"))), ["rank", "step"])
     ops = ops.sort(["rank", "step", "ts_ns", "dur_ns"], descending=[False, False, False, True]).with_columns(

@@ -179,7 +179,7 @@ def kernel_class_mask(kernel_class: str, tasks: pl.DataFrame | None = None) -> p
     rx = KERNEL_CLASSES.get(kernel_class, kernel_class)
     if tasks is None:
         return gpu & (pl.col("role") == "compute") & pl.col("name").str.contains(rx)
-    names = tasks.filter(gpu & (pl.col("role") == "compute"))["name"].unique()
+    names = tasks.lazy().filter(gpu & (pl.col("role") == "compute")).select("name").collect()["name"].unique()
     return gpu & (pl.col("role") == "compute") & pl.col("name").is_in(names.filter(names.str.contains(rx)).implode())
 
 
