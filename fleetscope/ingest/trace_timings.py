@@ -175,7 +175,8 @@ def derive_ops(ev: pl.DataFrame) -> pl.DataFrame:
     # run autograd nodes) and those that communicate (DDP's reducer); the rest (data loaders, ...) never sorted
     main_t = steps.select("capture_id", "rank", tid="_tid").unique()
     other = ops.join(main_t, on=["capture_id", "rank", "tid"], how="anti")
-    bthreads = other.filter(pl.col("name").str.contains(_AUTOGRAD_OP)).select("capture_id", "rank", "tid").unique().with_columns(_bt=pl.lit(True))
+    bthreads = other.filter((_name_flags(other["name"]) & _F_AUTOGRAD) > 0).select("capture_id", "rank", "tid").unique().with_columns(
+        _bt=pl.lit(True))
     keep = pl.concat([main_t, bthreads.drop("_bt"), other.filter(pl.col("is_comm")).select("capture_id", "rank", "tid").unique()]).unique()
     cand = pl.concat([ops.join(keep, on=["capture_id", "rank", "tid"], how="semi"),
                       frames.filter(pl.col("name").str.contains(_OPT_FRAME))]).sort("ts_ns")
@@ -188,23 +189,23 @@ def derive_ops(ev: pl.DataFrame) -> pl.DataFrame:
     main = main.with_columns(_pme=pl.col("end_ns").cum_max().shift(1).over([*key, "tid"]))
     main = main.with_columns(_top=pl.col("_pme").is_null() | (pl.col("ts_ns") >= pl.col("_pme")))
     main = main.with_columns(_grp=pl.col("_top").cast(pl.Int64).cum_sum().over([*key, "tid"]))
+    main = main.with_columns(_f=_name_flags(main["name"]))
     n = pl.col("name")
     ann = pl.col("cat") == "user_annotation"
-    cls = (pl.when(pl.col("_bt") | n.str.contains(_AUTOGRAD_OP)).then(pl.lit("bwd"))
-           .when(n.str.starts_with("Optimizer.zero_grad#") | n.str.contains(r"DataLoader") | (ann & n.str.contains(r"(?i)zero_grad")))
-           .then(pl.lit("skip"))
-           .when(n.str.starts_with("Optimizer.step#") | (ann & n.str.contains(r"(?i)optimi[sz]er")) | n.str.contains(_OPT_FRAME))
-           .then(pl.lit("opt"))
+    f = pl.col("_f")
+    cls = (pl.when(pl.col("_bt") | ((f & _F_AUTOGRAD) > 0)).then(pl.lit("bwd"))
+           .when(((f & _F_SKIP) > 0) | (ann & ((f & _F_ZERO_ANN) > 0))).then(pl.lit("skip"))
+           .when(((f & _F_OPT) > 0) | (ann & ((f & _F_OPT_ANN) > 0))).then(pl.lit("opt"))
            .when(pl.col("is_comm") & pl.col("collective").is_in(["send", "recv"])).then(pl.lit("p2p"))
            .when(pl.col("is_comm")).then(pl.lit("coll"))
-           .when(ann & n.str.contains(r"(?i)\bbackward\b")).then(pl.lit("bwd"))
+           .when(ann & ((f & _F_BWD_ANN) > 0)).then(pl.lit("bwd"))
            .otherwise(pl.lit("fwd")))
     items = main.group_by([*key, "tid", "_grp"]).agg(
         pl.col("ts_ns").first().alias("s"), pl.col("end_ns").max().alias("e"),
         cls.first().alias("cls"), pl.col("_s").first(), pl.col("_e").first(),
         # an annotation around a whole microbatch's work (a pipeline schedule's `Forward 2`) is one run by itself
         ((pl.col("cat").first() == "user_annotation") & (pl.len() > 1) & ~pl.col("is_comm").first()).alias("_box"),
-        n.str.contains(_MODEL_OP).any().alias("model"),
+        ((f & _F_MODEL) > 0).any().alias("model"),
         pl.col("collective").filter(pl.col("is_comm")).unique().alias("colls")).sort([*key, "s"])
     items = items.filter(pl.col("cls") != "skip").drop("tid")
     runs = _runs(items, key)
@@ -277,6 +278,24 @@ def derive_ops(ev: pl.DataFrame) -> pl.DataFrame:
         ops = pl.concat([ops, dp.select(ops.columns)], how="vertical_relaxed")
     ops = _device_spans(ops, ev, m, key)
     return ops.with_columns(kind=pl.lit("op"), issue_ns=pl.col("start_ns")).select(list(out_schema)).sort(*key, "start_ns")
+
+
+# what an operator's name says, as bits (derive_ops): the regexes run once per distinct name, not on
+# every one of a million operators
+_F_AUTOGRAD, _F_SKIP, _F_ZERO_ANN, _F_OPT, _F_OPT_ANN, _F_BWD_ANN, _F_MODEL = (1 << k for k in range(7))
+
+
+def _name_flags(names: pl.Series) -> pl.Expr:
+    n = pl.col("name")
+    u = pl.DataFrame({"name": names.unique()}).with_columns(v=pl.sum_horizontal(
+        n.str.contains(_AUTOGRAD_OP).cast(pl.Int32) * _F_AUTOGRAD,
+        (n.str.starts_with("Optimizer.zero_grad#") | n.str.contains(r"DataLoader")).cast(pl.Int32) * _F_SKIP,
+        n.str.contains(r"(?i)zero_grad").cast(pl.Int32) * _F_ZERO_ANN,
+        (n.str.starts_with("Optimizer.step#") | n.str.contains(_OPT_FRAME)).cast(pl.Int32) * _F_OPT,
+        n.str.contains(r"(?i)optimi[sz]er").cast(pl.Int32) * _F_OPT_ANN,
+        n.str.contains(r"(?i)\bbackward\b").cast(pl.Int32) * _F_BWD_ANN,
+        n.str.contains(_MODEL_OP).cast(pl.Int32) * _F_MODEL))
+    return pl.col("name").replace_strict(u["name"], u["v"], default=0, return_dtype=pl.Int32)
 
 
 def _runs(items: pl.DataFrame, key: list[str]) -> pl.DataFrame:
