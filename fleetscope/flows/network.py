@@ -107,8 +107,13 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
     chunks = (pl.col("same").max().over("tid") >= 3) & (pl.col("bytes").n_unique().over("tid") <= 2) & ~pl.col("timed") \
         & (rate.max().over("tid") <= 1.01 * rate.min().over("tid")) & (pl.col("comm_type") != "bg")
     f = f.with_columns(tid=(pl.col("run") | chunks).cum_sum()).drop("run", "same", "d", "cont", "timed")
+    # a transfer's rate is its bytes over its pieces' time, on each of its pieces: an exporter that cuts
+    # it by time may split its bytes equally over the pieces, and a short remainder then "moves" at many
+    # times the link's rate (demo seed 821: e^8.6 bytes/ns, lifting a healthy ring's level over its
+    # peers). Time summed, not spanned: a record mirrored from both ends overlaps its twin
     f = f.with_row_index("fid").with_columns(
-        x=(pl.col("bytes").cast(pl.Float64) / (pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64)).log(),
+        x=(pl.col("bytes").sum().over("tid").cast(pl.Float64)
+           / (pl.col("end_ns") - pl.col("start_ns")).sum().over("tid").cast(pl.Float64)).log(),
         # transfers of one size class
         size=pl.col("bytes").sum().over("tid").cast(pl.Float64).log(2).round(0).cast(pl.Int32),
         bin=(pl.col("start_ns") // cfg.diag_bin_ns),

@@ -70,3 +70,25 @@ def test_the_pieces_of_a_transfer_cut_by_time_stay_one_transfer():
     r = flow_residuals(stream(recs), PAIRS, FlowConfig())
     assert set(r["size"].unique()) == {32}          # log2(3.2e9) = 31.6
     assert abs(r.filter(pl.col("start_ns") >= 20 * S)["e_hist"].median() - np.log(0.5)) < 0.05
+
+
+def test_a_transfer_whose_bytes_an_exporter_split_equally_over_its_pieces_moves_at_its_own_rate():
+    """An exporter that cuts a transfer every 100 ms but writes its bytes in equal shares over the pieces
+    (demo seed 821) leaves a short remainder piece "moving" at many times the link's rate; mirrored from
+    both ends, every piece is written twice. Each piece is judged at its transfer's rate (its bytes over
+    its pieces' time): a healthy pair's level is not lifted by its remainders (nor doubled by the twins),
+    so the pieces sit on it, and a pair slowed to half sits at half."""
+    size, timeout = 1_000_000_000, 100_000_000
+    recs = []
+    for k in range(60):
+        rate = 8.0 if k < 30 else 4.0
+        n = int(np.ceil(size / rate / timeout))
+        t = k * S
+        for i in range(n):
+            d = timeout if i < n - 1 else int(size / rate) - (n - 1) * timeout
+            recs += [(t, d, size // n)] * 2
+            t += d
+    r = flow_residuals(stream(recs), PAIRS, FlowConfig())
+    assert np.allclose(r["x"].to_numpy(), np.log(np.where(r["start_ns"].to_numpy() < 30 * S, 8.0, 4.0)), atol=1e-3)
+    assert abs(r.filter(pl.col("start_ns") >= 30 * S)["e_hist"].median() - np.log(0.5)) < 0.05
+    assert abs(r.filter(pl.col("start_ns") < 30 * S)["e_hist"].median()) < 0.05
