@@ -739,20 +739,10 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame, binding_only: bool = False) -> 
     flow = flow.filter(~contradicted)
     wait_end = flow.filter(is_wait).group_by("dst").agg(c=pl.col("s_end").max())
     # on a narrow frame (task_id, times, group): joins on every column of millions of tasks cost seconds
-    c = pl.Series("c", [None] * t.height, dtype=pl.Int64).scatter(wait_end["dst"], wait_end["c"])
-    n = t.select("task_id", "ts_ns", "end_ns", "dur_ns", "coll_group").with_columns(c)
-    n = n.with_columns(g_start=pl.when(pl.col("coll_group").is_not_null()).then(pl.col("ts_ns").max().over("coll_group")))
-    wait_ref = pl.max_horizontal("ts_ns", "c")
-    n = n.select(
-        sim_dur_ns=pl.when(pl.col("c").is_not_null()).then(pl.col("end_ns") - wait_ref)
-        .when(pl.col("g_start").is_not_null()).then(pl.col("end_ns") - pl.max_horizontal("ts_ns", "g_start"))
-        .otherwise(pl.col("dur_ns")).clip(lower_bound=0),
-        sim_start_ref=pl.col("ts_ns"),
-        wait_ref=pl.when(pl.col("c").is_not_null()).then(wait_ref),
-    )
-    t = t.with_columns(n)
+    c = pl.repeat(None, t.height, dtype=pl.Int64, eager=True).alias("c").scatter(wait_end["dst"], wait_end["c"])
+    # a call that waits (c: when its wait ended) launches from its start
     flow = flow.with_columns(
-        from_start=(t["wait_ref"].is_not_null().gather(flow["src"]) & (pl.col("subtype") == "launch")) | (pl.col("subtype") == "comm_issue"))
+        from_start=(c.is_not_null().gather(flow["src"]) & (pl.col("subtype") == "launch")) | (pl.col("subtype") == "comm_issue"))
     flow = flow.with_columns(slack=pl.when(is_wait).then(pl.lit(0, pl.Int64)).otherwise(
         pl.col("d_ts") - pl.when(pl.col("from_start")).then(pl.col("s_ts")).otherwise(pl.col("s_end"))))
     start_edges = ~is_wait
@@ -760,6 +750,19 @@ def _calibrate(t: pl.DataFrame, e: pl.DataFrame, binding_only: bool = False) -> 
         pl.col("slack") == pl.col("slack").filter(start_edges).min().over("dst")).otherwise(pl.lit(True)))
     if binding_only:  # what _infer_stream_waits reads: which edge bound each task, and its slack
         return t, flow.select("src", "dst", "edge_type", "subtype", "binding", slack_ns="slack"), {}
+    # a collective's members start together (the last arrival), computed on the members only
+    gs = t.lazy().select("task_id", "ts_ns", "coll_group").filter(pl.col("coll_group").is_not_null()).select(
+        "task_id", g=pl.col("ts_ns").max().over("coll_group")).collect()
+    g_start = pl.repeat(None, t.height, dtype=pl.Int64, eager=True).alias("g_start").scatter(gs["task_id"], gs["g"])
+    n = t.select("ts_ns", "end_ns", "dur_ns").with_columns(c, g_start)
+    wait_ref = pl.max_horizontal("ts_ns", "c")
+    t = t.with_columns(n.select(
+        sim_dur_ns=pl.when(pl.col("c").is_not_null()).then(pl.col("end_ns") - wait_ref)
+        .when(pl.col("g_start").is_not_null()).then(pl.col("end_ns") - pl.max_horizontal("ts_ns", "g_start"))
+        .otherwise(pl.col("dur_ns")).clip(lower_bound=0),
+        sim_start_ref=pl.col("ts_ns"),
+        wait_ref=pl.when(pl.col("c").is_not_null()).then(wait_ref),
+    ))
     typical = flow.filter(pl.col("binding") & start_edges).group_by("subtype").agg(typ=pl.col("slack").clip(lower_bound=0).median())
     flow = flow.join(typical, on="subtype", how="left").with_columns(pl.col("typ").fill_null(0))
     lag = (
