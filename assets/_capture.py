@@ -5,6 +5,7 @@ A capture's trace_events (millions of rows) and the timings derived from them ar
 per process and shared by the analyses of the capture run (Dagster's in-process executor runs them one
 after another in one process): each is keyed by the partition file's path, size and modification time,
 so a re-ingested capture is read again; one capture is held at a time, so memory stays bounded."""
+import copy
 import os
 
 import polars as pl
@@ -47,7 +48,23 @@ def remember_events(wh: Warehouse, key: str, events: pl.DataFrame | None) -> Non
         _EVENTS[ident] = events
 
 
+_INFO: dict = {}  # (the captures and capture_ranks partition files' identities) -> capture_info, one capture
+
+
 def capture_info(wh: Warehouse, key: str) -> dict:
+    """The capture's job id, layout, start and trace files; read once per process for the capture's analyses
+    (each read opens a DuckDB connection: tens of ms), again when either partition changed."""
+    ident = (_identity(wh, "captures", key), _identity(wh, "capture_ranks", key), key)
+    if ident[0] is None or ident not in _INFO:
+        info = _capture_info(wh, key)
+        if ident[0] is None:
+            return info
+        _INFO.clear()
+        _INFO[ident] = info
+    return copy.deepcopy(_INFO[ident])
+
+
+def _capture_info(wh: Warehouse, key: str) -> dict:
     cap = wh.read("captures", partitions=[key])
     info = cap.to_dicts()[0] if cap.height else {"capture_id": key}
     layout = {k: info[k] for k in ("dp", "pp", "tp", "vpp", "world_size") if info.get(k) is not None}
