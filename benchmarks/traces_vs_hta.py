@@ -339,6 +339,8 @@ def main() -> None:
         run_dir = work / "wh-run"
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir()
+        # a run files incident requests into the landing folder; the next run would analyse them too
+        shutil.rmtree(landing / "incidents", ignore_errors=True)
         load0 = os.getloadavg()[0]
         m = measure([str(Path(py).parent / "fleetscope"), "run", "--landing", str(landing), "--warehouse", str(run_dir / "w.duckdb"),
                      "--settle-seconds", "0"], env={**env, "DAGSTER_HOME": str(run_dir / ".dagster")}, cwd=REPO)
