@@ -190,7 +190,6 @@ def derive_ops(ev: pl.DataFrame) -> pl.DataFrame:
     main = main.with_columns(_top=pl.col("_pme").is_null() | (pl.col("ts_ns") >= pl.col("_pme")))
     main = main.with_columns(_grp=pl.col("_top").cast(pl.Int64).cum_sum().over([*key, "tid"]))
     main = main.with_columns(_f=_name_flags(main["name"]))
-    n = pl.col("name")
     ann = pl.col("cat") == "user_annotation"
     f = pl.col("_f")
     cls = (pl.when(pl.col("_bt") | ((f & _F_AUTOGRAD) > 0)).then(pl.lit("bwd"))
