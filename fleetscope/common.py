@@ -111,3 +111,11 @@ def sigterm_default() -> None:
     import threading
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+# -- names --------------------------------------------------------------------------------------------
+def by_name(names: pl.Series, fn) -> pl.Expr:
+    """fn(name expr) evaluated once per distinct name, as a mapping (string functions on millions of rows
+    cost more than on the few hundred names they hold)."""
+    u = pl.DataFrame({"name": names.unique()}).with_columns(v=fn(pl.col("name")))
+    return pl.col("name").replace_strict(u["name"], u["v"], default=None)

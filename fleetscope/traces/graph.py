@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from fleetscope.common import by_name
 from fleetscope.schemas.base import conform
 from fleetscope.traces.schemas import EDGE_SUBTYPES, EDGE_TYPES, GRAPH_EDGES, GRAPH_TASKS
 
@@ -115,13 +116,6 @@ def _rows(t: pl.DataFrame, cond: pl.Expr, *cols, **named) -> pl.DataFrame:
     return t.lazy().filter(cond).select(*cols, **named).collect()
 
 
-def _by_name(names: pl.Series, fn) -> pl.Expr:
-    """fn(name expr) evaluated once per distinct name, as a mapping (string functions on millions of rows
-    cost more than on the few hundred names they hold)."""
-    u = pl.DataFrame({"name": names.unique()}).with_columns(v=fn(pl.col("name")))
-    return pl.col("name").replace_strict(u["name"], u["v"], default=None)
-
-
 def _tasks(ev: pl.DataFrame) -> pl.DataFrame:
     """CPU leaf tasks, CPU communication tasks (gloo) and GPU tasks of every rank with processors,
     roles and iterations, ordered by (rank, start, kind, event id).
@@ -164,7 +158,7 @@ def _tasks(ev: pl.DataFrame) -> pl.DataFrame:
             pl.when((part == 1) & pl.col("collective").is_in(["send", "recv"])).then(pl.lit(":p2p")).otherwise(pl.lit(""))]),
         role=pl.when(pl.col("_part") == 1).then(pl.lit("comm"))
         .when((pl.col("_part") == 0) & (pl.col("cat") == "cuda_runtime")).then(
-            _by_name(rt, _runtime_role) if rt.len() else pl.lit(None, pl.Utf8))
+            by_name(rt, _runtime_role) if rt.len() else pl.lit(None, pl.Utf8))
         .when(pl.col("_part") == 0).then(pl.lit("cpu_op"))
         .when(pl.col("is_comm")).then(pl.lit("comm"))
         .when(pl.col("cat") == "gpu_memcpy").then(pl.lit("memcpy"))
@@ -488,7 +482,7 @@ def _mark_layers(t: pl.DataFrame, events: pl.DataFrame, layer_rx: str = LAYER_RX
 
     cpu_ev = _rows(events, pl.col("cat").is_in(["python_function", "cpu_op", "user_annotation"]) & (pl.col("ph") == "X"),
                    "rank", "pid", "tid", "cat", "name", "ts_ns", "end_ns", "sequence_number")
-    fwd = cpu_ev.filter(_by_name(cpu_ev["name"], lambda n: n.str.contains(layer_rx))).select(
+    fwd = cpu_ev.filter(by_name(cpu_ev["name"], lambda n: n.str.contains(layer_rx))).select(
         "rank", "pid", "tid", s0="ts_ns", s1="end_ns", layer=pl.col("name").str.extract(LAYER_NUMBER_RX, 1).cast(pl.Int32, strict=False))
     if fwd.height and fwd["layer"].null_count() == fwd.height:  # named like a layer, without a number: numbered in order
         numbered = named_spans_numbered(fwd.drop("layer"), events, stage_of_rank, ops)

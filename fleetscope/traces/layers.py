@@ -23,6 +23,7 @@ import numpy as np
 import polars as pl
 from numba import njit
 
+from fleetscope.common import by_name
 from fleetscope.ingest.trace_timings import clip_work_spans
 
 # operators that are a model's own compute (as fleetscope.ingest.trace_timings._MODEL_OP)
@@ -138,9 +139,7 @@ def training_ops(events: pl.DataFrame) -> pl.DataFrame:
     ops = ops.sort(["rank", "step", "ts_ns", "dur_ns"], descending=[False, False, False, True]).with_columns(
         _g=pl.struct("rank", "step").rank("dense"))
     depth, parent = _nest(ops["_g"].to_numpy(), ops["ts_ns"].to_numpy(), ops["end_ns"].to_numpy())
-    from fleetscope.traces.graph import _by_name
-
-    cut = (_by_name(ops["name"], lambda n: n.str.contains(_NOT_FORWARD) | n.str.contains(r"^Backward \d+$"))
+    cut = (by_name(ops["name"], lambda n: n.str.contains(_NOT_FORWARD) | n.str.contains(r"^Backward \d+$"))
            | (pl.col("is_comm") & pl.col("collective").is_in(["send", "recv"])))
     return ops.with_row_index("row").with_columns(depth=pl.Series(depth), parent=pl.Series(parent), cut=cut).drop("_g", "_tid", "_s", "_e")
 
@@ -154,9 +153,7 @@ def infer_layer_spans(events: pl.DataFrame, stage_of_rank: dict[int, int] | None
     ops = training_ops(events) if ops is None else ops
     if ops.height == 0:
         return pl.DataFrame(schema=SPAN_COLUMNS)
-    from fleetscope.traces.graph import _by_name
-
-    coded = ops.select(tok=pl.col("name").rank("dense").cast(pl.Int64), model=_by_name(ops["name"], lambda n: n.str.contains(MODEL_OP)),
+    coded = ops.select(tok=pl.col("name").rank("dense").cast(pl.Int64), model=by_name(ops["name"], lambda n: n.str.contains(MODEL_OP)),
                        top=pl.struct("rank", "step").rank("dense").cast(pl.Int64))
     tok = coded["tok"].to_numpy()
     model_tok = set(coded.filter("model")["tok"].unique().to_list())
