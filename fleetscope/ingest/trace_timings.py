@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import polars as pl
 
+from fleetscope.common import by_name
+
 _CAMEL = {"allreduce": "AllReduce", "allgather": "AllGather", "reduce_scatter": "ReduceScatter", "broadcast": "Broadcast",
           "send": "Send", "recv": "Recv", "all_to_all": "AllToAll", "reduce": "Reduce", "barrier": "Barrier"}
 _GEMM = r"(?i)gemm|cutlass|xmma|cublas|matmul|s\d+_tensorop|ampere_.*(?:nn|nt|tn|tt)"
@@ -68,8 +70,7 @@ def timings_from_trace_events(ev: pl.DataFrame) -> pl.DataFrame:
                 .when(n.str.contains(r"^Optimizer\.step#")).then(pl.lit("optimizer.step"))
                 .when(n.str.contains(r"^cuda(Device|Stream)Synchronize$")).then(pl.lit("cuda.synchronize")))
     api = ev.lazy().filter(pl.col("cat").is_in(["cpu_op", "user_annotation", "cuda_runtime"])).select(*key, "name", "ts_ns", "end_ns").collect()
-    names = pl.DataFrame({"name": api["name"].unique()}).with_columns(_api=api_name)  # the regexes once per distinct name
-    api = api.with_columns(_api=pl.col("name").replace_strict(names["name"], names["_api"], default=None))
+    api = api.with_columns(_api=by_name(api["name"], lambda _: api_name))  # the regexes once per distinct name
     api = api.filter(pl.col("_api").is_not_null()).select(
         *key, pl.lit("api").alias("kind"), pl.col("_api").alias("name"), pl.col("ts_ns").alias("issue_ns"),
         pl.col("ts_ns").alias("start_ns"), "end_ns", pl.lit(None, pl.Int64).alias("stream"), pl.lit(None, pl.Int64).alias("bytes"),
@@ -285,16 +286,14 @@ _F_AUTOGRAD, _F_SKIP, _F_ZERO_ANN, _F_OPT, _F_OPT_ANN, _F_BWD_ANN, _F_MODEL = (1
 
 
 def _name_flags(names: pl.Series) -> pl.Expr:
-    n = pl.col("name")
-    u = pl.DataFrame({"name": names.unique()}).with_columns(v=pl.sum_horizontal(
+    return by_name(names, lambda n: pl.sum_horizontal(
         n.str.contains(_AUTOGRAD_OP).cast(pl.Int32) * _F_AUTOGRAD,
         (n.str.starts_with("Optimizer.zero_grad#") | n.str.contains(r"DataLoader")).cast(pl.Int32) * _F_SKIP,
         n.str.contains(r"(?i)zero_grad").cast(pl.Int32) * _F_ZERO_ANN,
         (n.str.starts_with("Optimizer.step#") | n.str.contains(_OPT_FRAME)).cast(pl.Int32) * _F_OPT,
         n.str.contains(r"(?i)optimi[sz]er").cast(pl.Int32) * _F_OPT_ANN,
         n.str.contains(r"(?i)\bbackward\b").cast(pl.Int32) * _F_BWD_ANN,
-        n.str.contains(_MODEL_OP).cast(pl.Int32) * _F_MODEL))
-    return pl.col("name").replace_strict(u["name"], u["v"], default=0, return_dtype=pl.Int32)
+        n.str.contains(_MODEL_OP).cast(pl.Int32) * _F_MODEL)).fill_null(0).cast(pl.Int32)
 
 
 def _runs(items: pl.DataFrame, key: list[str]) -> pl.DataFrame:
