@@ -376,6 +376,7 @@ def _execute(job: JobSpec, job_idx: int, fab: Fabric, faults: list[Fault], activ
             if hit.any():
                 stall += st[:, None, None, None] * hit[None]
         return {"src_q": src_q, "dst_q": dst_q, "fh": fh, "bw_ch": bw / load, "phase": phase, "tree": tree,
+                "src_d": pl_["src_d"],
                 "depth": int(np.ceil(np.log2(N // job.local + 1))) if tree else 0, "stall": stall, "H": H,
                 "fac": link_factor(fab, net, src_q, dst_q, net_active, fh)}               # (K, T, C, H, Q)
 
@@ -385,8 +386,18 @@ def _execute(job: JobSpec, job_idx: int, fab: Fabric, faults: list[Fault], activ
             routes["tree"] = route(s, "tree")
         state = {"first": True}
 
-        def collective(start_kt, frac_wire, nbytes, alpha_steps, allreduce=False):
-            """One collective on every TP group of stage s: records (K, T, C, H, Q); returns end (K, T)."""
+        def collective(ready_kd, prev_end, frac_wire, nbytes, alpha_steps, allreduce=False):
+            """One collective on every TP group of stage s: records (K, T, C, H, Q); returns end (K, T).
+            ready_kd: when each DP replica has the data (K, D); prev_end: the group's previous
+            collective's end (K, T). A rank enters the collective on its own (gloo's sends go to the
+            socket, NCCL's proxy posts its receives when the host enqueues): a hop's first chunk (its
+            sender's own share, 1 / alpha_steps of its bytes) leaves when its sending replica is
+            ready; the rest is the chunks its predecessors forward, which move once the last member
+            entered, at the ring's pace (its slowest hop). An early hop's first chunk is its own
+            record when the wait after it is longer than its transfer (a burst, then the link idles):
+            a late replica's hops start late, its peers' start on time and wait, which is what the
+            real gloo recordings with a straggler show."""
+            start_kt = np.maximum(ready_kd.max(axis=1)[:, None], prev_end) + BUCKET_GAP_NS          # (K, T)
             algo = "ring"
             if allreduce and job.algo == "tree" or (job.algo == "auto" and allreduce and nbytes < AUTO_TREE_BYTES):
                 algo = "tree"
@@ -401,13 +412,33 @@ def _execute(job: JobSpec, job_idx: int, fab: Fabric, faults: list[Fault], activ
                 state["first"] = False
             ring = own.max(axis=(3, 4)) + alpha_steps * RING_ALPHA_NS             # (K, T, C): paced by the slowest hop
             jit = rng.uniform(0, 4_000, (K, T, C, H, Q))
-            fst = start_kt[:, :, None, None, None] + LAUNCH_NS + jit
-            span = ring[..., None, None] - jit + rng.uniform(0, 3_000, (K, T, C, H, Q))
+            hop_kt = np.maximum(ready_kd[:, r["src_d"]][:, None], prev_end[:, :, None, None]) + BUCKET_GAP_NS   # (K, T, C, H)
+            if r["tree"]:       # a tree's broadcast half leaves once the reduction reached the root: after the last entered
+                hop_kt = np.where(r["phase"][None, None, None, :] == 1, start_kt[:, :, None, None], hop_kt)
+            fst = hop_kt[..., None] + LAUNCH_NS + jit                           # its first chunk
+            gate = start_kt[:, :, None, None, None] + LAUNCH_NS + jit           # the ring's chunks
+            end = start_kt[:, :, None, None, None] + LAUNCH_NS + ring[..., None, None] + rng.uniform(0, 3_000, (K, T, C, H, Q))
             if r["tree"]:       # the broadcast half trails the reduce half by the tree's depth
-                fst = fst + r["phase"][None, None, None, :, None].astype(np.float64) * (r["depth"] * RING_ALPHA_NS)
-            emit(KIND_DP, r["src_q"][None], r["dst_q"][None], r["fh"][None], fst, span, own,
-                 max(1, int(round(bytes_ch / Q))), kk[:, None, None, None, None])
-            return (fst + span).max(axis=(2, 3, 4))
+                off = r["phase"][None, None, None, :, None].astype(np.float64) * (r["depth"] * RING_ALPHA_NS)
+                fst, gate, end = fst + off, gate + off, end + off
+            nb = max(1, int(round(bytes_ch / Q)))
+            steps = max(int(alpha_steps), 1)
+            chunk_b = max(1, nb // steps)
+            chunk_t = own / steps
+            early = gate - fst > chunk_t
+            main = np.where(early, gate, fst)
+            # (a one-step collective, two members' all-gather: its own chunk is all it sends)
+            keep = ~early if chunk_b >= nb else np.ones_like(early)
+            emit(KIND_DP, np.broadcast_to(r["src_q"][None], early.shape)[keep], np.broadcast_to(r["dst_q"][None], early.shape)[keep],
+                 np.broadcast_to(r["fh"][None], early.shape)[keep], main[keep], (end - main)[keep],
+                 np.where(early, own - chunk_t, own)[keep], np.where(early, nb - chunk_b, nb)[keep],
+                 np.broadcast_to(kk[:, None, None, None, None], early.shape)[keep])
+            if early.any():
+                shape = early.shape
+                emit(KIND_DP, np.broadcast_to(r["src_q"][None], shape)[early], np.broadcast_to(r["dst_q"][None], shape)[early],
+                     np.broadcast_to(r["fh"][None], shape)[early], fst[early], chunk_t[early], chunk_t[early], chunk_b,
+                     np.broadcast_to(kk[:, None, None, None, None], shape)[early])
+            return end.max(axis=(2, 3, 4))
 
         if job.dp_style == "fsdp":
             # per unit: all-gather before each forward and each backward, reduce-scatter after the
@@ -417,15 +448,15 @@ def _execute(job: JobSpec, job_idx: int, fab: Fabric, faults: list[Fault], activ
             ag_f = (N - 1) / N
             for i in range(m):
                 for u, nb in enumerate(sizes):
-                    ready = (Fs[s, i] + u / U * (Fe[s, i] - Fs[s, i])).max(axis=1)
-                    first_ready = np.minimum(first_ready, ready)
-                    prev_end = collective(np.maximum(ready[:, None], prev_end) + BUCKET_GAP_NS, ag_f, nb, N - 1)
+                    ready = Fs[s, i] + u / U * (Fe[s, i] - Fs[s, i])
+                    first_ready = np.minimum(first_ready, ready.max(axis=1))
+                    prev_end = collective(ready, prev_end, ag_f, nb, N - 1)
                 for u, nb in enumerate(sizes[::-1]):
-                    ready = (Bs[s, i] + u / U * (Be[s, i] - Bs[s, i])).max(axis=1)
-                    prev_end = collective(np.maximum(ready[:, None], prev_end) + BUCKET_GAP_NS, ag_f, nb, N - 1)
+                    ready = Bs[s, i] + u / U * (Be[s, i] - Bs[s, i])
+                    prev_end = collective(ready, prev_end, ag_f, nb, N - 1)
                     if i == m - 1:
-                        ready = (Bs[s, i] + (u + 1) / U * (Be[s, i] - Bs[s, i])).max(axis=1)
-                        prev_end = collective(np.maximum(ready[:, None], prev_end) + BUCKET_GAP_NS, ag_f, nb, N - 1)
+                        ready = Bs[s, i] + (u + 1) / U * (Be[s, i] - Bs[s, i])
+                        prev_end = collective(ready, prev_end, ag_f, nb, N - 1)
             stage_end[:, s] = prev_end.max(axis=1)
             continue
         bst, bd = Bs[s, m - 1], Be[s, m - 1] - Bs[s, m - 1]        # last backward of the stage (K, D)
@@ -436,16 +467,15 @@ def _execute(job: JobSpec, job_idx: int, fab: Fabric, faults: list[Fault], activ
         else:
             wire, steps_a = 2 * (N - 1) / N, 2 * (N - 1)
         for b, nb in enumerate(sizes):
-            ready = (bst + cum[b] * bd).max(axis=1) if job.overlap else Be[s, m - 1].max(axis=1)
-            first_ready = np.minimum(first_ready, ready)
-            prev_end = collective(np.maximum(ready[:, None], prev_end) + BUCKET_GAP_NS, wire, nb, steps_a,
-                                  allreduce=job.dp_style != "zero")
+            ready = bst + cum[b] * bd if job.overlap else Be[s, m - 1]
+            first_ready = np.minimum(first_ready, ready.max(axis=1))
+            prev_end = collective(ready, prev_end, wire, nb, steps_a, allreduce=job.dp_style != "zero")
         if job.dp_style == "zero":
             # sharded optimizer step, then all-gather of the updated parameters
             ag_ready = prev_end.max(axis=1) + job.optimizer_ns * max(0.25, 1.0 / D)
             prev_end = np.full((K, T), -np.inf)
             for nb in sizes:
-                prev_end = collective(np.maximum(ag_ready[:, None], prev_end) + BUCKET_GAP_NS, (N - 1) / N, nb, N - 1)
+                prev_end = collective(np.broadcast_to(ag_ready[:, None], (K, D)), prev_end, (N - 1) / N, nb, N - 1)
         stage_end[:, s] = prev_end.max(axis=1)
     gap = rng.uniform(2e6, 8e6, K)
     for k, pause in job.checkpoints.items():

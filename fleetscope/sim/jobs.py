@@ -99,7 +99,8 @@ class JobSpec:
 
 def dp_plan(job: JobSpec, s: int, algo: str | None = None) -> dict:
     """Inter-host hops of stage s's DP collectives: src/dst NICs of shape (T, C, H) (H hops per
-    channel), the hop's phase (tree: 0 up, 1 down) and the member GPUs per (T, n_hosts, local).
+    channel), the DP replica of each hop's sending GPU (src_d, (C, H): its first bytes leave when that
+    replica is ready), the hop's phase (tree: 0 up, 1 down) and the member GPUs per (T, n_hosts, local).
     algo: ring or tree (default: the job's; `auto` jobs use both, by collective size)."""
     algo = algo or ("ring" if job.algo == "auto" else job.algo)
     T, D, L, C = job.tp, job.dp, job.local, job.channels
@@ -122,6 +123,7 @@ def dp_plan(job: JobSpec, s: int, algo: str | None = None) -> dict:
         up_dst = members[:, ch_par, e_in[:, None]]
         src = np.concatenate([up_src, up_dst], axis=2)
         dst = np.concatenate([up_dst, up_src], axis=2)
+        src_d = np.concatenate([ch_child * L + e_out[:, None], ch_par * L + e_in[:, None]], axis=1)
         E = n_h - 1
         phase = np.concatenate([np.zeros(E, np.int8), np.ones(E, np.int8)])
     else:
@@ -129,8 +131,9 @@ def dp_plan(job: JobSpec, s: int, algo: str | None = None) -> dict:
         nxt = np.where((c % 2 == 1)[:, None] & job.bidir, (h - 1) % n_h, (h + 1) % n_h)   # (C, n_h)
         src = members[:, np.broadcast_to(h, (C, n_h)), e_out[:, None]]                 # (T, C, n_h)
         dst = members[:, nxt, e_in[:, None]]
+        src_d = np.broadcast_to(h, (C, n_h)) * L + e_out[:, None]
         phase = np.zeros(n_h, np.int8)
-    return {"src": job.nic_of(src), "dst": job.nic_of(dst), "phase": phase, "members": members}
+    return {"src": job.nic_of(src), "dst": job.nic_of(dst), "src_d": src_d, "phase": phase, "members": members}
 
 
 def pp_pairs(job: JobSpec) -> tuple[np.ndarray, np.ndarray]:

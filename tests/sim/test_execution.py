@@ -142,3 +142,47 @@ def test_auto_algorithm_runs_small_all_reduces_on_trees_and_big_ones_on_rings():
     assert pairs_big == set(zip(ring["src"].reshape(-1).tolist(), ring["dst"].reshape(-1).tolist()))
     assert pairs_small == set(zip(tree["src"].reshape(-1).tolist(), tree["dst"].reshape(-1).tolist()))
     assert pairs_small != pairs_big
+
+
+def _dp_starts(run, job, k):
+    """Step k's DP records: source GPU, start, end, bytes."""
+    f = run.flows
+    m = (f["kind"] == 1) & (f["step"] == run.steps[k])
+    return f["src"][m], f["start"][m], f["start"][m] + f["dur"][m], f["bytes"][m]
+
+
+def test_a_late_replica_sends_late_while_its_peers_send_their_own_chunk_on_time_and_wait():
+    """A rank enters a DP collective on its own: its own chunk leaves when it is ready, the rest once
+    the last member entered (the real gloo recordings with a straggler show the late rank's sends
+    leaving late and its peers' on time). A slow GPU's replica is then the one whose hops start late."""
+    from fleetscope.sim.execution import run_job
+    from fleetscope.sim.fabric import build_fabric
+    from fleetscope.sim.faults import Fault
+
+    fab = build_fabric(64, seed=3)
+    job = _job((1, 1, 4), 1, 0, overlap=False, algo="ring", dp_style="ddp", nic_overload=False, launch_ns=None)
+    job.start_ns = 0
+    slow = int(job.gpus[2])
+    mask = np.zeros(fab.n_gpus, bool)
+    mask[slow] = True
+    fault = Fault("F0", "slow_gpu", "gpu", str(fab.ip[slow]), 0, 60_000_000_000, 1.4, job_idx=0, gpu_mask=mask)
+    run = run_job(job, 0, fab, [fault], (0, 60_000_000_000), seed=5)
+    healthy = run_job(job, 0, fab, [], (0, 60_000_000_000), seed=5)
+    late, early = [], []
+    for k in range(2, 6):
+        src, st, en, nb = _dp_starts(run, job, k)
+        first = {int(s): int(st[src == s].min()) for s in np.unique(src)}
+        others = [v for s, v in first.items() if s != slow]
+        late.append(first[slow] - np.median(others))
+        # the peers' first chunks leave before the late replica entered: small bursts (their own
+        # share), the rest of their bytes move from when it did
+        before = st < first[slow]
+        early.append(int(before.sum()))
+        assert nb[before].max() < nb[~before].max()
+        # healthy: no member holds the others back by more than the replicas' jitter
+        hs, hst, _, _ = _dp_starts(healthy, job, k)
+        hf = [int(hst[hs == s].min()) for s in np.unique(hs)]
+        assert max(hf) - min(hf) < 0.05 * (run.step_end[k] - run.step_start[k])
+    step = float(np.median(run.step_end[2:6] - run.step_start[2:6]))
+    assert min(late) > 0.1 * step
+    assert min(early) > 0
