@@ -107,13 +107,14 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
     chunks = (pl.col("same").max().over("tid") >= 3) & (pl.col("bytes").n_unique().over("tid") <= 2) & ~pl.col("timed") \
         & (rate.max().over("tid") <= 1.01 * rate.min().over("tid")) & (pl.col("comm_type") != "bg")
     f = f.with_columns(tid=(pl.col("run") | chunks).cum_sum()).drop("run", "same", "d", "cont", "timed")
+    f = collective_wait(f)
     # a transfer's rate is its bytes over its pieces' time, on each of its pieces: an exporter that cuts
     # it by time may split its bytes equally over the pieces, and a short remainder then "moves" at many
     # times the link's rate (demo seed 821: e^8.6 bytes/ns, lifting a healthy ring's level over its
     # peers). Time summed, not spanned: a record mirrored from both ends overlaps its twin
     f = f.with_row_index("fid").with_columns(
         x=(pl.col("bytes").sum().over("tid").cast(pl.Float64)
-           / (pl.col("end_ns") - pl.col("start_ns")).sum().over("tid").cast(pl.Float64)).log(),
+           / (pl.col("end_ns") - pl.col("t0")).sum().over("tid").cast(pl.Float64)).log(),
         # transfers of one size class
         size=pl.col("bytes").sum().over("tid").cast(pl.Float64).log(2).round(0).cast(pl.Int32),
         bin=(pl.col("start_ns") // cfg.diag_bin_ns),
@@ -191,6 +192,44 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
         cohort=pl.col("job_id") + "/" + pl.col("cohort").cast(pl.Utf8),
     ).select("fid", "job_id", "unit", "cohort", "bin", "start_ns", "end_ns", "src_ip", "dst_ip", "path", "route", "size", "x", "e_peer",
              "e_hist", "lvl_win", "e_peer_s", "e_hist_s", "e_bg")
+
+
+def collective_wait(f: pl.DataFrame) -> pl.DataFrame:
+    """t0: when each record's transfer could move, its start less the wait for its collective's last
+    member. A rank enters a collective on its own and sends its own chunk at once; the chunks it
+    forwards move only once every member entered. An exporter that merges the burst, the idle wait
+    and the rest (a flowlet's idle timeout longer than the wait) writes a record whose rate counts the
+    wait: healthy rings whose members arrive a few ms apart then "stall" on the early members' links.
+    A collective's records end together (the ring completes at once): per DP group, records whose
+    ends follow each other by less than a tenth of the shorter one's duration are one collective (a
+    pipelined ring's hops end within microseconds of each other; gloo's chunks, passed on one after
+    the other, end a fair part of their own time apart: taken for one collective at half of it, the
+    real recording flow_faults/seed10/pp2dp3-straggler-s10 had its chunks sped up and a leaf
+    "stalled" in place of its straggler), and a
+    record's transfer starts no earlier than the latest start among that collective's records of at
+    least its size that began before it ended (the last member's hop, or an early member's remainder
+    once the others entered; a smaller record is a piece of a transfer cut by time or by message).
+    A slowed link, a congested switch or a stall slow every hop of their rings alike from the same
+    start: only the wait is removed."""
+    dp = (pl.col("comm_type") == "DP") & pl.col("dp_group").is_not_null()
+    g = ["job_id", "dp_group"]
+    dur = pl.col("end_ns") - pl.col("start_ns")
+    f = f.with_row_index("_r")
+    x = f.filter(dp).select("_r", "start_ns", "end_ns", "bytes", *g).sort(*g, "end_ns")
+    if x.height == 0:
+        return f.with_columns(t0=pl.col("start_ns")).drop("_r")
+    x = x.with_columns(
+        new=((pl.col("end_ns").diff() > 0.1 * pl.min_horizontal(dur, dur.shift(1))).fill_null(True)
+             | (pl.struct(g) != pl.struct(g).shift(1)).fill_null(True))).with_columns(inst=pl.col("new").cum_sum())
+    # per record: the latest start among its collective's records of at least its size (cumulative
+    # maximum over the collective's records by size, largest first; equal sizes share it) that began
+    # before it ended
+    x = x.sort("inst", "bytes", descending=[False, True]).with_columns(
+        s_big=pl.col("start_ns").cum_max().over("inst")).with_columns(s_big=pl.col("s_big").max().over("inst", "bytes"))
+    x = x.with_columns(t0=pl.when(pl.col("s_big") < pl.col("end_ns")).then(pl.max_horizontal("start_ns", "s_big"))
+                       .otherwise("start_ns"))
+    return f.join(x.select("_r", "t0"), on="_r", how="left", maintain_order="left").with_columns(
+        t0=pl.col("t0").fill_null(pl.col("start_ns"))).drop("_r")
 
 
 def background_levels(f: pl.DataFrame) -> pl.DataFrame:

@@ -92,3 +92,42 @@ def test_a_transfer_whose_bytes_an_exporter_split_equally_over_its_pieces_moves_
     assert np.allclose(r["x"].to_numpy(), np.log(np.where(r["start_ns"].to_numpy() < 30 * S, 8.0, 4.0)), atol=1e-3)
     assert abs(r.filter(pl.col("start_ns") >= 30 * S)["e_hist"].median() - np.log(0.5)) < 0.05
     assert abs(r.filter(pl.col("start_ns") < 30 * S)["e_hist"].median()) < 0.05
+
+
+def ring(records: list[tuple[int, int, int, int]]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """A DP ring's records (hop, start_ns, duration_ns, bytes), hop h from 10.0.h.1 to the next member,
+    and its pairs (one DP group of job-1)."""
+    n = 1 + max(h for h, *_ in records)
+    f = pl.DataFrame({
+        "start_ns": [s for _, s, _, _ in records], "end_ns": [s + d for _, s, d, _ in records],
+        "src_ip": [f"10.0.{h}.1" for h, *_ in records], "dst_ip": [f"10.0.{(h + 1) % n}.1" for h, *_ in records],
+        "bytes": [b for *_, b in records], "src_port": 50270, "dst_port": 4791,
+        "src_qp": [7 + h for h, *_ in records], "dst_qp": 9, "path": [PATH] * len(records),
+        "pid": [h for h, *_ in records]})
+    pairs = pl.DataFrame({"pid": list(range(n)), "job_id": "job-1", "comm_type": "DP", "dp_group": 0})
+    return f, pairs
+
+
+def test_ring_members_waiting_for_the_last_one_to_enter_move_at_the_link_rate():
+    """Members enter a collective on their own; an exporter's flowlet holds an early member's first
+    chunk, its wait for the last one and the rest, ending with the ring (demo and 64-GPU fleets: healthy
+    rings' early members "stalled" on their links). Each record is judged from when the last member
+    entered: every hop moves at the link's rate whoever was last, while a ring of staggered hops (gloo's
+    chunks passed on one after the other, ends far apart) keeps each record's own time."""
+    rng = np.random.default_rng(4)
+    size, rate = 4_000_000, 8.0             # 0.5 ms on the wire
+    recs, stag = [], []
+    for k in range(60):
+        t = k * S // 2
+        last = int(rng.integers(4))
+        end = t + int(size / rate)
+        for h in range(4):
+            wait = 0 if h == last else int(rng.uniform(1e6, 3e6))
+            recs.append((h, t - wait, end + int(rng.uniform(0, 2_000)) - (t - wait), size))
+            # a staggered ring: hop h starts when hop h-1 is half done, at the link's rate or at half of it
+            stag.append((h, t + h * int(size / rate / 2), int(size / (rate if k % 2 else rate / 2)), size))
+    r = flow_residuals(*ring(recs), FlowConfig())
+    assert np.allclose(r["x"].to_numpy(), np.log(rate), atol=0.02)
+    s = flow_residuals(*ring(stag), FlowConfig())
+    own = np.log(size / (s["end_ns"] - s["start_ns"]).to_numpy())
+    assert np.allclose(s["x"].to_numpy(), own, atol=1e-6)
