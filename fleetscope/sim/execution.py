@@ -12,7 +12,10 @@ Per step (all steps and DP replicas at once, as numpy arrays):
   backward;
 - a ring is paced by its slowest hop: every hop's transfer of a bucket spans the ring's whole
   duration, only the time the link is actually busy differs (`busy`, which a per-message collector
-  reveals and a per-bucket one hides), which is what real NCCL rings look like on the wire.
+  reveals and a per-bucket one hides), which is what real NCCL rings look like on the wire;
+- a rank enters each collective on its own: a hop's first chunk (its sender's own share) leaves when
+  its sending replica is ready, the rest once the last member entered (a late replica's hops start
+  late, its peers' on time and then wait: what the real gloo recordings with a straggler show).
 
 Faults change the execution: compute multipliers per GPU slow their pipeline slot (and through the
 syncs the whole job); network faults lower the bandwidth of the flows crossing a NIC or switch
