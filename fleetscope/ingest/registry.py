@@ -34,6 +34,12 @@ def known_state(wh: Warehouse) -> tuple[dict[str, str], dict[str, str]]:
     df = wh.read("landed_files")
     if df.height == 0:
         return {}, {}
+    # a path rewritten with new content (a collector's file replaced, a demo simulated again into its
+    # landing folder) is a new partition whose rows join the old one's: its signature is the latest
+    # registered. Whichever partition the table read last won before, and a path whose old row came
+    # last was registered again every round (`fleetscope run` looped on two demo files)
+    if "registered_ns" in df.columns:
+        df = df.sort("registered_ns", maintain_order=True).unique("path", keep="last", maintain_order=True)
     sigs = dict(zip(df["path"].to_list(), (df["size_bytes"].cast(pl.Utf8) + ":" + df["mtime_ns"].cast(pl.Utf8)).to_list())) if "mtime_ns" in df.columns else {}
     reg = df.filter(pl.col("status") == "registered")
     hashes = {s: k for s, k, kind in zip(reg["content_sha256"], reg["partition_key"], reg["kind"]) if kind in ("topology", "flows", "hw", "incidents")}
