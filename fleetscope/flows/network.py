@@ -90,8 +90,12 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
     # through the switch had no baseline (demo seed 806). One rate: within 1 %, the jitter of exporters'
     # clocks on such records. Collectives only: storage transfers are judged by their server, not size
     stream = [c for c in ("src_ip", "dst_ip", "src_port", "dst_port", "src_qp", "dst_qp") if c in f.columns]
+    # abut: within the records' clock tick (an exporter's timer piece may start a nanosecond after the
+    # one before ends, its times rounded: demo seed 811's pieces were all transfers of their own, the
+    # wait of an early ring member stayed in one piece and read as a stall)
+    tick = clock_tick(f["start_ns"])
     f = f.sort(*stream, "start_ns").with_columns(
-        run=(pl.col("start_ns") > pl.col("end_ns").shift(1).over(stream)).fill_null(True))
+        run=(pl.col("start_ns") > pl.col("end_ns").shift(1).over(stream) + tick).fill_null(True))
     f = f.with_columns(tid=pl.col("run").cum_sum())
     rate = pl.col("bytes").cast(pl.Float64) / (pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64)
     # an exporter's timer: a duration that pieces followed by another piece of their stream share to the
@@ -114,7 +118,8 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
     # peers). Time summed, not spanned: a record mirrored from both ends overlaps its twin
     f = f.with_row_index("fid").with_columns(
         x=(pl.col("bytes").sum().over("tid").cast(pl.Float64)
-           / (pl.col("end_ns") - pl.col("t0")).sum().over("tid").cast(pl.Float64)).log(),
+           / (pl.col("end_ns") - pl.max_horizontal("start_ns", "t0")).clip(lower_bound=0).sum().over("tid")
+           .cast(pl.Float64)).log(),
         # transfers of one size class
         size=pl.col("bytes").sum().over("tid").cast(pl.Float64).log(2).round(0).cast(pl.Int32),
         bin=(pl.col("start_ns") // cfg.diag_bin_ns),
@@ -194,42 +199,62 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
              "e_hist", "lvl_win", "e_peer_s", "e_hist_s", "e_bg")
 
 
+def clock_tick(ns: pl.Series) -> int:
+    """The resolution of a clock's timestamps (the largest power of ten that divides them all, a
+    nanosecond at least) plus two nanoseconds of rounding: times closer than this are the same time."""
+    v = ns.drop_nulls()
+    k = next((k for k in range(9, 0, -1) if v.len() and ((v % 10 ** k) == 0).all()), 0)
+    return 10 ** k + 2
+
+
 def collective_wait(f: pl.DataFrame) -> pl.DataFrame:
-    """t0: when each record's transfer could move, its start less the wait for its collective's last
-    member. A rank enters a collective on its own and sends its own chunk at once; the chunks it
-    forwards move only once every member entered. An exporter that merges the burst, the idle wait
-    and the rest (a flowlet's idle timeout longer than the wait) writes a record whose rate counts the
-    wait: healthy rings whose members arrive a few ms apart then "stall" on the early members' links.
-    A collective's records end together (the ring completes at once): per DP group, records whose
+    """t0: when each transfer (tid: the records of one stream that abut) could move, its start less the
+    wait for its collective's last member. A rank enters a collective on its own and sends its own chunk
+    at once; the chunks it forwards move only once every member entered. An exporter that merges the
+    burst, the idle wait and the rest (a flowlet's idle timeout longer than the wait) writes a record
+    whose rate counts the wait: healthy rings whose members arrive a few ms apart then "stall" on the
+    early members' links. Judged per transfer, not per record: an exporter that cuts by time (active
+    timeout) spreads the wait over pieces that end on its timer, and only the transfer's last piece ends
+    with the collective (demo seed 811: three NICs "stalled" by their rings' waits).
+    A collective's transfers end together (the ring completes at once): per DP group, transfers whose
     ends follow each other by less than a tenth of the shorter one's duration are one collective (a
     pipelined ring's hops end within microseconds of each other; gloo's chunks, passed on one after
     the other, end a fair part of their own time apart: taken for one collective at half of it, the
     real recording flow_faults/seed10/pp2dp3-straggler-s10 had its chunks sped up and a leaf
-    "stalled" in place of its straggler), and a
-    record's transfer starts no earlier than the latest start among that collective's records of at
-    least its size that began before it ended (the last member's hop, or an early member's remainder
-    once the others entered; a smaller record is a piece of a transfer cut by time or by message).
+    "stalled" in place of its straggler), and a transfer starts no earlier than the latest start among
+    that collective's transfers of at least its size that began before it ended (the last member's hop,
+    or an early member's remainder once the others entered). A transfer that follows its pair's
+    previous one back to back is mid-stream: its sender was sending, not entering the collective, and
+    its time is its own (a congested hop of a ring moves each chunk continuously at half the rate while
+    the ring's fast hops start each chunk late and end with it: taken for waits, the slow hops moved at
+    the fast ones' rate and the congested leaf of demo seed 819 went unseen); an entry follows compute.
+    (An early member that enters collectives back to back, always ahead of a slow peer, looks the same
+    in the records and keeps its wait: its rate reads low against the late member's; the records'
+    times cannot tell it from a congested hop, and a missed congestion was the worse error.)
     A slowed link, a congested switch or a stall slow every hop of their rings alike from the same
     start: only the wait is removed."""
     dp = (pl.col("comm_type") == "DP") & pl.col("dp_group").is_not_null()
     g = ["job_id", "dp_group"]
     dur = pl.col("end_ns") - pl.col("start_ns")
-    f = f.with_row_index("_r")
-    x = f.filter(dp).select("_r", "start_ns", "end_ns", "bytes", *g).sort(*g, "end_ns")
+    x = f.filter(dp).group_by("tid").agg(pl.col("start_ns").min(), pl.col("end_ns").max(), pl.col("bytes").sum(),
+                                         *[pl.col(c).first() for c in ("src_ip", "dst_ip", *g)])
     if x.height == 0:
-        return f.with_columns(t0=pl.col("start_ns")).drop("_r")
+        return f.with_columns(t0=pl.col("start_ns"))
+    x = x.sort(*g, "src_ip", "dst_ip", "start_ns").with_columns(
+        prev_end=pl.col("end_ns").shift(1).over(*g, "src_ip", "dst_ip")).sort(*g, "end_ns")
     x = x.with_columns(
         new=((pl.col("end_ns").diff() > 0.1 * pl.min_horizontal(dur, dur.shift(1))).fill_null(True)
              | (pl.struct(g) != pl.struct(g).shift(1)).fill_null(True))).with_columns(inst=pl.col("new").cum_sum())
-    # per record: the latest start among its collective's records of at least its size (cumulative
-    # maximum over the collective's records by size, largest first; equal sizes share it) that began
+    # per transfer: the latest start among its collective's transfers of at least its size (cumulative
+    # maximum over the collective's transfers by size, largest first; equal sizes share it) that began
     # before it ended
     x = x.sort("inst", "bytes", descending=[False, True]).with_columns(
         s_big=pl.col("start_ns").cum_max().over("inst")).with_columns(s_big=pl.col("s_big").max().over("inst", "bytes"))
-    x = x.with_columns(t0=pl.when(pl.col("s_big") < pl.col("end_ns")).then(pl.max_horizontal("start_ns", "s_big"))
-                       .otherwise("start_ns"))
-    return f.join(x.select("_r", "t0"), on="_r", how="left", maintain_order="left").with_columns(
-        t0=pl.col("t0").fill_null(pl.col("start_ns"))).drop("_r")
+    mid = (pl.col("start_ns") - pl.col("prev_end")) < 0.1 * (pl.col("end_ns") - pl.col("s_big"))
+    x = x.with_columns(t0=pl.when((pl.col("s_big") < pl.col("end_ns")) & ~mid.fill_null(False))
+                       .then(pl.max_horizontal("start_ns", "s_big")).otherwise("start_ns"))
+    return f.join(x.select("tid", "t0"), on="tid", how="left", maintain_order="left").with_columns(
+        t0=pl.col("t0").fill_null(pl.col("start_ns")))
 
 
 def background_levels(f: pl.DataFrame) -> pl.DataFrame:

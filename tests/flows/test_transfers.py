@@ -131,3 +131,45 @@ def test_ring_members_waiting_for_the_last_one_to_enter_move_at_the_link_rate():
     s = flow_residuals(*ring(stag), FlowConfig())
     own = np.log(size / (s["end_ns"] - s["start_ns"]).to_numpy())
     assert np.allclose(s["x"].to_numpy(), own, atol=1e-6)
+
+
+def test_an_early_members_wait_cut_into_timer_pieces_is_not_its_transfer():
+    """Two members all-reduce each step, one always entering late (a slow GPU); an active-timeout
+    exporter cuts each transfer into timer pieces of equal bytes whose times are rounded (a piece may
+    start a nanosecond after the last one ended) and only the last piece ends with the collective (demo
+    seed 811: the early member's pieces holding its wait read as a stalled link). Judged per transfer
+    from when the late member entered, both move at the link's rate. (Collectives that follow each
+    other back to back are streams: network.collective_wait, and the test below.)"""
+    size, rate, timer = 200_000_000, 40.0, 3_600_000       # 5 ms on the wire, cut every 3.6 ms
+    wait = 2_000_000
+    recs, t = [], 0
+    for k in range(200):
+        end = t + wait + int(size / rate)
+        for h, s in ((0, t), (1, t + wait)):                # member 0 early, member 1 late
+            n = -(-(end - s) // timer)
+            cuts = [s + i * timer for i in range(n)] + [end]
+            # rounding: a piece but the last ends a nanosecond before the next one starts
+            recs += [(h, a, b - a - (i < n - 1), size // n) for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:]))]
+        t = end + 3_000_000                                 # compute before the next step's collective
+    r = flow_residuals(*ring(recs), FlowConfig())
+    assert np.allclose(r["x"].to_numpy(), np.log(rate), atol=0.02), r.group_by("src_ip").agg(pl.col("x").median())
+
+
+def test_a_congested_hop_streaming_chunks_keeps_its_slow_rate():
+    """A three-member ring whose two hops through a congested leaf move each chunk continuously at half
+    the rate while the third, fed by them, starts each chunk half-way and ends with them (demo seed 819):
+    the slow hops were sending, not waiting to enter, so they stay slow against the ring's healthy
+    start (the flows before the congestion)."""
+    size, rate = 70_000_000, 42.0
+    full = int(size / rate)
+    recs, t = [], 0
+    for k in range(600):
+        slow = k >= 200
+        d = 2 * full if slow else full
+        nxt = t + d + 30_000
+        recs += [(0, t, d, size), (2, t, d, size)] if slow else [(h, t, d, size) for h in (0, 2)]
+        recs.append((1, t + d - full, full, size))
+        t = nxt + (0 if slow else 2_000_000)
+    r = flow_residuals(*ring(recs), FlowConfig())
+    late = r.filter((pl.col("start_ns") >= recs[3 * 200][1]) & pl.col("src_ip").is_in(["10.0.0.1", "10.0.2.1"]))
+    assert abs(late["x"].median() - np.log(rate / 2)) < 0.02
