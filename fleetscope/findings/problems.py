@@ -264,7 +264,12 @@ def _label(c: dict) -> str:
         extra = f", rank {c['ranks'][0]} of job {c['flow_job']}" if c.get("ranks") and c.get("flow_job") else ""
         return f"GPU {where or c['subject']}{extra}"
     if fam == "nic":
-        return f"NIC of {where or c['subject']}"
+        # a NIC whose leaf carries no flows but its own (the leaf's other ports idle) is one segment with
+        # its leaf for the flows: NIC, cable, port and switch slow the same flows alike, and whichever of
+        # them is named alone is a guess (demo seeds 813, 816, 819: a congested leaf over one busy NIC)
+        alts = (c.get("ev") or {}).get("or_equally") or []
+        leaf = f" or its switch {c['switch']}" if c.get("switch") and c["switch"] in alts else ""
+        return f"NIC of {where or c['subject']}{leaf}"
     if fam == "host":
         return f"host {c['host']}"
     if fam == "switch":

@@ -348,3 +348,21 @@ def test_a_switch_whose_slow_flows_are_another_rings_is_its_own_problem_beside_t
         assert sorted(problems["cause"].to_list()) == ["gpu", "switch"], (top, ips, problems.select("cause", "title"))
     problems, _ = group_problems(make_verdicts([gpu, spine(0.85, ["10.0.1.0", "10.0.2.0"])]), topo, jc, ranks)
     assert problems["cause"].to_list() == ["gpu"], problems.select("cause", "title")
+
+
+def test_a_nic_the_flows_cannot_tell_from_its_own_leaf_is_named_with_it():
+    """A NIC whose leaf carries no other flows is one segment with that leaf for the flows (NIC, cable,
+    port and switch slow the same flows): the problem names both. An alternative elsewhere (a spine)
+    stays in the explanation; the subject is the NIC alone."""
+    topo = pl.DataFrame({"ip": ["10.0.5.3", "10.0.6.3"], "host": ["h5", "h6"], "gpu": ["h5/gpu3", "h6/gpu3"],
+                         "leaf": ["leaf-2", "leaf-3"]})
+    v = make_verdicts([
+        _v(detector="flows.nic_bandwidth", scope="link", subject="10.0.5.3", value=0.5,
+           evidence=json.dumps({"jobs": ["jobA"], "or_equally": ["leaf-2"]})),
+        _v(detector="flows.nic_bandwidth", scope="link", subject="10.0.6.3", value=0.5, start_ns=7200 * S, end_ns=7260 * S,
+           evidence=json.dumps({"jobs": ["jobB"], "or_equally": ["spine-0"]})),
+    ])
+    problems, _ = group_problems(v, topo)
+    subj = dict(zip(problems["ip"].to_list(), problems["subject"].to_list()))
+    assert subj["10.0.5.3"] == "NIC of h5/gpu3 (10.0.5.3) or its switch leaf-2"
+    assert subj["10.0.6.3"] == "NIC of h6/gpu3 (10.0.6.3)"
