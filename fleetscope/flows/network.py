@@ -487,6 +487,11 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         if fl.height == 0:
             break
         fm = xm.join(fl.select("kind", "cand", "bin"), on=["kind", "cand", "bin"])
+        # the candidates' gains are compared over the same bins: every bin where any of them was flagged
+        # (a candidate whose cell in the onset's bin just passed the flag while its rival's just missed
+        # it gained that bin alone: demo seed 814, a NIC of a ring under a congested leaf, named with a
+        # bin the leaf explained as well)
+        fg = xm.join(fl.select("kind", "cand").unique(), on=["kind", "cand"]).join(fl.select("bin").unique(), on="bin")
         # direct level per (candidate, bin, job): a weighted mean of its flows' log-rate residuals (a
         # fault divides the rate of every flow crossing it; each job's baseline is its own, so each
         # job's flows measure the shift afresh), weights 1/sigma of the flow's kind of traffic
@@ -494,13 +499,13 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         # pacing of a ring it may belong to (a job's pair whose label was lost in this window moves at
         # its ring's pace, on a path that avoids the cause), so it confirms or exonerates (cells), and
         # never outweighs the element the jobs' slow flows share
-        dj = fm.filter(~pl.col("unit").str.starts_with("bg:")).group_by("kind", "cand", "bin", *jkey).agg(nd=pl.col("w").sum(), sd=(pl.col("w") * pl.col("e")).sum()) \
+        dj = fg.filter(~pl.col("unit").str.starts_with("bg:")).group_by("kind", "cand", "bin", *jkey).agg(nd=pl.col("w").sum(), sd=(pl.col("w") * pl.col("e")).sum()) \
             .with_columns(beta=pl.min_horizontal(pl.col("sd") / pl.col("nd"), pl.lit(0.0)))
         g = dj.group_by("kind", "cand", "bin").agg(dgain=(pl.col("nd") * pl.col("beta") ** 2).sum(), nd=pl.col("nd").sum(),
                                                    beta=pl.col("sd").sum() / pl.col("nd").sum())
         # pacing per collective it carries: each ring waits on its own slowest hop, as much as that
         # hop is slowed, and no more
-        du = fm.group_by("kind", "cand", "unit", "bin", *jkey).agg(n_cu=pl.col("w").sum(), s_cu=(pl.col("w") * pl.col("e")).sum())
+        du = fg.group_by("kind", "cand", "unit", "bin", *jkey).agg(n_cu=pl.col("w").sum(), s_cu=(pl.col("w") * pl.col("e")).sum())
         ut = flows.group_by("unit", "bin").agg(n_u=pl.col("w").sum(), s_u=(pl.col("w") * pl.col("e")).sum())
         # bounded by the collective's own hops through the candidate (a job's other collectives across it
         # may be slowed less: a ring crossing it on one hop of many, a pipeline pair)
@@ -558,21 +563,24 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         xb = xf.filter(pl.col("bin").is_in(bb.implode()))
         own_f = xb.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]))
         units = own_f.filter(pl.col("e") < floor)["unit"].unique()
-        other = xb.filter(~pl.col("cand").is_in([best["cand"], *alts, *paced])).group_by("kind", "cand").agg(
+        # (a rival listed as pacing it by the gains, whose flows that could show a slowness carry the same
+        # slow flows, is its equal: the other leaf of a ring's every hop, beside another job's unsaturated
+        # transfers)
+        other = xb.filter(~pl.col("cand").is_in([best["cand"], *alts])).group_by("kind", "cand").agg(
             n_c=pl.len(), m=trimmed_mean(pl.col("e")), inter=pl.col("fid").is_in(own_f["fid"].implode()).sum(),
             foreign=(pl.col("e") < floor).filter(~pl.col("unit").is_in(units.implode())).sum())
         cannot_clear = other.filter((pl.col("n_c") >= cfg.min_flows_per_cell) & (pl.col("m") < floor) & (pl.col("foreign") == 0))
         same = pl.col("inter") >= 0.9 * pl.max_horizontal(pl.col("n_c"), pl.lit(own_f.height))
-        alts += sorted(cannot_clear.filter(same)["cand"].to_list())
-        paced += sorted(cannot_clear.filter(~same)["cand"].to_list())
+        twins = sorted(cannot_clear.filter(same)["cand"].to_list())
+        alts += twins
+        paced = [p for p in paced if p not in twins] + [c for c in sorted(cannot_clear.filter(~same)["cand"].to_list()) if c not in paced]
         # both ends of the same slow flows tied with the switch between them (a pair under one leaf):
         # neither NIC can be preferred to the other, the switch they share explains both at once
         sw_alt = tied.filter((pl.col("kind") == "switch") & pl.col("cand").is_in(alts))
         if best["kind"] == "nic" and sw_alt.height and tied.filter((pl.col("kind") == "nic") & pl.col("cand").is_in(alts)).height:
             alts = [a for a in alts if a != sw_alt["cand"][0]] + [best["cand"]]
             best = sw_alt.row(0, named=True)
-        gb = g.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]))
-        bins = gb["bin"]
+        bins = fl.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]))["bin"]
         mine_ids = fm.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"])).select("fid", "unit", "bin")
         mine = flows.join(mine_ids.select("fid"), on="fid")
         slow = mine.filter(pl.col("e") < floor)

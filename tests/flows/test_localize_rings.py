@@ -328,3 +328,28 @@ def test_an_element_named_first_that_a_later_cause_explains_through_its_rings_is
         e_peer=pl.col("e0") + noise[0], e_hist=pl.col("e0") + noise[1]).drop("e0")
     causes, _ = localize(f, 2, (0, 60 * S), FlowConfig())
     assert causes.select("kind", "cand").rows() == [("switch", "leafB")]
+
+
+def test_a_leaf_is_compared_with_a_nic_of_its_ring_over_the_same_bins():
+    """A congested leaf under which a three-member ring's every hop slows from mid-bin; in that onset bin
+    the leaf also carries a storage server's healthy reads, so its cell misses the flag while the NIC of
+    the ring's middle member (two of the hops, the third through the ring's pace) passes it (demo seed
+    814). The NIC gained that bin alone and outscored the leaf; compared over the same bins, the leaf that
+    carries every slow hop is named."""
+    rng = np.random.default_rng(3)
+    leaf = {"x": "leaf1", "y": "leaf2", "z": "leaf2", "st": "leaf2"}
+    hops = [("x", "y"), ("y", "z"), ("z", "x")]
+    rows = []
+    for t in np.arange(0, 60, 0.2):
+        for s, d in hops:
+            path = [leaf[s]] if leaf[s] == leaf[d] else [leaf[s], "spine", leaf[d]]
+            rows.append((s, d, "dp:job-1/0", "job-1", int(t * S), path, float(np.log(0.5)) if t >= 25 else 0.0))
+    for t in np.arange(20, 30, 0.05):     # the storage server's reads through the leaf, at their usual rate
+        rows.append(("st", "z", "bg:9", None, int(t * S), ["leaf2"], 0.0))
+    f = pl.DataFrame(rows, schema={"src_ip": pl.Utf8, "dst_ip": pl.Utf8, "unit": pl.Utf8, "job_id": pl.Utf8,
+                                   "start_ns": pl.Int64, "path": pl.List(pl.Utf8), "e0": pl.Float64}, orient="row")
+    noise = rng.normal(0, 0.03, (2, f.height))
+    f = f.with_row_index("fid").with_columns(
+        fid=pl.col("fid").cast(pl.Int64), end_ns=pl.col("start_ns") + 20_000_000, bin=pl.col("start_ns") // (10 * S),
+        e_peer=pl.when(pl.col("job_id").is_not_null()).then(pl.col("e0") + noise[0]), e_hist=pl.col("e0") + noise[1]).drop("e0")
+    assert named(f) == [("switch", "leaf2")]
