@@ -107,8 +107,9 @@ def test_a_job_the_flows_split_by_rail_is_no_funnel():
 def test_a_rail_split_from_its_job_and_slowed_by_a_switch_is_busy_but_no_funnel():
     """A job recognized in two parts in one window (its rail behind a congested switch stepping out of
     lockstep: demo seed 728): the part on one NIC per host is busier than the other part's NICs, for
-    the same bytes: slowed, not funnelled; information only. A funnel moves more per second than any
-    other job's NIC: all of its host's traffic is on it."""
+    the same bytes: slowed, not funnelled; information only. Beside other jobs on its hosts a funnel
+    moves more per second than their NICs (all of its host's traffic is on it); with none there, its
+    busy NICs alone make it loud."""
     ring = [("job-a", "10.0.0.0", "10.0.0.1"), ("job-a", "10.0.0.1", "10.0.0.2"), ("job-a", "10.0.0.0", "10.0.0.2")]
     rest = [("job-c", f"10.{n}.0.{a}", f"10.{n}.0.{b}") for n in (1, 2, 3) for a, b in ((0, 1), (1, 2), (0, 2))]
     rows = _rows(_pairs(ring + rest), _topo(3, 5), {"job-a": 0.9, "job-c": 0.3})
