@@ -93,7 +93,7 @@ def nic_overload_rows(flows: pl.DataFrame, pairs: pl.DataFrame, topology: pl.Dat
     ld = dict(zip(duty["job_id"].to_list(), duty["load"].to_list()))
     ld_max = dict(zip(duty["job_id"].to_list(), duty["load_max"].to_list()))
     # the other jobs on each job's hosts
-    jh = ends.join(host, on="ip").select("job_id", "host").unique()
+    jh = per.select("job_id", "host").unique()
     co: dict[str, set] = {}
     for a, b in jh.join(jh, on="host").filter(pl.col("job_id") != pl.col("job_id_right")).select("job_id", "job_id_right").unique().iter_rows():
         co.setdefault(a, set()).add(b)
