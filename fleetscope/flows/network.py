@@ -94,7 +94,9 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
     # one before ends, its times rounded: demo seed 811's pieces were all transfers of their own, the
     # wait of an early ring member stayed in one piece and read as a stall)
     tick = clock_tick(f["start_ns"])
-    f = f.sort(*stream, "start_ns").with_columns(
+    # (a complete order: records mirrored at both ends tie on the stream and, with microsecond stamps, on
+    # the start; which came first must not depend on the order the rows arrived in)
+    f = f.sort(*stream, "start_ns", "end_ns", "bytes").with_columns(
         run=(pl.col("start_ns") > pl.col("end_ns").shift(1).over(stream) + tick).fill_null(True))
     f = f.with_columns(tid=pl.col("run").cum_sum())
     rate = pl.col("bytes").cast(pl.Float64) / (pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64)
@@ -240,8 +242,8 @@ def collective_wait(f: pl.DataFrame) -> pl.DataFrame:
                                          *[pl.col(c).first() for c in ("src_ip", "dst_ip", *g)])
     if x.height == 0:
         return f.with_columns(t0=pl.col("start_ns"))
-    x = x.sort(*g, "src_ip", "dst_ip", "start_ns").with_columns(
-        prev_end=pl.col("end_ns").shift(1).over(*g, "src_ip", "dst_ip")).sort(*g, "end_ns")
+    x = x.sort(*g, "src_ip", "dst_ip", "start_ns", "end_ns", "tid").with_columns(
+        prev_end=pl.col("end_ns").shift(1).over(*g, "src_ip", "dst_ip")).sort(*g, "end_ns", "start_ns", "tid")
     x = x.with_columns(
         new=((pl.col("end_ns").diff() > 0.1 * pl.min_horizontal(dur, dur.shift(1))).fill_null(True)
              | (pl.struct(g) != pl.struct(g).shift(1)).fill_null(True))).with_columns(inst=pl.col("new").cum_sum())
@@ -347,7 +349,9 @@ def pair_levels(f: pl.DataFrame, min_side: int = 8, level=trimmed_mean) -> pl.Da
     # simulator's exact rates) it is zero and a chance change in the two rates' shares passes for a
     # step (simulator seed 0's healthy job: every large transfer of one job "slow" against its faster
     # side); there the winsorized values' standard deviation, the mixture's own scale, is the spread
-    g = f.select("hid", "start_ns", "x").sort("hid", "start_ns").with_columns(
+    # (ties in time, a record mirrored at both ends with microsecond stamps, ordered by rate: the split's
+    # running sums must not depend on the order rows happened to arrive in)
+    g = f.select("hid", "start_ns", "x").sort("hid", "start_ns", "x").with_columns(
         pl.col("x").clip(pl.col("x").quantile(0.01).over("hid"), pl.col("x").quantile(0.99).over("hid")))
     g = g.with_columns(
         k=pl.int_range(1, pl.len() + 1).over("hid"), n=pl.len().over("hid"),

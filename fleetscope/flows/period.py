@@ -208,9 +208,16 @@ def warped_units(job: np.ndarray, t: np.ndarray, period: np.ndarray, warps: dict
     """Each row's time on its job's step clock in UNITs per step: the warp's knots where the job has
     one (linear beyond them, at the edge steps' pace), else time over the job's one period."""
     u = (t - t.min()).astype(np.float64) * (UNIT / period)
+    if not warps or len(job) == 0:
+        return u
+    # each job's rows found once (a mask per job over every row grew with jobs x rows)
+    names, inv = np.unique(job.astype(str), return_inverse=True)
+    order = np.argsort(inv, kind="stable")
+    bounds = np.searchsorted(inv[order], np.arange(len(names) + 1))
+    where = {nm: order[bounds[i]:bounds[i + 1]] for i, nm in enumerate(names.tolist())}
     for j, (kt, ku, p0, p1) in warps.items():
-        m = job == j
-        if not m.any() or len(kt) < 2:
+        m = where.get(j)
+        if m is None or len(m) == 0 or len(kt) < 2:
             continue
         x = t[m].astype(np.float64)
         v = np.interp(x, kt, ku)
