@@ -375,10 +375,17 @@ def _candidates(r: pl.DataFrame) -> pl.DataFrame:
     of this rate test: a host whose GPUs compute late moves no byte slower, it delays when its
     messages leave (fleetscope.flows.late_ranks); as a candidate it only competed with the switch
     whose rings pace its flows (the demo's congested spine was named as a host)."""
-    sw = r.filter(pl.col("path").is_not_null()).select("fid", "bin", cand=pl.col("path")).explode("cand") \
+    # the switches of each distinct route once (a fleet's flows take a few hundred routes), then joined to
+    # the flows by route: exploding every flow's path and deduplicating the result grew with flows x hops
+    if "route" not in r.columns:
+        r = r.with_columns(route=_route())
+    rt = r.filter(pl.col("path").is_not_null()).select("route", cand=pl.col("path")).unique("route") \
+        .explode("cand").drop_nulls("cand").unique()
+    sw = r.filter(pl.col("path").is_not_null()).select("fid", "bin", "route").join(rt, on="route").drop("route") \
         .with_columns(kind=pl.lit("switch"))
+    # (a flow's two NICs differ: flows never loop back to their source)
     nic = pl.concat([r.select("fid", "bin", cand=pl.col(c)) for c in ("src_ip", "dst_ip")]).with_columns(kind=pl.lit("nic"))
-    return pl.concat([sw, nic]).filter(pl.col("cand").is_not_null()).unique(["fid", "kind", "cand"])
+    return pl.concat([sw, nic]).filter(pl.col("cand").is_not_null())
 
 
 def element_tier(r: pl.DataFrame) -> pl.DataFrame:
@@ -405,7 +412,7 @@ def fair_share_evidence(x: pl.DataFrame, floor: float) -> pl.DataFrame:
     is raised at all stays with all of its flows (without them a job slowed as a whole in one bin of a
     healthy fleet, simulator seed 2181, was pinned on the switch its bulk flows crossed).
     x: candidates joined with the flows' fid, e (log-rate residual), x (log rate), unit."""
-    job = ~pl.col("unit").str.starts_with("bg:")
+    job = pl.col("isjob") if "isjob" in x.columns else ~pl.col("unit").str.starts_with("bg:")
     share = x.filter(job & (pl.col("e") < floor)).group_by("kind", "cand", "bin").agg(x_share=pl.col("x").max())
     return x.join(share, on=["kind", "cand", "bin"], how="left") \
         .filter(pl.col("x_share").is_null() | (pl.col("x") - pl.col("e") >= pl.col("x_share"))).drop("x_share")
@@ -448,14 +455,16 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
     r = r.with_columns(zf=pl.col("e") / pl.col("sig"))
     cand = _candidates(r) if cand is None else cand
     floor = float(np.log(1 - cfg.min_bw_drop))
-    x = cand.join(r.select("fid", "e", "zf", "start_ns", "end_ns", "job_id", "unit", "x"), on="fid")
+    # (whether a flow is the jobs' own, computed per flow once rather than on each of its candidates' rows)
+    r = r.with_columns(isjob=~pl.col("unit").str.starts_with("bg:"))
+    x = cand.join(r.select("fid", "e", "zf", "unit", "isjob", "x"), on="fid")
     xf = None   # fair_share_evidence(x), when a cause is named
 
     def cells(xx: pl.DataFrame) -> pl.DataFrame:
         # Yuen's trimmed mean (20 %, Wilcox's usual choice) rather than a median: a pair's flows are often
         # bimodal (chunks of a ring at two rates), and a median of two equal modes flips between them on a
         # small shift; the test's scale is the cell's own winsorized spread (never below the fleet's)
-        job = ~pl.col("unit").str.starts_with("bg:")
+        job = pl.col("isjob")
         c = xx.group_by("kind", "cand", "bin").agg(n=pl.len(), m=trimmed_mean(pl.col("e")), mz=trimmed_mean(pl.col("zf")),
                                                    sw=winsorized_std(pl.col("zf")).fill_null(0.0),
                                                    mj=trimmed_mean(pl.col("e").filter(job)), k_slow=(pl.col("e") < floor).sum())
@@ -479,7 +488,7 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
     tc = r.join(x.join(f0, on=["kind", "cand"], how="semi").select("fid"), on="fid", how="semi").select("cohort").drop_nulls().unique()
     flows = pl.concat([r.join(touched, on=["unit", "bin"], how="semi"), r.join(tc, on="cohort", how="semi")]).unique("fid") \
         .select("fid", "unit", "cohort", "bin", "zf", "e", "start_ns", "end_ns", "job_id", w=1.0 / pl.col("sig"))
-    memb = x.join(f0, on=["kind", "cand"], how="semi").select("kind", "cand", "fid", "unit", "bin")
+    memb = x.join(f0, on=["kind", "cand"], how="semi").select("kind", "cand", "fid", "unit", "isjob", "bin")
     tier = element_tier(r)
     bgx = cand.join(r.filter(pl.col("e_bg").is_not_null()).select("fid", "e_bg"), on="fid")
     accepted, fits = [], []
@@ -503,7 +512,7 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         # pacing of a ring it may belong to (a job's pair whose label was lost in this window moves at
         # its ring's pace, on a path that avoids the cause), so it confirms or exonerates (cells), and
         # never outweighs the element the jobs' slow flows share
-        dj = fg.filter(~pl.col("unit").str.starts_with("bg:")).group_by("kind", "cand", "bin", *jkey).agg(nd=pl.col("w").sum(), sd=(pl.col("w") * pl.col("e")).sum()) \
+        dj = fg.filter("isjob").group_by("kind", "cand", "bin", *jkey).agg(nd=pl.col("w").sum(), sd=(pl.col("w") * pl.col("e")).sum()) \
             .with_columns(beta=pl.min_horizontal(pl.col("sd") / pl.col("nd"), pl.lit(0.0)))
         g = dj.group_by("kind", "cand", "bin").agg(dgain=(pl.col("nd") * pl.col("beta") ** 2).sum(), nd=pl.col("nd").sum(),
                                                    beta=pl.col("sd").sum() / pl.col("nd").sum())
@@ -699,15 +708,17 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     # always that slow, a channel or a message of its own kind), both against median levels (e_peer_s, e_hist_s)
     r = r.with_columns(stall=(pl.max_horizontal("e_peer_s", "e_hist_s") < thr).fill_null(False))
     cand = _candidates(r) if cand is None else cand
-    x = cand.join(r.select("fid", "stall", "start_ns", "end_ns", "job_id", "src_ip", "dst_ip"), on="fid")
-    # only candidates with stalled flows can be causes (their other flows set the expectation)
-    x = x.join(x.filter("stall").select("kind", "cand").unique(), on=["kind", "cand"], how="semi")
+    # only candidates with stalled flows can be causes (their other flows set the expectation): found from the
+    # stalled flows first, so only their candidates' flows are joined
+    stalled = cand.join(r.filter("stall").select("fid"), on="fid", how="semi").select("kind", "cand").unique()
+    x = cand.join(stalled, on=["kind", "cand"], how="semi") \
+        .join(r.select("fid", "stall", "start_ns", "end_ns", "job_id", "src_ip", "dst_ip"), on="fid")
     if exclude:
         # a named cause explains its flows' stalls too (the rate it moves at is its verdict): they are no
         # evidence against its neighbours
         mine = x.filter(pl.col("cand").is_in(list(exclude))).select("fid").unique()
         x = x.join(mine, on="fid", how="anti")
-    n_tests = max(cand.select(pl.struct("kind", "cand").n_unique()).item(), 1)
+    n_tests = max(int(cand.group_by("kind").agg(n=pl.col("cand").n_unique())["n"].sum()), 1)
     alpha = window_alpha(cfg.fa_per_job_hour, n_jobs, window[1] - window[0]) / n_tests
     out = []
     remaining = x
