@@ -39,6 +39,7 @@ import polars as pl
 from numba import njit
 
 from fleetscope.flows.config import FlowConfig
+from fleetscope.flows.order import over_runs, sort_by
 from fleetscope.common import MAD_TO_SIGMA
 from fleetscope.flows.stats import TRIM, bonferroni_z, trimmed_mean, window_alpha, winsorized_std
 
@@ -95,37 +96,44 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
     # wait of an early ring member stayed in one piece and read as a stall)
     tick = clock_tick(f["start_ns"])
     # (a complete order: records mirrored at both ends tie on the stream and, with microsecond stamps, on
-    # the start; which came first must not depend on the order the rows arrived in)
-    f = f.sort(*stream, "start_ns", "end_ns", "bytes").with_columns(
-        run=(pl.col("start_ns") > pl.col("end_ns").shift(1).over(stream) + tick).fill_null(True))
+    # the start; which came first must not depend on the order the rows arrived in). Only the columns used
+    # here travel through the sort (order.sort_by: packed keys)
+    keep = dict.fromkeys(["start_ns", "end_ns", "bytes", *stream, "path", "pid", "job_id", "comm_type", "dp_group"])
+    f = sort_by(f.select([c for c in keep if c in f.columns]), [*stream, "start_ns", "end_ns", "bytes"])
+    # a stream's first record, from the sorted rows themselves (a window per stream key cost a hash group
+    # of six columns, twice)
+    first = pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(1)) for c in stream]) | (pl.int_range(pl.len()) == 0)
+    f = f.with_columns(run=first | (pl.col("start_ns") > pl.col("end_ns").shift(1) + tick))
     f = f.with_columns(tid=pl.col("run").cum_sum())
     rate = pl.col("bytes").cast(pl.Float64) / (pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64)
     # an exporter's timer: a duration that pieces followed by another piece of their stream share to the
     # nanosecond, pieces of different sizes (a stalled transfer's pieces are all alike, and may have no
     # remainder in the window, but the timer cut other transfers too: 64-GPU seed 2174)
     dur = pl.col("end_ns") - pl.col("start_ns")
-    f = f.with_columns(same=pl.len().over("tid", "bytes"), d=dur,
-                       cont=~pl.col("run").shift(-1).over(stream).fill_null(True))
+    f = f.with_columns(d=dur, cont=~pl.col("run").shift(-1).fill_null(True))
     timer = f.filter("cont").group_by("d").agg(n=pl.len(), nb=pl.col("bytes").n_unique()) \
-        .filter((pl.col("n") >= cfg.min_peer_flows) & (pl.col("nb") >= 2)).select("d", timed=pl.lit(True))
-    f = f.join(timer, on="d", how="left", maintain_order="left").with_columns(
-        timed=(pl.col("timed").fill_null(False) & pl.col("cont")).any().over("tid"))
-    chunks = (pl.col("same").max().over("tid") >= 3) & (pl.col("bytes").n_unique().over("tid") <= 2) & ~pl.col("timed") \
-        & (rate.max().over("tid") <= 1.01 * rate.min().over("tid")) & (pl.col("comm_type") != "bg")
-    f = f.with_columns(tid=(pl.col("run") | chunks).cum_sum()).drop("run", "same", "d", "cont", "timed")
+        .filter((pl.col("n") >= cfg.min_peer_flows) & (pl.col("nb") >= 2))["d"]
+    # (per transfer: the rows are in stream and time order, so each tid is a contiguous run: order.over_runs)
+    same = f.group_by("tid", "bytes").len().group_by("tid").agg(same=pl.col("len").max())
+    f = over_runs(f, "tid", timed=(pl.col("d").is_in(timer.implode()) & pl.col("cont")).any(),
+                  n_b=pl.col("bytes").n_unique(), r_max=rate.max(), r_min=rate.min())
+    f = f.with_columns(same=same.sort("tid")["same"].gather(pl.Series(f["tid"].to_numpy().astype(np.int64) - 1)))
+    chunks = (pl.col("same") >= 3) & (pl.col("n_b") <= 2) & ~pl.col("timed") \
+        & (pl.col("r_max") <= 1.01 * pl.col("r_min")) & (pl.col("comm_type") != "bg")
+    f = f.with_columns(tid=(pl.col("run") | chunks).cum_sum()).drop("run", "same", "d", "cont", "timed", "n_b", "r_max", "r_min")
     f = collective_wait(f)
     # a transfer's rate is its bytes over its pieces' time, on each of its pieces: an exporter that cuts
     # it by time may split its bytes equally over the pieces, and a short remainder then "moves" at many
     # times the link's rate (demo seed 821: e^8.6 bytes/ns, lifting a healthy ring's level over its
     # peers). Time summed, not spanned: a record mirrored from both ends overlaps its twin
-    f = f.with_row_index("fid").with_columns(
-        x=(pl.col("bytes").sum().over("tid").cast(pl.Float64)
-           / (pl.col("end_ns") - pl.max_horizontal("start_ns", "t0")).clip(lower_bound=0).sum().over("tid")
-           .cast(pl.Float64)).log(),
+    f = over_runs(f.with_row_index("fid"), "tid", tb=pl.col("bytes").sum(),
+                  tt=(pl.col("end_ns") - pl.max_horizontal("start_ns", "t0")).clip(lower_bound=0).sum())
+    f = f.with_columns(
+        x=(pl.col("tb").cast(pl.Float64) / pl.col("tt").cast(pl.Float64)).log(),
         # transfers of one size class
-        size=pl.col("bytes").sum().over("tid").cast(pl.Float64).log(2).round(0).cast(pl.Int32),
+        size=pl.col("tb").cast(pl.Float64).log(2).round(0).cast(pl.Int32),
         bin=(pl.col("start_ns") // cfg.diag_bin_ns),
-    )
+    ).drop("tb", "tt")
     key = ["job_id", "comm_type", "size"]
     # history: the same pair in the same direction on the same path moving transfers of the same size
     # over the span (in a small ring most of a collective's flows may cross the faulty NIC, and then its
@@ -242,21 +250,29 @@ def collective_wait(f: pl.DataFrame) -> pl.DataFrame:
                                          *[pl.col(c).first() for c in ("src_ip", "dst_ip", *g)])
     if x.height == 0:
         return f.with_columns(t0=pl.col("start_ns"))
-    x = x.sort(*g, "src_ip", "dst_ip", "start_ns", "end_ns", "tid").with_columns(
-        prev_end=pl.col("end_ns").shift(1).over(*g, "src_ip", "dst_ip")).sort(*g, "end_ns", "start_ns", "tid")
+    hop = [*g, "src_ip", "dst_ip"]
+    x = sort_by(x, [*hop, "start_ns", "end_ns", "tid"])
+    new_hop = pl.any_horizontal([pl.col(c).ne_missing(pl.col(c).shift(1)) for c in hop]) | (pl.int_range(pl.len()) == 0)
+    x = sort_by(x.with_columns(prev_end=pl.when(new_hop).then(None).otherwise(pl.col("end_ns").shift(1))),
+                [*g, "end_ns", "start_ns", "tid"])
     x = x.with_columns(
         new=((pl.col("end_ns").diff() > 0.1 * pl.min_horizontal(dur, dur.shift(1))).fill_null(True)
              | (pl.struct(g) != pl.struct(g).shift(1)).fill_null(True))).with_columns(inst=pl.col("new").cum_sum())
     # per transfer: the latest start among its collective's transfers of at least its size (cumulative
     # maximum over the collective's transfers by size, largest first; equal sizes share it) that began
     # before it ended
-    x = x.sort("inst", "bytes", descending=[False, True]).with_columns(
+    x = sort_by(x.with_columns(nb=-pl.col("bytes")), ["inst", "nb"]).drop("nb").with_columns(
         s_big=pl.col("start_ns").cum_max().over("inst")).with_columns(s_big=pl.col("s_big").max().over("inst", "bytes"))
     mid = (pl.col("start_ns") - pl.col("prev_end")) < 0.1 * (pl.col("end_ns") - pl.col("s_big"))
     x = x.with_columns(t0=pl.when((pl.col("s_big") < pl.col("end_ns")) & ~mid.fill_null(False))
                        .then(pl.max_horizontal("start_ns", "s_big")).otherwise("start_ns"))
-    return f.join(x.select("tid", "t0"), on="tid", how="left", maintain_order="left").with_columns(
-        t0=pl.col("t0").fill_null(pl.col("start_ns")))
+    # (each record's transfer looked up by its id, a position: tids count up from 1)
+    tids = x["tid"].to_numpy()
+    t0 = np.zeros(int(max(tids.max(), f["tid"].max())) + 1, dtype=np.int64)
+    has = np.zeros(len(t0), dtype=bool)
+    t0[tids], has[tids] = x["t0"].to_numpy(), True
+    ft = f["tid"].to_numpy()
+    return f.with_columns(t0=pl.when(pl.Series(has[ft])).then(pl.Series(t0[ft])).otherwise(pl.col("start_ns")))
 
 
 def background_levels(f: pl.DataFrame) -> pl.DataFrame:

@@ -103,9 +103,9 @@ def _regime_ratio(sp: np.ndarray, far: float = 1.5, spread: float = 0.25, min_ru
     r = sp / med
     side = (r > far).astype(np.int8)
     edge = np.flatnonzero(np.diff(side) != 0) + 1
-    for a, b in zip(np.r_[0, edge], np.r_[edge, len(sp)]):
-        if side[a] == 0 or b - a < min_run:
-            continue
+    lo, hi = np.r_[0, edge], np.r_[edge, len(sp)]
+    long_slow = (side[lo] == 1) & (hi - lo >= min_run)   # (the only runs with work to do)
+    for a, b in zip(lo[long_slow].tolist(), hi[long_slow].tolist()):
         m = float(np.median(sp[a:b]))
         if np.mean(np.abs(sp[a:b] / m - 1) <= spread) >= 0.75:
             r[a:b] = sp[a:b] / m
@@ -204,17 +204,18 @@ def job_periods(bnd: pl.DataFrame, min_lag_ns: int, max_ips: int = 4) -> tuple[p
     return pl.DataFrame(out, schema={"job_id": pl.Utf8, "period_ns": pl.Float64}, orient="row"), warps
 
 
-def warped_units(job: np.ndarray, t: np.ndarray, period: np.ndarray, warps: dict) -> np.ndarray:
+def warped_units(job: np.ndarray | pl.Series, t: np.ndarray, period: np.ndarray, warps: dict) -> np.ndarray:
     """Each row's time on its job's step clock in UNITs per step: the warp's knots where the job has
     one (linear beyond them, at the edge steps' pace), else time over the job's one period."""
     u = (t - t.min()).astype(np.float64) * (UNIT / period)
     if not warps or len(job) == 0:
         return u
     # each job's rows found once (a mask per job over every row grew with jobs x rows)
-    names, inv = np.unique(job.astype(str), return_inverse=True)
-    order = np.argsort(inv, kind="stable")
-    bounds = np.searchsorted(inv[order], np.arange(len(names) + 1))
-    where = {nm: order[bounds[i]:bounds[i + 1]] for i, nm in enumerate(names.tolist())}
+    sel = pl.DataFrame({"j": job if isinstance(job, pl.Series) else pl.Series(job, dtype=pl.Utf8)}).with_row_index("i").filter(pl.col("j").is_in(list(warps))) \
+        .sort("j", maintain_order=True)
+    cnt = sel.group_by("j", maintain_order=True).len()
+    ii, off = sel["i"].to_numpy().astype(np.int64), np.concatenate([[0], np.cumsum(cnt["len"].to_numpy())]).astype(np.int64)
+    where = {j: ii[off[k]:off[k + 1]] for k, j in enumerate(cnt["j"].to_list())}
     for j, (kt, ku, p0, p1) in warps.items():
         m = where.get(j)
         if m is None or len(m) == 0 or len(kt) < 2:
@@ -237,7 +238,7 @@ def periodic_boundaries(seq: pl.DataFrame, warps: dict | None = None, half: floa
     known_rows = x["period_ns"].is_not_null().to_numpy()
     u = np.zeros(x.height, dtype=np.int64)
     if known_rows.any():
-        u[known_rows] = warped_units(seq["job_id"].to_numpy()[known_rows], x["start_ns"].to_numpy()[known_rows],
+        u[known_rows] = warped_units(seq["job_id"].filter(pl.Series(known_rows)), x["start_ns"].to_numpy()[known_rows],
                                      x["period_ns"].to_numpy()[known_rows], warps or {}).astype(np.int64)
     x = x.with_columns(u=pl.Series(u))
     w = f"{int(half * UNIT)}i"
@@ -245,11 +246,15 @@ def periodic_boundaries(seq: pl.DataFrame, warps: dict | None = None, half: floa
     fwd = known.with_columns(bmax=pl.col("g").rolling_max_by("u", window_size=w).over("ix"))
     rev = known.with_columns(ur=-pl.col("u")).sort("ix", "ur").with_columns(
         fmax=pl.col("g").rolling_max_by("ur", window_size=w).over("ix")).select("_i", "fmax")
-    k = fwd.join(rev, on="_i")
+    # (rows matched by their index, a position: scattered and gathered, not joined)
+    fm = np.empty(x.height, dtype=np.float64)
+    fm[rev["_i"].to_numpy()] = rev["fmax"].to_numpy()
+    k = fwd.with_columns(fmax=pl.Series(fm[fwd["_i"].to_numpy()]))
     # a boundary is at least a fair share of the address's typical boundary gap (a lone small gap
     # with no bigger one within half a period, inside a long pause or a sparse stretch, is not one)
     k = k.with_columns(cand=(pl.col("g") >= pl.col("bmax")) & (pl.col("g") >= pl.col("fmax")) & (pl.col("g") > 0))
     k = k.with_columns(typ=pl.col("g").filter("cand").median().over("ix"))
     k = k.with_columns(b=pl.col("cand") & (pl.col("g") >= min_share * pl.col("typ")))
-    out = x.select("_i").join(k.select("_i", "b"), on="_i", how="left").sort("_i")["b"].fill_null(False)
-    return out
+    b = np.zeros(x.height, dtype=bool)
+    b[k["_i"].to_numpy()] = k["b"].fill_null(False).to_numpy()
+    return pl.Series("b", b)

@@ -214,7 +214,7 @@ def _gap_boundaries(df: pl.DataFrame, gid: np.ndarray, gaps: np.ndarray, cfg: Fl
     known = d["period_ns"].is_not_null().to_numpy()
     clock = d["start_ns"].to_numpy().astype(np.float64)
     if known.any():
-        clock[known] = warped_units(d["job_id"].to_numpy()[known], d["start_ns"].to_numpy()[known],
+        clock[known] = warped_units(d["job_id"].filter(pl.Series(known)), d["start_ns"].to_numpy()[known],
                                     d["period_ns"].to_numpy()[known], warps) / UNIT
     if (~known).any():
         dur = (d["end_ns"] - d["start_ns"]).to_numpy().astype(np.float64)
