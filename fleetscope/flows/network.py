@@ -115,12 +115,14 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
         .filter((pl.col("n") >= cfg.min_peer_flows) & (pl.col("nb") >= 2))["d"]
     # (per transfer: the rows are in stream and time order, so each tid is a contiguous run: order.over_runs)
     same = f.group_by("tid", "bytes").len().group_by("tid").agg(same=pl.col("len").max())
-    f = over_runs(f, "tid", timed=(pl.col("d").is_in(timer.implode()) & pl.col("cont")).any(),
+    # (the timer test per row first: a list literal inside the runs' aggregation is copied to every run)
+    f = f.with_columns(on_timer=pl.col("d").is_in(timer.implode()) & pl.col("cont"))
+    f = over_runs(f, "tid", timed=pl.col("on_timer").any(),
                   n_b=pl.col("bytes").n_unique(), r_max=rate.max(), r_min=rate.min())
     f = f.with_columns(same=same.sort("tid")["same"].gather(pl.Series(f["tid"].to_numpy().astype(np.int64) - 1)))
     chunks = (pl.col("same") >= 3) & (pl.col("n_b") <= 2) & ~pl.col("timed") \
         & (pl.col("r_max") <= 1.01 * pl.col("r_min")) & (pl.col("comm_type") != "bg")
-    f = f.with_columns(tid=(pl.col("run") | chunks).cum_sum()).drop("run", "same", "d", "cont", "timed", "n_b", "r_max", "r_min")
+    f = f.with_columns(tid=(pl.col("run") | chunks).cum_sum()).drop("run", "same", "d", "cont", "on_timer", "timed", "n_b", "r_max", "r_min")
     f = collective_wait(f)
     # a transfer's rate is its bytes over its pieces' time, on each of its pieces: an exporter that cuts
     # it by time may split its bytes equally over the pieces, and a short remainder then "moves" at many
