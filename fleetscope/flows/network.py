@@ -164,8 +164,8 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
     f = f.join(peer, on=[*key, "bin"], how="left", nulls_equal=True).with_columns(n_hist=pl.len().over("hid"))
     # stall_causes judges single transfers against medians (a stalled transfer is an outlier of its
     # pair's and its peers' typical one): the _s levels
-    lv = pair_levels(f).select("hid", base_hist="base_step").join(pair_levels(f, level=lambda x: x.median()).select(
-        "hid", base_hist_s="base_step"), on="hid")
+    lv = pair_levels(f, levels={"trim": trimmed_mean, "med": lambda x: x.median()}).select(
+        "hid", base_hist="base_step_trim", base_hist_s="base_step_med")
     # a pair's rate that steps down within the span: its faster side is its healthy level, whether or
     # not the job's steps slowed (a congested switch on overlapped communication slows its flows by
     # half and the steps by 1 %; gating this on slowed steps left a spine that every flow of its job
@@ -352,13 +352,14 @@ def with_cohorts(f: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
 SPREAD_FLOOR = 0.01   # log-rate jitter of one pair's transfers below which their spread is ties, not noise
 
 
-def pair_levels(f: pl.DataFrame, min_side: int = 8, level=trimmed_mean) -> pl.DataFrame:
+def pair_levels(f: pl.DataFrame, min_side: int = 8, level=trimmed_mean, levels: dict | None = None) -> pl.DataFrame:
     """Per pair and direction (hid): base_med, its level over the span (`level` of its log rates: a trimmed
     mean; stall_causes uses medians), and base_step, its healthy level
     when its rate steps at one point (a fault's onset or end): the split of its flows in time with the
     largest t of the difference of the two sides' means, against the pair's robust spread, past a
     Bonferroni bar over every pair and split, gives the faster side; else base_med (a fault lasting
-    most of the span would otherwise make the slow level the baseline)."""
+    most of the span would otherwise make the slow level the baseline). `levels` ({name: level}) gives
+    several levels from one split: base_med_<name> and base_step_<name>."""
     # the sides' means of rates winsorized at the pair's own 1st and 99th percentiles: an exporter's
     # degenerate record (a piece cut to 1 ns carries its bytes at a petabyte per second) would
     # otherwise lift one side's mean, and the faster side is the pair's healthy level. Their spread is
@@ -369,23 +370,44 @@ def pair_levels(f: pl.DataFrame, min_side: int = 8, level=trimmed_mean) -> pl.Da
     # side); there the winsorized values' standard deviation, the mixture's own scale, is the spread
     # (ties in time, a record mirrored at both ends with microsecond stamps, ordered by rate: the split's
     # running sums must not depend on the order rows happened to arrive in)
-    g = f.select("hid", "start_ns", "x").sort("hid", "start_ns", "x").with_columns(
-        pl.col("x").clip(pl.col("x").quantile(0.01).over("hid"), pl.col("x").quantile(0.99).over("hid")))
-    g = g.with_columns(
-        k=pl.int_range(1, pl.len() + 1).over("hid"), n=pl.len().over("hid"),
-        cs=pl.col("x").cum_sum().over("hid"), tot=pl.col("x").sum().over("hid"),
-        mad=(MAD_TO_SIGMA * (pl.col("x") - pl.col("x").median()).abs().median()).over("hid"),
-        sd=pl.col("x").std().over("hid"))
+    g = sort_by(f.select("hid", "start_ns", "x"), ["hid", "start_ns", "x"])
+    # (the rows are sorted by pair: each pair is a contiguous run, numbered in order; order.over_runs)
+    g = g.with_columns(run=(pl.col("hid") != pl.col("hid").shift(1)).fill_null(True).cum_sum())
+    g = over_runs(g, "run", q_lo=pl.col("x").quantile(0.01), q_hi=pl.col("x").quantile(0.99), n=pl.len())
+    g = g.with_columns(pl.col("x").clip(pl.col("q_lo"), pl.col("q_hi"))).drop("q_lo", "q_hi")
+    g = over_runs(g, "run", tot=pl.col("x").sum(), mad=MAD_TO_SIGMA * (pl.col("x") - pl.col("x").median()).abs().median(),
+                  sd=pl.col("x").std())
+    run = g["run"].to_numpy().astype(np.int64)
+    k, cs = _run_cumsum(run, g["x"].to_numpy())
+    g = g.with_columns(k=pl.Series(k), cs=pl.Series(cs))
     g = g.with_columns(sig=pl.when(pl.col("mad") >= SPREAD_FLOOR).then("mad").otherwise(pl.max_horizontal(SPREAD_FLOOR, "sd")))
     g = g.filter((pl.col("k") >= min_side) & (pl.col("n") - pl.col("k") >= min_side)).with_columns(
         ml=pl.col("cs") / pl.col("k"), mr=(pl.col("tot") - pl.col("cs")) / (pl.col("n") - pl.col("k")))
     g = g.with_columns(t=(pl.col("ml") - pl.col("mr")).abs()
                        / (pl.col("sig") * (1 / pl.col("k") + 1 / (pl.col("n") - pl.col("k"))).sqrt()))
-    best = g.sort("t", descending=True).unique("hid", keep="first")
+    # (the largest t of each pair, the first of equal ones)
+    best = g.group_by("hid").agg(pl.col("t", "ml", "mr").get(pl.col("t").arg_max()))
     bar = bonferroni_z(0.01, max(g.height, 1))
-    base = f.group_by("hid").agg(base_med=level(pl.col("x"))).join(best.select("hid", "t", "ml", "mr"), on="hid", how="left")
-    return base.select("hid", "base_med", base_step=pl.when(pl.col("t") > bar).then(pl.max_horizontal("ml", "mr"))
-                       .otherwise("base_med"))
+    named = {"": level} if levels is None else {f"_{k}": v for k, v in levels.items()}
+    base = f.group_by("hid").agg(**{f"base_med{k}": v(pl.col("x")) for k, v in named.items()}) \
+        .join(best.select("hid", "t", "ml", "mr"), on="hid", how="left")
+    return base.select("hid", *[c for k in named for c in (
+        pl.col(f"base_med{k}"),
+        pl.when(pl.col("t") > bar).then(pl.max_horizontal("ml", "mr")).otherwise(f"base_med{k}").alias(f"base_step{k}"))])
+
+
+@njit(cache=True)
+def _run_cumsum(run: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of contiguous runs: its 1-based position in its run and the running sum of x over the run."""
+    n = len(x)
+    k = np.empty(n, np.int64)
+    cs = np.empty(n, np.float64)
+    for i in range(n):
+        if i == 0 or run[i] != run[i - 1]:
+            k[i], cs[i] = 1, x[i]
+        else:
+            k[i], cs[i] = k[i - 1] + 1, cs[i - 1] + x[i]
+    return k, cs
 
 
 def _candidates(r: pl.DataFrame) -> pl.DataFrame:
@@ -467,7 +489,7 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
     for c, t in (("cohort", pl.Utf8), ("e_bg", pl.Float64), ("x", pl.Float64)):
         if c not in r.columns:
             r = r.with_columns(pl.lit(None, dtype=t).alias(c))
-    kind_of = pl.col("unit").str.split(":").list.first()
+    kind_of = pl.col("unit").str.slice(0, 2)   # (dp, PP or bg: the prefix of every unit)
     r = r.with_columns(sig=pl.max_horizontal(pl.lit(0.02), MAD_TO_SIGMA * (pl.col("e") - pl.col("e").median()).abs().median()
                                              ).over(kind_of))
     r = r.with_columns(zf=pl.col("e") / pl.col("sig"))
@@ -475,7 +497,11 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
     floor = float(np.log(1 - cfg.min_bw_drop))
     # (whether a flow is the jobs' own, computed per flow once rather than on each of its candidates' rows)
     r = r.with_columns(isjob=~pl.col("unit").str.starts_with("bg:"))
-    x = cand.join(r.select("fid", "e", "zf", "unit", "isjob", "x"), on="fid")
+    # (each candidate row takes its flow's values by the flow's position: fid is unique in r)
+    pos = np.zeros(int(r["fid"].max()) + 1, dtype=np.int64)
+    pos[r["fid"].to_numpy()] = np.arange(r.height)
+    at = pl.Series(pos[cand["fid"].to_numpy()])
+    x = cand.with_columns(r[c].gather(at) for c in ("e", "zf", "unit", "isjob", "x"))
     xf = None   # fair_share_evidence(x), when a cause is named
 
     def cells(xx: pl.DataFrame) -> pl.DataFrame:
@@ -483,11 +509,18 @@ def localize(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowCon
         # bimodal (chunks of a ring at two rates), and a median of two equal modes flips between them on a
         # small shift; the test's scale is the cell's own winsorized spread (never below the fleet's)
         job = pl.col("isjob")
-        c = xx.group_by("kind", "cand", "bin").agg(n=pl.len(), m=trimmed_mean(pl.col("e")), mz=trimmed_mean(pl.col("zf")),
-                                                   sw=winsorized_std(pl.col("zf")).fill_null(0.0),
-                                                   mj=trimmed_mean(pl.col("e").filter(job)), k_slow=(pl.col("e") < floor).sum())
+        cell = ["kind", "cand", "bin"]
+        c = xx.group_by(cell).agg(n=pl.len(), has_job=job.any(), k_slow=(pl.col("e") < floor).sum())
         # background transfers only exonerate or confirm: a suspect must slow the jobs' own flows
-        return c.filter((pl.col("n") >= cfg.min_flows_per_cell) & pl.col("mj").is_not_null()).with_columns(
+        c = c.filter((pl.col("n") >= cfg.min_flows_per_cell) & pl.col("has_job"))
+        # the trimmed statistics only where flag() can pass: a trimmed mean under the floor needs the cell's
+        # lower trim quantile under it, so more than TRIM of its flows under it (the rest of a healthy
+        # fleet's cells cost one count each)
+        may = c.filter(pl.col("k_slow") >= (TRIM * (pl.col("n") - 1)).floor())
+        full = xx.join(may.select(cell), on=cell, how="semi").group_by(cell).agg(
+            m=trimmed_mean(pl.col("e")), mz=trimmed_mean(pl.col("zf")), sw=winsorized_std(pl.col("zf")).fill_null(0.0),
+            mj=trimmed_mean(pl.col("e").filter(job)))
+        return c.join(full, on=cell, how="left").drop("has_job").with_columns(
             z=pl.col("mz") / (pl.max_horizontal("sw", 1.0) / ((1 - 2 * TRIM) * pl.col("n").sqrt())))
 
     c0 = cells(x)

@@ -16,14 +16,16 @@ import polars as pl
 def _codes(s: pl.Series) -> tuple[np.ndarray, int]:
     """Order-preserving non-negative codes of one key column and how many values they take (nulls as 0)."""
     has_null = s.null_count() > 0
-    if s.dtype.is_integer() or s.dtype.is_temporal() or s.dtype == pl.Boolean:
+    wide = s.dtype == pl.UInt64 or (s.dtype.is_integer() and s.len() > s.null_count()
+                                    and int(s.max()) - int(s.min()) >= 1 << 62)
+    if (s.dtype.is_integer() or s.dtype.is_temporal() or s.dtype == pl.Boolean) and not wide:
         v = s.cast(pl.Int64) if s.dtype != pl.Boolean else s.cast(pl.Int8).cast(pl.Int64)
         lo = v.min()
         if lo is None:
             return np.zeros(len(s), dtype=np.uint64), 1
         c = (v - lo + (1 if has_null else 0)).fill_null(0).to_numpy().astype(np.uint64)
         return c, int(v.max() - lo) + 1 + (1 if has_null else 0)
-    if s.dtype.is_float():
+    if s.dtype.is_float() or wide:   # (hashes, and integers too far apart for an offset: their ranks)
         r = s.rank("dense")     # NaN sorts last in polars, and ranks last here
         c = r.fill_null(0).to_numpy().astype(np.uint64)
         return c, int(r.max() or 0) + 1

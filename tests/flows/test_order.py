@@ -34,3 +34,11 @@ def test_keys_wider_than_one_word_still_sort_lexicographically():
                        "c": rng.integers(0, 2, 3_000)}).with_row_index("i")
     want = df.sort(["c", "a", "b"], maintain_order=True)["i"].to_list()
     assert df[lex_order(df, ["c", "a", "b"])]["i"].to_list() == want
+
+
+def test_hashes_and_floats_sort_by_their_values():
+    rng = np.random.default_rng(3)
+    df = pl.DataFrame({"h": pl.Series(rng.integers(0, 2**63, 2_000, dtype=np.uint64) * np.uint64(2)),
+                       "x": np.round(rng.normal(size=2_000), 1)}).with_row_index("i")
+    assert df[lex_order(df, ["h", "x"])]["i"].to_list() == df.sort(["h", "x"], maintain_order=True)["i"].to_list()
+    assert df[lex_order(df, ["x", "i"])]["i"].to_list() == df.sort(["x", "i"], maintain_order=True)["i"].to_list()
