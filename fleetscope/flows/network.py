@@ -75,9 +75,12 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
     # background transfers (storage reads, checkpoint writes) are observations of their paths too: a
     # spine that only one job's rings cross is told from the other spine those rings cross by the
     # storage reads that go through each
-    f = flows.join(pairs.filter(pl.col("comm_type").is_in(["DP", "PP"])).select("pid", "job_id", "comm_type", "dp_group"),
-                   on="pid", how="left").with_columns(pl.col("comm_type").fill_null("bg"))
-    f = f.filter((pl.col("end_ns") > pl.col("start_ns")) & (pl.col("bytes") >= cfg.min_data_bytes))
+    # (data records and the columns used here first, then their pairs' labels: no copy of every column)
+    used = [c for c in ("start_ns", "end_ns", "bytes", "src_ip", "dst_ip", "src_port", "dst_port", "src_qp", "dst_qp",
+                        "path", "pid") if c in flows.columns]
+    f = flows.filter((pl.col("end_ns") > pl.col("start_ns")) & (pl.col("bytes") >= cfg.min_data_bytes)).select(used)
+    f = f.join(pairs.filter(pl.col("comm_type").is_in(["DP", "PP"])).select("pid", "job_id", "comm_type", "dp_group"),
+               on="pid", how="left").with_columns(pl.col("comm_type").fill_null("bg"))
     if f.height == 0:
         return f
     # a transfer: the records of one stream (pair, ports, queue pairs) that abut in time (an exporter

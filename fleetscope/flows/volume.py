@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+from numba import njit
 
 from fleetscope.common import MAD_TO_SIGMA
 
@@ -95,8 +96,9 @@ def _join_pieces(seg_gid: np.ndarray, u: np.ndarray, inner: np.ndarray) -> np.nd
     interior segments, the grouping whose groups' volumes are closest to whole steps (least sum of
     log(volume / usual)^2), where a group of several segments must come nearer a whole step than
     each of its members (a piece is never joined to a whole step, nor two near-whole steps of a
-    slow stretch to each other); at most MAX_PIECES segments a group; vectorized over addresses
-    (the loop runs over positions)."""
+    slow stretch to each other); at most MAX_PIECES segments a group. One compiled pass over the
+    runs (a matrix of runs x the longest run grew with addresses x segments: 20 GB at 16,384 GPUs
+    when one job's addresses showed thousands of segments)."""
     keep = np.ones(len(u), dtype=bool)
     idx = np.flatnonzero(inner)
     if len(idx) < 2:
@@ -104,50 +106,50 @@ def _join_pieces(seg_gid: np.ndarray, u: np.ndarray, inner: np.ndarray) -> np.nd
     # runs: consecutive interior segments of one address
     brk = np.ones(len(idx), dtype=bool)
     brk[1:] = (np.diff(idx) != 1) | (seg_gid[idx[1:]] != seg_gid[idx[:-1]])
-    run = np.cumsum(brk) - 1
     starts = np.flatnonzero(brk)
     lens = np.diff(np.append(starts, len(idx)))
-    multi = lens >= 2
-    if not multi.any():
-        return keep
-    R, L = int(multi.sum()), int(lens[multi].max())
-    sel_runs = np.flatnonzero(multi)
-    pos = np.arange(len(idx)) - starts[run]
-    rmap = -np.ones(len(lens), dtype=np.int64)
-    rmap[sel_runs] = np.arange(R)
-    m = rmap[run] >= 0
-    U = np.zeros((R, L))
-    U[rmap[run[m]], pos[m]] = u[idx[m]]
-    P = np.zeros((R, L + 1))
-    P[:, 1:] = np.cumsum(U, axis=1)
-    best = np.full((R, L + 1), np.inf)
-    best[:, 0] = 0.0
-    choice = np.ones((R, L + 1), dtype=np.int64)
-    dev = np.abs(np.log(np.maximum(U, 1e-9)))
-    for t in range(1, L + 1):
-        closest = np.full(R, np.inf)          # the member nearest a whole step, of the group t-k .. t-1
-        for k in range(1, min(MAX_PIECES, t) + 1):
-            s = P[:, t] - P[:, t - k]
-            d = np.abs(np.log(np.maximum(s, 1e-9)))
-            closest = np.minimum(closest, dev[:, t - k])
-            c = best[:, t - k] + d ** 2
-            if k > 1:   # a join must come nearer a whole step than any of its members is
-                c = np.where(d < closest, c, np.inf)
-            better = c < best[:, t]
-            best[:, t] = np.where(better, c, best[:, t])
-            choice[:, t] = np.where(better, k, choice[:, t])
-    # backtrack from each run's end: a group of k segments starting at t-k keeps its first start
-    joined = np.zeros((R, L), dtype=bool)       # True: this position joins the segment before it
-    t = lens[sel_runs].copy()
-    while (t > 0).any():
-        a = np.flatnonzero(t > 0)
-        k = choice[a, t[a]]
-        for j in range(1, int(k.max())):
-            h = a[k > j]
-            joined[h, t[h] - j] = True
-        t[a] = t[a] - k
-    keep[idx[m]] = ~joined[rmap[run[m]], pos[m]]
+    joined = _join_runs(u[idx].astype(np.float64), starts.astype(np.int64), lens.astype(np.int64), MAX_PIECES)
+    keep[idx] = ~joined
     return keep
+
+
+@njit(cache=True)
+def _join_runs(u: np.ndarray, starts: np.ndarray, lens: np.ndarray, max_pieces: int) -> np.ndarray:
+    """The dynamic program of _join_pieces per run of u (volumes over the usual one): True where a
+    position joins the segment before it."""
+    joined = np.zeros(len(u), np.bool_)
+    for r in range(len(starts)):
+        a, n = starts[r], lens[r]
+        if n < 2:
+            continue
+        P = np.zeros(n + 1)
+        for i in range(n):
+            P[i + 1] = P[i] + u[a + i]
+        best = np.full(n + 1, np.inf)
+        best[0] = 0.0
+        choice = np.ones(n + 1, np.int64)
+        dev = np.empty(n)
+        for i in range(n):
+            dev[i] = abs(np.log(max(u[a + i], 1e-9)))
+        for t in range(1, n + 1):
+            closest = np.inf          # the member nearest a whole step, of the group t-k .. t-1
+            for k in range(1, min(max_pieces, t) + 1):
+                d = abs(np.log(max(P[t] - P[t - k], 1e-9)))
+                closest = min(closest, dev[t - k])
+                c = best[t - k] + d * d
+                if k > 1 and not d < closest:   # a join must come nearer a whole step than any member
+                    c = np.inf
+                if c < best[t]:
+                    best[t] = c
+                    choice[t] = k
+        # backtrack from the run's end: a group of k segments starting at t-k keeps its first start
+        t = n
+        while t > 0:
+            k = choice[t]
+            for j in range(1, k):
+                joined[a + t - j] = True
+            t -= k
+    return joined
 
 
 def _split_points(seg: np.ndarray, multi: np.ndarray, nbytes: np.ndarray, gaps: np.ndarray, Gs: np.ndarray,

@@ -67,9 +67,14 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
     known = gpus["ip"].implode()
     is_in = pl.col("src_ip").is_in(known) & pl.col("dst_ip").is_in(known)
     inside, outside = f.filter(is_in), f.filter(~is_in)
-    if has_hosts and f.height and inside.height < 0.5 * f.height:
+    # (what is still needed of all flows; the frame itself is not: at 16,384 GPUs each copy of the flows
+    # is gigabytes, so frames are dropped as soon as they are used)
+    data_span = (int(f["start_ns"].min()), int(f["end_ns"].max())) if f.height else (window_start_ns, window_end_ns)
+    n_flows = f.height
+    del f
+    if has_hosts and n_flows and inside.height < 0.5 * n_flows:
         notes.append(
-            f"WARNING: {outside.height} of {f.height} flows ({outside.height / f.height:.0%}) have an address outside "
+            f"WARNING: {outside.height} of {n_flows} flows ({outside.height / n_flows:.0%}) have an address outside "
             "the topology: is the topology stale or of another cluster? Those flows were set aside as background.")
     # an integer key per pair: the heavy sorts and group-bys run on it, not on address strings
     ips, ixs = topo["ip"].to_list(), list(range(topo.height))
@@ -97,6 +102,7 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
 
     t = time.perf_counter()
     labeled = classify_pairs(pairs, job_pairs, seg, cfg, edges=edges)
+    del seg
     tm["comm_types"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -145,10 +151,8 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
     bgf = pl.concat([inside.join(jobpid, on="pid", how="anti").select(cols), outside.select(cols)])
     bg_ip = pl.concat([bgf.select(ip="src_ip", start_ns="start_ns", end_ns="end_ns", bytes="bytes"),
                        bgf.select(ip="dst_ip", start_ns="start_ns", end_ns="end_ns", bytes="bytes")])
-    data_span = (int(f["start_ns"].min()), int(f["end_ns"].max())) if f.height else (window_start_ns, window_end_ns)
-    verdicts = flow_verdicts(tables, inside.filter(pl.col("start_ns") >= window_start_ns),
-                             topo, wid, cfg, ipf=ipf.filter(pl.col("start_ns") >= window_start_ns),
-                             pairs=labeled, steps_all=steps_all, ipf_all=ipf, bg_ip=bg_ip,
+    # (the window's own flows are `win`; the ip flows of window and margin serve every detector)
+    verdicts = flow_verdicts(tables, win, topo, wid, cfg, pairs=labeled, steps_all=steps_all, ipf_all=ipf, bg_ip=bg_ip,
                              data_span=data_span, window=(window_start_ns, window_end_ns), history=history,
                              levels_out=(levels := {}), suspects=suspects)
     tables["flow_pair_rates"] = FLOW_PAIR_RATES.validate(conform(levels.get("levels", pl.DataFrame()), FLOW_PAIR_RATES))
