@@ -10,7 +10,11 @@ from pathlib import Path
 
 def _children(pid: int) -> list[int]:
     out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").glob("*"))
+    except OSError:   # (the process ended while the tree was walked)
+        return out
+    for task in tasks:
         try:
             out += [int(c) for c in (task / "children").read_text().split()]
         except OSError:
