@@ -40,11 +40,13 @@ import polars as pl
 from isal import isal_zlib
 
 from fleetscope.common import collective_expr
+from fleetscope.ingest.trace_scan import END as SCAN_END, FALLBACK as SCAN_FALLBACK, MORE as SCAN_MORE, Scanner
 from fleetscope.schemas.base import conform
 from fleetscope.schemas.landing import TRACE_EVENTS
 
 BLOCK_BYTES = 8 << 20  # decompressed text per parse block (the bound on memory per file being read)
 NORMALIZE_ROWS = 500_000  # events parsed before they are normalized together (a polars query costs per call)
+FAST_SCAN = True  # blocks through the compiled scanner (fleetscope.ingest.trace_scan) where it reads them
 PARALLEL_MIN_BYTES = 8 << 20  # below this much (compressed) in a capture, starting processes costs more than it saves
 # with fewer cores one process already keeps them busy (a reader thread cuts blocks while polars' threads
 # parse): on 2 cores 16 ranks x 218 K events took 10.9 s in one process, 12.9 s in two (docs/figures/traces.md)
@@ -335,6 +337,22 @@ def _split_events(text: bytes, first: bool, eof: bool, path: Path, offset: int):
     raise TraceError(f"{path}: malformed JSON in traceEvents after byte {offset + j} ({why}); the file is corrupt, re-export it")
 
 
+def _cut(text: bytes, first: bool, eof: bool, path: Path, offset: int, scanner: Scanner | None):
+    """_split_events, through the compiled scanner (fleetscope.ingest.trace_scan) when it reads the text:
+    then the events come as a parsed frame (the NDJSON read's columns) with their raw text by position.
+    A block holding anything it does not read (or an error) goes to the general path whole, from its
+    start: that path reads it, or refuses the file with the same words as without the scanner."""
+    if scanner is not None:
+        st, consumed, frame, spans, end = scanner.scan(text, first)
+        if frame is not None and st != SCAN_FALLBACK:
+            return consumed, frame, spans, None
+        if st == SCAN_END:
+            return end, None, [], text[end:]
+        if st == SCAN_MORE and not eof:
+            return 0, None, [], None
+    return _split_events(text, first, eof, path, offset)
+
+
 def _parse_block(nd: bytes, path: Path, offset: int) -> pl.DataFrame:
     try:
         return pl.read_ndjson(nd, schema=_READ_SCHEMA, ignore_errors=True)
@@ -407,7 +425,7 @@ def _scan_events(path: Path) -> tuple[list[pl.DataFrame], tuple[int, int], dict,
                     _, tail, total = item
                     break
                 _, nd, raws, offset = item
-                df = _parse_block(nd, path, offset)
+                df = nd if isinstance(nd, pl.DataFrame) else _parse_block(nd, path, offset)
                 if df.height != len(raws):
                     raise TraceError(f"{path}: malformed traceEvents near byte {offset}; re-export the trace")
                 _rare_args(df, raws, n_seen, rare)
@@ -454,12 +472,13 @@ def _cut_blocks(stream, rest: bytes, consumed: int, total: int, path: Path, q: q
         return False
 
     try:
+        scanner = Scanner() if FAST_SCAN else None
         tail = None
         eof = False
         first = True
         while tail is None:
             if rest or eof:
-                used, nd, raws, tail = _split_events(rest, first, eof, path, consumed)
+                used, nd, raws, tail = _cut(rest, first, eof, path, consumed, scanner)
                 if nd is not None:
                     first = False
                     if not put(("block", nd, raws, consumed)):

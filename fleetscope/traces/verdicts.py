@@ -38,7 +38,8 @@ def trace_verdicts(replays: pl.DataFrame, whatif: pl.DataFrame | None = None, jo
             start=pl.col("actual_ns").sum())
         base = {"job_id": job_id, "capture_id": cid}
         gpu_ranks = per.filter(pl.col("idle") < 1.0)  # a rank with no GPU activity at all is CPU-only
-        worst = gpu_ranks.sort("idle", descending=True).row(0, named=True) if gpu_ranks.height else {"idle": 0.0}
+        # ties (ranks alike to the nanosecond) go to the lowest rank: the same capture names the same rank every run
+        worst = gpu_ranks.sort(["idle", "rank"], descending=[True, False]).row(0, named=True) if gpu_ranks.height else {"idle": 0.0}
         if worst["idle"] > IDLE_SHARE:
             rows.append({**base, "detector": "traces.gpu_idle", "scope": "rank", "subject": str(worst["rank"]),
                          "metric": "gpu_idle_share", "value": worst["idle"], "baseline": IDLE_SHARE,
@@ -47,7 +48,7 @@ def trace_verdicts(replays: pl.DataFrame, whatif: pl.DataFrame | None = None, jo
                                         "while the CPU works: the loop is CPU- or input-bound (data loading, Python "
                                         "overhead, small kernels).",
                          "evidence": json.dumps({"ranks_over": int((per["idle"] > IDLE_SHARE).sum())})})
-        worst = per.sort("comm", descending=True).row(0, named=True)
+        worst = per.sort(["comm", "rank"], descending=[True, False]).row(0, named=True)
         if worst["comm"] > EXPOSED_COMM_SHARE:
             # a symptom of the job (its communication waits: a slow link or switch, too little overlap),
             # not a fault of the rank that shows it most
@@ -59,7 +60,7 @@ def trace_verdicts(replays: pl.DataFrame, whatif: pl.DataFrame | None = None, jo
                          "explanation": f"communication not overlapped with compute takes {worst['comm']:.0%} of the "
                                         f"iteration time (rank {worst['rank']}, the worst): the job waits on its "
                                         "collectives (a slow link or switch on their path, or too little overlap)."})
-        worst = per.sort("err", descending=True).row(0, named=True)
+        worst = per.sort(["err", "rank"], descending=[True, False]).row(0, named=True)
         if worst["err"] > REPLAY_ERROR_PCT:
             rows.append({**base, "detector": "traces.replay_error", "scope": "rank", "subject": str(worst["rank"]),
                          "metric": "replay_error_pct", "value": worst["err"], "baseline": REPLAY_ERROR_PCT,

@@ -69,7 +69,8 @@ def step_throughput(t: pl.DataFrame, samples_per_step: int | None = None) -> pl.
     rs = rank_steps(t)
     df = rs.group_by("capture_id", "step").agg(
         pl.len().alias("n_ranks"), pl.col("start_ns").min(), pl.col("end_ns").max(),
-        pl.col("rank").sort_by("span_ns").last().alias("slowest_rank"),
+        # the longest span; of equal ones the lowest rank (the same capture names the same rank every run)
+        pl.col("rank").sort_by(["span_ns", "rank"], descending=[False, True]).last().alias("slowest_rank"),
     ).with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("step_ns"))
     df = df.with_columns(
         (1e9 / pl.col("step_ns")).alias("steps_per_s"),

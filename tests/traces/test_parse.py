@@ -154,6 +154,24 @@ def test_small_blocks_give_the_same_events(monkeypatch):
     assert read_trace(path, "c").events.equals(ref)
 
 
+def test_reading_in_processes_gives_the_same_events_and_errors(tmp_path):
+    """A capture's files read by spawned processes (the compiled scanner in each) give the frames read
+    here, in the order of the files, and a bad file its own error in its place."""
+    from fleetscope.ingest.traces import read_traces
+
+    files = [real("timeline_analysis"), real("nccl_parser_config"), tmp_path / "cut.json", real("trace_filter")]
+    text = gzip.decompress(real("negative_queue").read_bytes())
+    files[2].write_bytes(text[: len(text) // 2])
+    here = read_traces(files, "c", processes=1)
+    there = read_traces(files, "c", processes=2)
+    for a, b in zip(here, there):
+        if isinstance(a, TraceError):
+            assert type(b) is TraceError and str(a) == str(b) and "truncated" in str(a)
+        else:
+            assert a.events.equals(b.events) and a.meta == b.meta
+    assert isinstance(here[2], TraceError) and sum(isinstance(x, TraceError) for x in here) == 1
+
+
 def test_read_capture(tmp_path):
     cap = tmp_path / "job1"
     cap.mkdir()
@@ -206,3 +224,86 @@ def test_scanner_handles_strings_with_json_syntax_and_layouts(tmp_path, indent, 
     assert tf.events["name"].to_list() == names
     assert tf.events["ts_ns"].to_list() == [1_000_000_000 + (1000 + i) * 1000 for i in range(len(names))]
     assert tf.events["correlation"].to_list() == list(range(len(names)))
+
+
+@pytest.mark.parametrize("path", ALL_TRACES[:6] + ALL_TRACES[-6:], ids=lambda p: p.name[:40])
+def test_compiled_scanner_reads_what_the_general_path_reads(path, monkeypatch):
+    """The compiled block scanner (fleetscope.ingest.trace_scan) and the general path (msgspec cut + polars'
+    NDJSON reader) give the same trace_events, metadata and rare args (NCCL metadata, syncs, shapes)."""
+    import fleetscope.ingest.traces as P
+
+    rank = None if (load_json(path).get("distributedInfo") or {}).get("rank") is not None else 0
+    fast = read_trace(path, "c", rank=rank)
+    monkeypatch.setattr(P, "FAST_SCAN", False)
+    general = read_trace(path, "c", rank=rank)
+    assert fast.events.equals(general.events) and fast.meta == general.meta
+
+
+def _scan_all(text: bytes):
+    """(statuses, events read) of the scanner over text, block after block as the reader cuts them."""
+    from fleetscope.ingest.trace_scan import END, FALLBACK, Scanner
+
+    sc, pos, first, stats, n = Scanner(), 0, True, [], 0
+    while True:
+        st, used, frame, _, end = sc.scan(text[pos:], first)
+        stats.append(st)
+        n += frame.height if frame is not None else 0
+        if st in (END, FALLBACK) or frame is None:
+            return stats, n
+        pos, first = pos + used, False
+
+
+def test_scanner_gives_up_on_what_it_does_not_read_and_the_general_path_reads_it(tmp_path, monkeypatch):
+    """Events the scanner does not read its own way (escapes or non-ASCII text, a key twice, a float id, a
+    boolean name, numbers it cannot convert exactly by its fast path) come out as the general path reads
+    them: it hands the block over there. Numbers beyond the fast path in ts / dur are converted by float()."""
+    import fleetscope.ingest.traces as P
+    from fleetscope.ingest.trace_scan import END, FALLBACK
+
+    base = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 4, "tid": 5, "ts": 10, "dur": 2,
+            "args": {"External id": 1, "Input Dims": [[2, 3], [], [[1]]], "x": {"y": [True, False, None, -1.5e-3]}}}
+    clean = [base, {**base, "ts": 1683564901548726.0, "dur": 0.125}, {**base, "ts": 12345.678, "pid": "Spans", "tid": -3},
+             {**base, "ts": 1683564901548726.123, "dur": 1e-3}, {"ph": "i", "name": None, "ts": 7}, {},
+             {**base, "args": None}, {**base, "args": {"stream": "0x0", "correlation": 9, "device": 0}}]
+    odd = [{**base, "name": 'esc "q"'}, {**base, "name": "ünï"}, {**base, "args": {"External id": 2.0}}, {**base, "cat": True},
+           {**base, "args": {"correlation": 10 ** 19}}, {**base, "tid": 1.5}]
+    for events, scanned in ((clean, True), (odd, False)):
+        text = json.dumps(events, ensure_ascii=False).encode()[1:]  # the array's text after its '['
+        stats, n = _scan_all(text)
+        assert (stats[-1] == END and n == len(events)) if scanned else (stats[0] == FALLBACK and n == 0), stats
+        path = tmp_path / "t.json"
+        path.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 0}}, ensure_ascii=False))
+        fast = read_trace(path, "c").events
+        monkeypatch.setattr(P, "FAST_SCAN", False)
+        general = read_trace(path, "c").events
+        monkeypatch.setattr(P, "FAST_SCAN", True)
+        assert fast.equals(general)
+    # a key twice in one event: which one counts is the general path's rule
+    dup = b'{"ph": "X", "ph": "i", "ts": 1, "dur": 1, "name": "a"}]'
+    assert _scan_all(dup)[0] == [FALLBACK]
+    # it stops at the first event it does not read (the reader then hands the whole block to the general path)
+    mixed = json.dumps(clean[:3] + odd[:1] + clean[:2]).encode()[1:]
+    assert _scan_all(mixed) == ([FALLBACK], 3)
+    path.write_text(json.dumps({"traceEvents": clean[:3] + odd[:1] + clean[:2], "distributedInfo": {"rank": 0}}))
+    fast = read_trace(path, "c").events
+    monkeypatch.setattr(P, "FAST_SCAN", False)
+    assert fast.equals(read_trace(path, "c").events)
+
+
+def test_malformed_json_is_refused_as_before_with_the_scanner(tmp_path, monkeypatch):
+    """Malformed JSON inside the array: the scanner hands the block over, and the general path's error is
+    the file's reason (the same text as without the scanner)."""
+    import fleetscope.ingest.traces as P
+
+    good = json.dumps({"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 1})
+    for body in (good + ", {\"ph\": \"X\", \"ts\": 01}", good + ", {\"ph\" \"X\"}", good + ", 5", good + ",]", good + " {}",
+                 good + ', {"name": "a\\qb"}', good + ', {"x": [1, 2}'):
+        path = tmp_path / "bad.json"
+        path.write_text('{"distributedInfo": {"rank": 0}, "traceEvents": [' + body + "]}")
+        with pytest.raises(TraceError) as fast:
+            read_trace(path, "c")
+        monkeypatch.setattr(P, "FAST_SCAN", False)
+        with pytest.raises(TraceError) as general:
+            read_trace(path, "c")
+        monkeypatch.setattr(P, "FAST_SCAN", True)
+        assert str(fast.value) == str(general.value), body

@@ -47,3 +47,17 @@ def test_healthy_capture_raises_no_warning_and_cpu_bound_does(healthy, tmp_path_
     v = trace_verdicts(replay(g).replays, job_id="cpu")
     idle = v.filter(pl.col("detector") == "traces.gpu_idle")
     assert idle.height == 1 and idle["severity"][0] == "warning" and idle["team"][0] == truth[0]["team"] == "algorithm"
+
+
+def test_ranks_alike_to_the_nanosecond_name_the_lowest_rank():
+    """Ranks tied on the worst GPU idle share (a capture of identical ranks): the verdict names the lowest
+    rank whatever order the replays come in, so the same capture files the same problem every run."""
+    from fleetscope.traces.verdicts import trace_verdicts
+
+    row = {"capture_id": "c", "iteration": 1, "actual_ns": 1000, "simulated_ns": 1000, "error_pct": 0.0, "exposed_compute_ns": 300,
+           "exposed_comm_ns": 0, "overlap_ns": 0, "idle_ns": 700, "actual_exposed_compute_ns": 300, "actual_exposed_comm_ns": 0,
+           "actual_overlap_ns": 0, "actual_idle_ns": 700}
+    for order in ([7, 3, 5], [5, 7, 3], [3, 5, 7]):
+        rep = pl.DataFrame([{**row, "rank": r} for r in order]).with_columns(pl.col("rank").cast(pl.Int32))
+        v = trace_verdicts(rep, job_id="j").filter(pl.col("detector") == "traces.gpu_idle")
+        assert v["subject"].to_list() == ["3"], order

@@ -128,3 +128,13 @@ def test_ops_derived_from_gpu_traces_match_the_simulators_timings(tmp_path, scen
     rel = ((j["d"] - j["d_true"]).abs() / j["d_true"])
     assert rel.median() < 0.05 and rel.quantile(0.9) < 0.15, rel.describe()
     assert {"grads-all-reduce", "optimizer"} <= set(ops["name"].to_list())
+
+
+def test_step_throughput_names_the_lowest_of_ranks_with_equal_spans():
+    """Ranks whose steps span the same time: the slowest rank is the lowest of them, whatever the row order."""
+    from fleetscope.xputimer.metrics import step_throughput
+
+    for order in ([6, 2, 4], [4, 6, 2], [2, 4, 6]):
+        t = pl.DataFrame({"capture_id": "c", "rank": order, "kind": "kernel", "name": "gemm", "step": 1, "issue_ns": 0,
+                          "start_ns": 0, "end_ns": 1000}).with_columns(pl.col("rank").cast(pl.Int32))
+        assert step_throughput(t)["slowest_rank"].to_list() == [2], order
