@@ -59,14 +59,24 @@ def direction_features(seg_flows: pl.DataFrame, pids: pl.DataFrame, max_flows: i
         b = f.filter(pl.col("ab") != d).select("pid", bs="start_ns", be="end_ns").sort("pid", "bs")
         # the latest flow of the other direction starting before this one ends: does it reach into it?
         j = a.join_asof(b, left_on="e2", right_on="bs", by="pid", strategy="backward", check_sortedness=False)
-        hits.append(j.select("pid", "shift", ov=(pl.col("be") >= pl.col("s2")).fill_null(False)))
+        # and does one of the other direction's flows start with it (within a tenth of its own
+        # length)? Both ends of an exchange send at once; a pipeline's activation and gradient
+        # meet only by chance. The nearest start either side is the later of the two asof hits.
+        j = j.sort("pid", "s2").join_asof(b.select("pid", ns="bs"), left_on="s2", right_on="ns", by="pid",
+                                          strategy="nearest", check_sortedness=False)
+        tol = ((pl.col("e2") - pl.col("s2")) // 10).clip(lower_bound=1)
+        hits.append(j.select("pid", "shift", ov=(pl.col("be") >= pl.col("s2")).fill_null(False),
+                             co=((pl.col("ns") - pl.col("s2")).abs() <= tol).fill_null(False)))
     h = pl.concat(hits)
     ov = h.group_by("pid").agg(overlap=pl.col("ov").filter(pl.col("shift") == 0).mean(),
                                overlap_chance=pl.col("ov").filter(pl.col("shift") > 0).mean(),
+                               start_co=pl.col("co").filter(pl.col("shift") == 0).mean(),
+                               start_co_chance=pl.col("co").filter(pl.col("shift") > 0).mean(),
                                n_sample=(pl.col("shift") == 0).sum())
     return cnt.join(ov, on="pid", how="left").select(
         "pid", dir_share=(pl.min_horizontal(pl.col("n_ab"), pl.col("n") - pl.col("n_ab")) / pl.col("n")).cast(pl.Float64),
         overlap=pl.col("overlap").fill_null(0.0), overlap_chance=pl.col("overlap_chance").fill_null(0.0),
+        start_co=pl.col("start_co").fill_null(0.0), start_co_chance=pl.col("start_co_chance").fill_null(0.0),
         n_sample=pl.col("n_sample").fill_null(0).cast(pl.Int64))
 
 
@@ -142,7 +152,8 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     jt = p.filter("job_traffic")
     df = direction_features(seg_flows, jt.select("pid", "period_ns")) if jt.height else pl.DataFrame(
         schema={"pid": pl.Int64, "dir_share": pl.Float64, "overlap": pl.Float64,
-                "overlap_chance": pl.Float64, "n_sample": pl.Int64})
+                "overlap_chance": pl.Float64, "start_co": pl.Float64, "start_co_chance": pl.Float64,
+                "n_sample": pl.Int64})
     p = p.join(df, on="pid", how="left")
     # z of (observed - chance): binomial noise of the observed share and of the chance estimate
     # (N_SHIFTS times as many draws); a share of exactly 0 or 1 still has the other's noise
@@ -150,6 +161,9 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
           / pl.col("n_sample").clip(lower_bound=1)).sqrt()
     floor = 0.5 / pl.col("n_sample").clip(lower_bound=1)  # one flow's worth: no division by a zero spread
     p = p.with_columns(overlap_z=((pl.col("overlap") - pl.col("overlap_chance")) / pl.max_horizontal(se, floor)))
+    se = ((pl.col("start_co") * (1 - pl.col("start_co")) + pl.col("start_co_chance") * (1 - pl.col("start_co_chance")) / N_SHIFTS)
+          / pl.col("n_sample").clip(lower_bound=1)).sqrt()
+    p = p.with_columns(start_z=((pl.col("start_co") - pl.col("start_co_chance")) / pl.max_horizontal(se, floor)))
     zbar = bonferroni_z(cfg.label_alpha, max(jt.height, 1))
     # a pipeline hop carries one activation forward and one gradient back per microbatch: as many
     # flows each way. A pair whose minority direction carries significantly fewer than half of its
@@ -187,13 +201,18 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     # with few flows a pair cannot be told, and then the structure or the size count decides
     # with no level from the data, a collective hop's directions overlap in most of its flows: above
     # chance alone is not enough (a 1F1B pipeline hop sends an activation while the next gradient
-    # arrives, now and then)
-    p = p.with_columns(together=pl.col("together") & ((pl.col("overlap") >= 0.5) | pl.lit(lo_dp is not None)))
+    # arrives, now and then). And a pair whose directions start together LESS often than chance
+    # (significantly) avoids the other direction: no collective hop does that (both ends send at
+    # once); a pipeline hop's gradient waits for the stages after it. In turn, whatever its overlap
+    # (a large activation streams while the gradient comes back)
+    p = p.with_columns(apart=(pl.col("start_z") < -zbar).fill_null(False))
+    p = p.with_columns(together=pl.col("together") & ~pl.col("apart")
+                       & ((pl.col("overlap") >= 0.5) | pl.lit(lo_dp is not None)))
     together_ov = p.filter(pl.col("job_traffic") & pl.col("together") & ~pl.col("one_way"))["overlap"]
     dp_level = lo_dp if split.height and lo_dp is not None else (together_ov.min() if together_ov.len() else 0.5)
     nn, ph = pl.col("n_sample").clip(lower_bound=1).cast(pl.Float64), pl.col("overlap")
     upper = (ph + zbar ** 2 / (2 * nn) + zbar * (ph * (1 - ph) / nn + zbar ** 2 / (4 * nn ** 2)).sqrt()) / (1 + zbar ** 2 / nn)
-    p = p.with_columns(in_turn=(~pl.col("together") & (upper < dp_level)).fill_null(False))
+    p = p.with_columns(in_turn=(~pl.col("together") & ((upper < dp_level) | pl.col("apart"))).fill_null(False))
     rule = {}  # job -> (cut or None, how)
     for j, c in own.items():
         g = jt_pairs.filter(pl.col("job_id") == j)
@@ -208,7 +227,7 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     rules = pl.DataFrame({"job_id": list(rule), "cut": [r[0] for r in rule.values()], "how": [r[1] for r in rule.values()]},
                          schema={"job_id": pl.Utf8, "cut": pl.Float64, "how": pl.Utf8})
     p = p.join(rules, on="job_id", how="left")
-    cut_dp = pl.col("cut").is_not_null() & (pl.col("overlap") > pl.col("cut"))
+    cut_dp = pl.col("cut").is_not_null() & (pl.col("overlap") > pl.col("cut")) & ~pl.col("apart")
     p = p.with_columns(
         timing=pl.when(~pl.col("job_traffic")).then(pl.lit(None, pl.Utf8))
         .when("one_way").then(pl.lit("one_way"))
@@ -278,4 +297,4 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
         p = p.with_columns(dp_group=pl.lit(None, dtype=pl.Int64))
     return p.select("pid", "ip_a", "ip_b", "job_id", "comm_type", "n_flows", "bytes", "n_steps", "mode_distinct_sizes",
                     "raw_type", "method", "refined", "dp_group", "dir_share", "overlap", "overlap_chance",
-                    "overlap_z").sort("job_id", "ip_a", "ip_b")
+                    "overlap_z", "start_co", "start_z").sort("job_id", "ip_a", "ip_b")

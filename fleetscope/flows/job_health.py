@@ -39,8 +39,14 @@ def job_steps(st_all: pl.DataFrame) -> pl.DataFrame:
         dpb=pl.col("dp_bytes").median().cast(pl.Float64),
     ).sort("job_id", "job_step")
     usual = pl.col("dpb").filter(pl.col("dpb") > 0).median().over("job_id")
-    return js.with_columns(units=pl.when(usual > 0).then((pl.col("dpb") / usual).round(0).clip(lower_bound=1.0))
-                           .otherwise(1.0).fill_null(1.0)) \
+    js = js.with_columns(units=pl.when(usual > 0).then((pl.col("dpb") / usual).round(0).clip(lower_bound=1.0))
+                         .otherwise(1.0).fill_null(1.0))
+    # ... and lasts as long as that many steps at least (to the nearest whole step, as the bytes):
+    # pieces of a step that the flows cut apart carry uneven shares of its gradients in about equal
+    # times, and a piece with twice another's bytes is no two steps
+    one = pl.col("dur").filter(pl.col("units") == 1.0).median().over("job_id")
+    return js.with_columns(units=pl.when(pl.col("dur") >= (pl.col("units") - 0.5) * one.fill_null(0.0))
+                           .then("units").otherwise(1.0)) \
         .with_columns(dur=pl.col("dur") / pl.col("units")).drop("dpb")
 
 

@@ -153,7 +153,8 @@ def job_edges(pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
       job; a storage or monitoring server serves many)."""
     data = pairs.filter(pl.col("n_steps") > 0)
     top = pl.concat([data.select(ip="ip_a", b="bytes"), data.select(ip="ip_b", b="bytes")]).group_by("ip").agg(top=pl.col("b").max())
-    cand = data.filter("periodic").join(top.rename({"ip": "ip_a", "top": "ta"}), on="ip_a") \
+    periodic = data.filter("periodic")
+    cand = periodic.join(top.rename({"ip": "ip_a", "top": "ta"}), on="ip_a") \
         .join(top.rename({"ip": "ip_b", "top": "tb"}), on="ip_b") \
         .filter(pl.col("bytes") >= cfg.min_pair_share * pl.max_horizontal("ta", "tb")).drop("ta", "tb")
     hubs = hub_addresses(pairs, cfg)["ip"]
@@ -174,6 +175,18 @@ def job_edges(pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
     services = other.filter((pl.col("n") >= 2) & (pl.col("out_share") >= 0.75))["ip"]
     if services.len():
         cand = cand.filter(~pl.col("ip_a").is_in(services.implode()) & ~pl.col("ip_b").is_in(services.implode()))
+    # the strength share keeps weak pairs from joining jobs; a weak periodic pair whose ends the strong
+    # ones already put in one job joins nothing: it is that job's traffic (a tree's or a hierarchical
+    # all-reduce's light hops carry a thousandth of a ring's bytes)
+    ips = pl.concat([cand["ip_a"], cand["ip_b"]]).unique().sort()
+    if ips.len():
+        idx, comp = _components(cand, ips)
+        cm = idx.select("ip", c=pl.Series(comp, dtype=pl.Int64))
+        weak = periodic.join(cand.select("pid"), on="pid", how="anti") \
+            .join(cm.rename({"ip": "ip_a", "c": "ca"}), on="ip_a").join(cm.rename({"ip": "ip_b", "c": "cb"}), on="ip_b") \
+            .filter(pl.col("ca") == pl.col("cb")).drop("ca", "cb")
+        if weak.height:
+            cand = pl.concat([cand, weak.select(cand.columns)]).sort("ip_a", "ip_b")
     return cand
 
 

@@ -62,6 +62,10 @@ COMM_PAIRS = pa.DataFrameSchema(
         # period), and the z of (overlap - chance): > 0 together (DP), < 0 in turn (PP)
         "overlap_chance": pa.Column(pl.Float64, nullable=True),
         "overlap_z": pa.Column(pl.Float64, nullable=True),
+        # share of its flows that start with one of the other direction's (within a tenth of their
+        # length; both ends of an exchange send at once) and its z against the same shifted chance
+        "start_co": pa.Column(pl.Float64, nullable=True),
+        "start_z": pa.Column(pl.Float64, nullable=True),
     },
     checks=[pa.Check(lambda d: d.lazyframe.select(pl.col("ip_a") < pl.col("ip_b")), name="ip_a<ip_b")],
     unique=["window_id", "ip_a", "ip_b"],
