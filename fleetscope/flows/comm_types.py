@@ -19,7 +19,10 @@ both shares, a Bonferroni bar over the window's pairs), in turn when not above i
 directions carry significantly unequal numbers of flows is no pipeline hop (one activation each
 way per microbatch) but a collective hop that runs (mostly) one way. The job's structure then checks the labels (LLMPrism's transitivity): a DP group (connected
 DP pairs) never holds a PP pair, and pairs the timing does not settle take the label the
-structure gives them (inside a DP group: DP), else the size count; a pair inside a DP group
+structure gives them (inside a DP group: DP), else the size count. A pair whose directions START
+together significantly less often than chance (`start_z`, against the same shifted chance) is a
+pipeline hop whatever its overlap: both ends of a collective hop send at once, while a pipeline's
+gradient waits for the stages after it (a streaming activation overlaps it all the same); a pair inside a DP group
 with only a few messages, one of them as large as the group's usual message (a ring's
 non-neighbours: the group's broadcast), is the group's too (`dp_group_member`). `method` says which evidence decided. The size-count label stays as `raw_type` (evidence). Pairs inside a job that are not job
 traffic are `other`."""
@@ -78,6 +81,16 @@ def direction_features(seg_flows: pl.DataFrame, pids: pl.DataFrame, max_flows: i
         overlap=pl.col("overlap").fill_null(0.0), overlap_chance=pl.col("overlap_chance").fill_null(0.0),
         start_co=pl.col("start_co").fill_null(0.0), start_co_chance=pl.col("start_co_chance").fill_null(0.0),
         n_sample=pl.col("n_sample").fill_null(0).cast(pl.Int64))
+
+
+def _z_vs_chance(share: str, chance: str) -> pl.Expr:
+    """z of (observed share - its chance level) per pair: binomial noise of the observed share and of the
+    chance estimate (N_SHIFTS times as many draws); a share of exactly 0 or 1 still has the other's noise,
+    and one flow's worth is the floor (no division by a zero spread)."""
+    n = pl.col("n_sample").clip(lower_bound=1)
+    o, c = pl.col(share), pl.col(chance)
+    se = ((o * (1 - o) + c * (1 - c) / N_SHIFTS) / n).sqrt()
+    return (o - c) / pl.max_horizontal(se, 0.5 / n)
 
 
 def _midpoint(lo: float, hi: float, eps: float) -> float:
@@ -155,15 +168,7 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
                 "overlap_chance": pl.Float64, "start_co": pl.Float64, "start_co_chance": pl.Float64,
                 "n_sample": pl.Int64})
     p = p.join(df, on="pid", how="left")
-    # z of (observed - chance): binomial noise of the observed share and of the chance estimate
-    # (N_SHIFTS times as many draws); a share of exactly 0 or 1 still has the other's noise
-    se = ((pl.col("overlap") * (1 - pl.col("overlap")) + pl.col("overlap_chance") * (1 - pl.col("overlap_chance")) / N_SHIFTS)
-          / pl.col("n_sample").clip(lower_bound=1)).sqrt()
-    floor = 0.5 / pl.col("n_sample").clip(lower_bound=1)  # one flow's worth: no division by a zero spread
-    p = p.with_columns(overlap_z=((pl.col("overlap") - pl.col("overlap_chance")) / pl.max_horizontal(se, floor)))
-    se = ((pl.col("start_co") * (1 - pl.col("start_co")) + pl.col("start_co_chance") * (1 - pl.col("start_co_chance")) / N_SHIFTS)
-          / pl.col("n_sample").clip(lower_bound=1)).sqrt()
-    p = p.with_columns(start_z=((pl.col("start_co") - pl.col("start_co_chance")) / pl.max_horizontal(se, floor)))
+    p = p.with_columns(overlap_z=_z_vs_chance("overlap", "overlap_chance"), start_z=_z_vs_chance("start_co", "start_co_chance"))
     zbar = bonferroni_z(cfg.label_alpha, max(jt.height, 1))
     # a pipeline hop carries one activation forward and one gradient back per microbatch: as many
     # flows each way. A pair whose minority direction carries significantly fewer than half of its
