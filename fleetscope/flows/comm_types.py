@@ -24,7 +24,11 @@ together significantly less often than chance (`start_z`, against the same shift
 pipeline hop whatever its overlap: both ends of a collective hop send at once, while a pipeline's
 gradient waits for the stages after it (a streaming activation overlaps it all the same); a pair inside a DP group
 with only a few messages, one of them as large as the group's usual message (a ring's
-non-neighbours: the group's broadcast), is the group's too (`dp_group_member`). `method` says which evidence decided. The size-count label stays as `raw_type` (evidence). Pairs inside a job that are not job
+non-neighbours: the group's broadcast), is the group's too (`dp_group_member`). Inside one job, the split between the two kinds comes from
+the job's own pairs: the two modes of their overlap (`overlap_split`), else of how often their
+directions start together (`start_split`: a 1F1B or streaming pipeline hop overlaps its gradient
+about half the time, no two-fold gap to a collective's overlap, yet starts with it seldom), kept
+only where the job's structure bears it out. `method` says which evidence decided. The size-count label stays as `raw_type` (evidence). Pairs inside a job that are not job
 traffic are `other`."""
 from __future__ import annotations
 
@@ -144,6 +148,14 @@ def _consistent(g: pl.DataFrame, dp: pl.Expr, uniform: bool = False) -> bool:
     return not uniform or len(set(sizes[sizes > 1].tolist())) <= 1
 
 
+def _chains(g: pl.DataFrame, dp: pl.Expr) -> bool:
+    """Whether the pipeline hops of one job's pairs g (balanced pairs not `dp`, not one way) form
+    chains: no address with more than two of them (one neighbour per adjacent stage)."""
+    pp = g.filter(~(pl.col("one_way") | dp.fill_null(False)))
+    deg = pl.concat([pp["ip_a"], pp["ip_b"]]).value_counts()
+    return deg.height == 0 or int(deg["count"].max()) <= 2
+
+
 def _components(p: pl.DataFrame, mask: pl.Expr, n: int) -> np.ndarray:
     e = p.filter(mask)
     g = coo_matrix((np.ones(e.height), (e["a"].to_numpy(), e["b"].to_numpy())), shape=(n, n))
@@ -186,11 +198,22 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     # the lowest collective overlap the jobs with both kinds showed (a transport and library set the
     # levels; a job of one kind has nothing to split); 3. the test against chance; 4. all in turn.
     jt_pairs = p.filter("job_traffic")
-    own = {}
+    own, own_start = {}, {}
     for (j,), g in jt_pairs.group_by(["job_id"]):
         b = g.filter(~pl.col("one_way"))
         c = overlap_split(b["overlap"].to_numpy(), b["overlap_z"].to_numpy(), zbar, int(b["n_sample"].max() or 1))
         own[j] = c if c is not None and _consistent(g, pl.col("overlap") > c) else None
+        if own[j] is None:
+            # the same two modes in how often the directions START together: a streaming
+            # activation or a 1F1B pipeline overlaps its gradient about half the time (no two-fold
+            # gap to a collective's overlap), but both ends of a collective hop send at once and a
+            # pipeline hop's two directions start together seldom. Only a split the job's
+            # structure bears out in full: no pipeline hop inside a DP group, DP groups of one
+            # size, pipeline hops in chains
+            c = overlap_split(b["start_co"].to_numpy(), b["start_z"].to_numpy(), zbar, int(b["n_sample"].max() or 1))
+            dp = pl.col("start_co") > (c if c is not None else 2.0)
+            if c is not None and _consistent(g, dp, uniform=True) and _chains(g, dp):
+                own_start[j] = c
     split = jt_pairs.filter(~pl.col("one_way")).join(
         pl.DataFrame({"job_id": list(own), "c": list(own.values())}, schema={"job_id": pl.Utf8, "c": pl.Float64}),
         on="job_id").filter(pl.col("c").is_not_null())
@@ -218,11 +241,13 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     nn, ph = pl.col("n_sample").clip(lower_bound=1).cast(pl.Float64), pl.col("overlap")
     upper = (ph + zbar ** 2 / (2 * nn) + zbar * (ph * (1 - ph) / nn + zbar ** 2 / (4 * nn ** 2)).sqrt()) / (1 + zbar ** 2 / nn)
     p = p.with_columns(in_turn=(~pl.col("together") & ((upper < dp_level) | pl.col("apart"))).fill_null(False))
-    rule = {}  # job -> (cut or None, how)
+    rule = {}  # job -> (cut or None, how); start_split's cut is on start_co, the others' on overlap
     for j, c in own.items():
         g = jt_pairs.filter(pl.col("job_id") == j)
         if c is not None:
             rule[j] = (c, "overlap_split")
+        elif j in own_start:
+            rule[j] = (own_start[j], "start_split")
         elif fleet_cut is not None and _consistent(g, pl.col("overlap") > fleet_cut):
             rule[j] = (fleet_cut, "window_split")
         elif _consistent(g, pl.col("together"), uniform=True):
@@ -232,7 +257,8 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     rules = pl.DataFrame({"job_id": list(rule), "cut": [r[0] for r in rule.values()], "how": [r[1] for r in rule.values()]},
                          schema={"job_id": pl.Utf8, "cut": pl.Float64, "how": pl.Utf8})
     p = p.join(rules, on="job_id", how="left")
-    cut_dp = pl.col("cut").is_not_null() & (pl.col("overlap") > pl.col("cut")) & ~pl.col("apart")
+    feature = pl.when(pl.col("how") == "start_split").then("start_co").otherwise("overlap")
+    cut_dp = pl.col("cut").is_not_null() & (feature > pl.col("cut")) & ~pl.col("apart")
     p = p.with_columns(
         timing=pl.when(~pl.col("job_traffic")).then(pl.lit(None, pl.Utf8))
         .when("one_way").then(pl.lit("one_way"))
