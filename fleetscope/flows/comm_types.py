@@ -28,7 +28,7 @@ non-neighbours: the group's broadcast), is the group's too (`dp_group_member`). 
 the job's own pairs: the two modes of their overlap (`overlap_split`), else of how often their
 directions start together (`start_split`: a 1F1B or streaming pipeline hop overlaps its gradient
 about half the time, no two-fold gap to a collective's overlap, yet starts with it seldom), kept
-only where the job's structure bears it out. `method` says which evidence decided. The size-count label stays as `raw_type` (evidence). Pairs inside a job that are not job
+only where the job's structure bears it out (every rank of a pipeline hop in a DP group too). `method` says which evidence decided. The size-count label stays as `raw_type` (evidence). Pairs inside a job that are not job
 traffic are `other`."""
 from __future__ import annotations
 
@@ -156,6 +156,16 @@ def _chains(g: pl.DataFrame, dp: pl.Expr) -> bool:
     return deg.height == 0 or int(deg["count"].max()) <= 2
 
 
+def _both_kinds(g: pl.DataFrame, dp: pl.Expr) -> bool:
+    """Whether every end of one job's pipeline hops (balanced pairs not `dp`) also has a collective
+    hop: in a layout with both kinds every rank belongs to a data-parallel group and a pipeline, so
+    a split that leaves a rank with pipeline hops only found two levels of one kind (two-rank
+    groups on different hosts start together at two levels, and their ranks have no other pair)."""
+    e = g.with_columns(d=pl.col("one_way") | dp.fill_null(False))
+    pp, coll = e.filter(~pl.col("d")), e.filter("d")
+    return set(pl.concat([pp["ip_a"], pp["ip_b"]]).to_list()) <= set(pl.concat([coll["ip_a"], coll["ip_b"]]).to_list())
+
+
 def _components(p: pl.DataFrame, mask: pl.Expr, n: int) -> np.ndarray:
     e = p.filter(mask)
     g = coo_matrix((np.ones(e.height), (e["a"].to_numpy(), e["b"].to_numpy())), shape=(n, n))
@@ -212,7 +222,7 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
             # size, pipeline hops in chains
             c = overlap_split(b["start_co"].to_numpy(), b["start_z"].to_numpy(), zbar, int(b["n_sample"].max() or 1))
             dp = pl.col("start_co") > (c if c is not None else 2.0)
-            if c is not None and _consistent(g, dp, uniform=True) and _chains(g, dp):
+            if c is not None and _consistent(g, dp, uniform=True) and _chains(g, dp) and _both_kinds(g, dp):
                 own_start[j] = c
     split = jt_pairs.filter(~pl.col("one_way")).join(
         pl.DataFrame({"job_id": list(own), "c": list(own.values())}, schema={"job_id": pl.Utf8, "c": pl.Float64}),

@@ -131,7 +131,15 @@ def gap_ladder_fit(t: np.ndarray, gap: np.ndarray, max_irregular: float = 0.45) 
     # at least 8 spacings where there are gaps enough: two or three largest gaps are always
     # "evenly spaced" and would name a multiple of the period
     k0 = min(9, max(3, n // 2))
-    for k in np.unique(np.round(np.geomspace(k0, n, num=min(n - k0 + 1, 48))).astype(int)):
+    ks = np.round(np.geomspace(k0, n, num=min(n - k0 + 1, 48))).astype(int)
+    # ... but a job that launched late in the span shows a few steps only: fewer largest gaps are a
+    # level too where they stand apart from the rest, at the sequence's steepest drop in gap size
+    # (a forward pass against a bucket's gap); spacings still judge it
+    gs = np.log(gap[order])
+    drop = int(np.argmax(gs[:-1] - gs[1:])) + 1 if n > 1 else 0
+    if 3 <= drop < k0:
+        ks = np.r_[drop, ks]
+    for k in np.unique(ks):
         tb = np.sort(t[order[:k]])
         sp = np.diff(tb).astype(np.float64)
         if len(sp) < 2 or np.median(sp) <= 0:

@@ -65,6 +65,9 @@ def _job_pairs(r, job):
     # pairs were DP (and its steps were microbatches: 59,757 for 3,968); the start coincidence
     # splits them (0.04-0.07 against 0.87-0.89), the job's structure bears it out
     (2230, "job-001", "pipeline hops overlapping about half", 0),
+    # DDP TP4 x DP4 whose two-rank exchanges start together at two levels (0.26-0.33 and 0.57-0.64)
+    # while overlapping alike (0.53-0.66): no two kinds of hop; the start split made 5 of 8 PP
+    (2203, "job-003", "exchanges whose starts spread in two levels", 0),
     # DDP whose light tree hops carry 1/2000 of the ring's bytes: 80 of 192 were not job traffic
     (2209, "job-000", "weak hops inside the job", 0),
 ])

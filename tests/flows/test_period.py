@@ -93,6 +93,22 @@ def test_buckets_more_regular_than_the_steps_are_not_steps():
     assert abs(period / (5280 * MS) - 1) < 0.05 and abs(len(tb) - 17) <= 1, (period / MS, len(tb))
 
 
+def test_a_job_with_five_steps_in_the_span_gets_its_step_not_its_buckets():
+    """A job that launched late in the span (64-GPU seed 2247: 5 steps of 1.9 s in its first window):
+    fewer boundaries than the ladder's eight spacings, the buckets were taken instead (30 ms). Its
+    forward gaps stand apart from the buckets' (the steepest drop in gap size)."""
+    rng = np.random.default_rng(11)
+    t, g, now = [], [], 0.0
+    for _ in range(6):
+        fwd = 640.0 * (1 + 0.03 * rng.standard_normal())
+        for b in range(41):
+            t.append(now + fwd + b * 30 + rng.normal(0, 0.5))
+            g.append((fwd if b == 0 else 15) * (1 + 0.05 * rng.standard_normal()))
+        now += fwd + 41 * 30
+    period, tb = gap_ladder(np.array(t) * MS, np.array(g) * MS)
+    assert abs(period / (1870 * MS) - 1) < 0.05 and abs(len(tb) - 6) <= 1, (period / MS, len(tb))
+
+
 def test_the_period_of_a_train_of_chunks_on_a_clock_wide_grid_is_a_positive_lag():
     # chunks every 25 ms over 900 ms of each 1.259 s step: the lag picked on the smoothed
     # autocorrelation is no peak of the raw one, and the parabola through it put the period at -31 s
