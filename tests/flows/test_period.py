@@ -75,21 +75,29 @@ def test_buckets_spread_over_the_backward_pass_are_not_steps():
     assert abs(period / (4200 * MS) - 1) < 0.02 and abs(len(tb) - 20) <= 1, (period / MS, len(tb))
 
 
+def _forward_then_buckets(n_steps: int, fwd_ms: float, fwd_spread: float, n_buckets: int, bucket_ms: float,
+                          bucket_gap_ms: float, jitter_ms: float, seed: int):
+    """Steps of a forward pass with no traffic (fwd_ms, varying by fwd_spread) followed by
+    n_buckets gradient buckets bucket_ms apart (as regular as the layers' compute): flow starts and
+    the gap before each."""
+    rng = np.random.default_rng(seed)
+    t, g, now = [], [], 0.0
+    for _ in range(n_steps):
+        fwd = fwd_ms * (1 + fwd_spread * rng.standard_normal())
+        for b in range(n_buckets):
+            t.append(now + fwd + b * bucket_ms + rng.normal(0, jitter_ms))
+            g.append((fwd if b == 0 else bucket_gap_ms) * (1 + 0.05 * rng.standard_normal()))
+        now += fwd + n_buckets * bucket_ms
+    return np.array(t) * MS, np.array(g) * MS
+
+
 def test_buckets_more_regular_than_the_steps_are_not_steps():
     """Steps of about 5.3 s (64-GPU seed 2238: a TP8 x DP5 DDP job over RDMA): a forward pass of
     2 s that varies by 8 %, then 41 buckets 80 ms apart, as regular as the layers' compute. The
     buckets' spacings are more regular than the steps, and by count the forward passes hide under
     the 90th percentile, but each leaves some 25 bucket boundaries missing: that level does not
     tile the time, the steps do. (Judged by spread alone, the buckets were taken: 86 ms steps.)"""
-    rng = np.random.default_rng(7)
-    t, g, now = [], [], 0.0
-    for _ in range(17):
-        fwd = 2000.0 * (1 + 0.08 * rng.standard_normal())
-        for b in range(41):
-            t.append(now + fwd + b * 80 + rng.normal(0, 1))
-            g.append((fwd if b == 0 else 40) * (1 + 0.05 * rng.standard_normal()))
-        now += fwd + 41 * 80
-    period, tb = gap_ladder(np.array(t) * MS, np.array(g) * MS)
+    period, tb = gap_ladder(*_forward_then_buckets(17, 2000.0, 0.08, 41, 80, 40, 1.0, seed=7))
     assert abs(period / (5280 * MS) - 1) < 0.05 and abs(len(tb) - 17) <= 1, (period / MS, len(tb))
 
 
@@ -97,15 +105,7 @@ def test_a_job_with_five_steps_in_the_span_gets_its_step_not_its_buckets():
     """A job that launched late in the span (64-GPU seed 2247: 5 steps of 1.9 s in its first window):
     fewer boundaries than the ladder's eight spacings, the buckets were taken instead (30 ms). Its
     forward gaps stand apart from the buckets' (the steepest drop in gap size)."""
-    rng = np.random.default_rng(11)
-    t, g, now = [], [], 0.0
-    for _ in range(6):
-        fwd = 640.0 * (1 + 0.03 * rng.standard_normal())
-        for b in range(41):
-            t.append(now + fwd + b * 30 + rng.normal(0, 0.5))
-            g.append((fwd if b == 0 else 15) * (1 + 0.05 * rng.standard_normal()))
-        now += fwd + 41 * 30
-    period, tb = gap_ladder(np.array(t) * MS, np.array(g) * MS)
+    period, tb = gap_ladder(*_forward_then_buckets(6, 640.0, 0.03, 41, 30, 15, 0.5, seed=11))
     assert abs(period / (1870 * MS) - 1) < 0.05 and abs(len(tb) - 6) <= 1, (period / MS, len(tb))
 
 
