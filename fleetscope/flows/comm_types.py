@@ -219,7 +219,7 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
             # gap to a collective's overlap), but both ends of a collective hop send at once and a
             # pipeline hop's two directions start together seldom. Only a split the job's
             # structure bears out in full: no pipeline hop inside a DP group, DP groups of one
-            # size, pipeline hops in chains
+            # size, pipeline hops in chains, every rank of a pipeline hop in a DP group too
             c = overlap_split(b["start_co"].to_numpy(), b["start_z"].to_numpy(), zbar, int(b["n_sample"].max() or 1))
             dp = pl.col("start_co") > (c if c is not None else 2.0)
             if c is not None and _consistent(g, dp, uniform=True) and _chains(g, dp) and _both_kinds(g, dp):
