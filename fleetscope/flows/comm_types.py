@@ -22,7 +22,9 @@ DP pairs) never holds a PP pair, and pairs the timing does not settle take the l
 structure gives them (inside a DP group: DP), else the size count. A pair whose directions START
 together significantly less often than chance (`start_z`, against the same shifted chance) is a
 pipeline hop whatever its overlap: both ends of a collective hop send at once, while a pipeline's
-gradient waits for the stages after it (a streaming activation overlaps it all the same); a pair inside a DP group
+gradient waits for the stages after it (a streaming activation overlaps it all the same); one whose
+overlap settles nothing (at chance: a hop busy most of the time) but whose directions start together
+significantly MORE often than chance is a collective hop (`starts_together`); a pair inside a DP group
 with only a few messages, one of them as large as the group's usual message (a ring's
 non-neighbours: the group's broadcast), is the group's too (`dp_group_member`). Inside one job, the split between the two kinds comes from
 the job's own pairs: the two modes of their overlap (`overlap_split`), else of how often their
@@ -277,9 +279,14 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
             pl.when(cut_dp).then(pl.col("how") + "_dp").otherwise(pl.col("how") + "_pp"))
         .when("together").then(pl.lit("both_ways_together"))
         .when("in_turn").then(pl.lit("both_ways_in_turn"))
+        # the overlap at chance level says nothing where a hop is busy most of the time (an FSDP
+        # group of two all-gathers every unit: any shift of one direction still overlaps the
+        # other); its two ends still START together significantly more often than chance: a
+        # collective hop (the mirror of `apart`)
+        .when(pl.col("start_z") > zbar).then(pl.lit("starts_together"))
         .otherwise(pl.lit("unsettled")))
     p = p.with_columns(comm_type=pl.when(~pl.col("job_traffic")).then(pl.lit("other"))
-                       .when(pl.col("timing").is_in(["one_way", "both_ways_together"]) | pl.col("timing").str.ends_with("_dp"))
+                       .when(pl.col("timing").is_in(["one_way", "both_ways_together", "starts_together"]) | pl.col("timing").str.ends_with("_dp"))
                        .then(pl.lit("DP"))
                        .when((pl.col("timing") == "both_ways_in_turn") | pl.col("timing").str.ends_with("_pp")).then(pl.lit("PP"))
                        .otherwise(pl.lit(None, pl.Utf8)),

@@ -51,7 +51,7 @@ COMM_PAIRS = pa.DataFrameSchema(
         "n_steps": pa.Column(pl.Int64),  # segments found by the change-point split
         "mode_distinct_sizes": pa.Column(pl.Int64, nullable=True),
         "raw_type": pa.Column(pl.Utf8, pa.Check.isin(COMM_TYPES)),  # size-count rule alone
-        # one_way | both_ways_together | both_ways_in_turn | dp_transitivity | size_count | aperiodic | not_job_traffic
+        # one_way | both_ways_together | starts_together | both_ways_in_turn | dp_transitivity | size_count | aperiodic | not_job_traffic
         "method": pa.Column(pl.Utf8),
         "refined": pa.Column(pl.Boolean),  # changed by DP transitivity
         "dp_group": pa.Column(pl.Int64, nullable=True),

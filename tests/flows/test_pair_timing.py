@@ -78,3 +78,17 @@ def test_the_pairs_of_a_simulated_job_get_their_true_labels(data, seed, job, why
     wrong = j.filter(pl.col("comm_type").is_null() | (pl.col("comm_type") != pl.col("true")))
     assert wrong.height <= at_most, (why, j.height, wrong.group_by("true", "comm_type", "method").len().rows())
 
+
+
+def test_a_two_rank_fsdp_group_busy_all_the_time_is_dp_by_its_starts(data):
+    # FSDP TP4 x DP2 over TCP: each two-rank group all-gathers every unit in forward and backward,
+    # so its link is busy nine tenths of the time and any shift of one direction overlaps the other
+    # as often as the real alignment does (overlap z about 0): the overlap settles nothing and the
+    # size count (one size) made all four groups PP. Both ends still start each exchange together
+    # (z 8-9 against the shifted chance): a collective hop
+    r = run_folder(simulated(data, 2296, 64, 2, ""))
+    j = _job_pairs(r, "job-001")
+    assert j.height >= 8 and (j["true"] == "DP").all()
+    wrong = j.filter(pl.col("comm_type").is_null() | (pl.col("comm_type") != pl.col("true")))
+    assert wrong.height == 0, wrong.group_by("true", "comm_type", "method").len().rows()
+    assert set(j["method"]) == {"starts_together"}
