@@ -79,7 +79,6 @@ def test_the_pairs_of_a_simulated_job_get_their_true_labels(data, seed, job, why
     assert wrong.height <= at_most, (why, j.height, wrong.group_by("true", "comm_type", "method").len().rows())
 
 
-
 def test_a_two_rank_fsdp_group_busy_all_the_time_is_dp_by_its_starts(data):
     # FSDP TP4 x DP2 over TCP: each two-rank group all-gathers every unit in forward and backward,
     # so its link is busy nine tenths of the time and any shift of one direction overlaps the other
