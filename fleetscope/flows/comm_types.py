@@ -16,8 +16,9 @@ other direction if that direction were shifted by fractions of the pair's period
 cycle and burst structure kept). So no cut-off on the overlap decides: the label is the sign of
 (observed - chance): together when significantly above chance (z against the binomial noise of
 both shares, a Bonferroni bar over the window's pairs), in turn when not above it; a pair whose
-directions carry significantly unequal numbers of flows is no pipeline hop (one activation each
-way per microbatch) but a collective hop that runs (mostly) one way. The job's structure then checks the labels (LLMPrism's transitivity): a DP group (connected
+directions carry significantly unequal shares of its bytes is no pipeline hop (an activation
+forward and its gradient back, tensors of one shape: as many bytes each way, though a transport
+may cut one direction in more flows) but a collective hop that runs (mostly) one way. The job's structure then checks the labels (LLMPrism's transitivity): a DP group (connected
 DP pairs) never holds a PP pair, and pairs the timing does not settle take the label the
 structure gives them (inside a DP group: DP), else the size count. A pair whose directions START
 together significantly less often than chance (`start_z`, against the same shifted chance) is a
@@ -46,12 +47,15 @@ N_SHIFTS = 8  # shifted copies that measure the chance overlap (fractions (k - 0
 
 
 def direction_features(seg_flows: pl.DataFrame, pids: pl.DataFrame, max_flows: int = 400) -> pl.DataFrame:
-    """Per pair (pid): dir_share (minority direction's share of its data flows), overlap (share of an evenly spread sample of
+    """Per pair (pid): dir_share (minority direction's share of its data flows), dir_byte_share (of
+    their bytes) and n_eff_bytes (the flows' effective number for it), overlap (share of an evenly spread sample of
     its flows that overlap a flow of the other direction), overlap_chance (the same with the other
     direction shifted by fractions of the pair's period), n_sample. pids: pid, period_ns."""
+    w = pl.col("bytes").cast(pl.Float64) if "bytes" in seg_flows.columns else pl.lit(1.0)
     f = seg_flows.join(pids.select("pid"), on="pid").select(
-        "pid", "start_ns", "end_ns", ab=pl.col("src_ip") == pl.col("ip_a"))
-    cnt = f.group_by("pid").agg(n=pl.len(), n_ab=pl.col("ab").sum())
+        "pid", "start_ns", "end_ns", ab=pl.col("src_ip") == pl.col("ip_a"), w=w)
+    cnt = f.group_by("pid").agg(n=pl.len(), n_ab=pl.col("ab").sum(), b=pl.col("w").sum(),
+                                b_ab=pl.col("w").filter("ab").sum(), b2=(pl.col("w") ** 2).sum())
     # a sample is enough for a share and keeps this linear in flows
     s = f.with_columns(k=pl.int_range(pl.len()).over("pid"), n=pl.len().over("pid")).filter(
         pl.col("k") % (pl.col("n") // max_flows).clip(lower_bound=1) == 0).drop("k", "n")
@@ -84,6 +88,9 @@ def direction_features(seg_flows: pl.DataFrame, pids: pl.DataFrame, max_flows: i
                                n_sample=(pl.col("shift") == 0).sum())
     return cnt.join(ov, on="pid", how="left").select(
         "pid", dir_share=(pl.min_horizontal(pl.col("n_ab"), pl.col("n") - pl.col("n_ab")) / pl.col("n")).cast(pl.Float64),
+        dir_byte_share=(pl.min_horizontal(pl.col("b_ab"), pl.col("b") - pl.col("b_ab")) / pl.col("b")).cast(pl.Float64),
+        # the flows' effective number for a share of bytes (each flow's direction a coin, weighted by its bytes)
+        n_eff_bytes=(pl.col("b") ** 2 / pl.col("b2")).cast(pl.Float64),
         overlap=pl.col("overlap").fill_null(0.0), overlap_chance=pl.col("overlap_chance").fill_null(0.0),
         start_co=pl.col("start_co").fill_null(0.0), start_co_chance=pl.col("start_co_chance").fill_null(0.0),
         n_sample=pl.col("n_sample").fill_null(0).cast(pl.Int64))
@@ -188,16 +195,18 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
         .when(pl.col("mode_distinct_sizes") == 1).then(pl.lit("PP")).otherwise(pl.lit("DP")))
     jt = p.filter("job_traffic")
     df = direction_features(seg_flows, jt.select("pid", "period_ns")) if jt.height else pl.DataFrame(
-        schema={"pid": pl.Int64, "dir_share": pl.Float64, "overlap": pl.Float64,
+        schema={"pid": pl.Int64, "dir_share": pl.Float64, "dir_byte_share": pl.Float64, "n_eff_bytes": pl.Float64, "overlap": pl.Float64,
                 "overlap_chance": pl.Float64, "start_co": pl.Float64, "start_co_chance": pl.Float64,
                 "n_sample": pl.Int64})
     p = p.join(df, on="pid", how="left")
     p = p.with_columns(overlap_z=_z_vs_chance("overlap", "overlap_chance"), start_z=_z_vs_chance("start_co", "start_co_chance"))
     zbar = bonferroni_z(cfg.label_alpha, max(jt.height, 1))
-    # a pipeline hop carries one activation forward and one gradient back per microbatch: as many
-    # flows each way. A pair whose minority direction carries significantly fewer than half of its
-    # flows is no pipeline hop: a collective hop (mostly) one way
-    bal_z = (0.5 - pl.col("dir_share")) / (0.25 / pl.col("n_flows").clip(lower_bound=1)).sqrt()
+    # a pipeline hop carries one activation forward and its gradient back per microbatch: tensors
+    # of one shape, as many bytes each way (not always as many flows: a transport may cut one
+    # direction's messages in more pieces). A pair whose minority direction carries significantly
+    # less than half of its bytes (each flow's direction a coin weighted by its bytes) is no
+    # pipeline hop: a collective hop (mostly) one way
+    bal_z = (0.5 - pl.col("dir_byte_share")) / (0.25 / pl.col("n_eff_bytes").clip(lower_bound=1)).sqrt()
     one_way = bal_z > zbar
     together = pl.col("overlap_z") > zbar
     # the split between pipeline and collective hops from the data: the two modes of the overlap
@@ -246,8 +255,10 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     # once); a pipeline hop's gradient waits for the stages after it. In turn, whatever its overlap
     # (a large activation streams while the gradient comes back)
     p = p.with_columns(apart=(pl.col("start_z") < -zbar).fill_null(False))
+    # ... unless its two ends also START together significantly more often than chance: a 1F1B
+    # hop's activation and gradient meet now and then, but never leave together
     p = p.with_columns(together=pl.col("together") & ~pl.col("apart")
-                       & ((pl.col("overlap") >= 0.5) | pl.lit(lo_dp is not None)))
+                       & ((pl.col("overlap") >= 0.5) | pl.lit(lo_dp is not None) | (pl.col("start_z") > zbar).fill_null(False)))
     together_ov = p.filter(pl.col("job_traffic") & pl.col("together") & ~pl.col("one_way"))["overlap"]
     dp_level = lo_dp if split.height and lo_dp is not None else (together_ov.min() if together_ov.len() else 0.5)
     nn, ph = pl.col("n_sample").clip(lower_bound=1).cast(pl.Float64), pl.col("overlap")
@@ -344,5 +355,5 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     else:
         p = p.with_columns(dp_group=pl.lit(None, dtype=pl.Int64))
     return p.select("pid", "ip_a", "ip_b", "job_id", "comm_type", "n_flows", "bytes", "n_steps", "mode_distinct_sizes",
-                    "raw_type", "method", "refined", "dp_group", "dir_share", "overlap", "overlap_chance",
+                    "raw_type", "method", "refined", "dp_group", "dir_share", "dir_byte_share", "overlap", "overlap_chance",
                     "overlap_z", "start_co", "start_z").sort("job_id", "ip_a", "ip_b")

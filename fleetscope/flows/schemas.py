@@ -55,8 +55,10 @@ COMM_PAIRS = pa.DataFrameSchema(
         "method": pa.Column(pl.Utf8),
         "refined": pa.Column(pl.Boolean),  # changed by DP transitivity
         "dp_group": pa.Column(pl.Int64, nullable=True),
-        # timing evidence: share of flows in the minority direction, share overlapping the other one
+        # timing evidence: share of flows in the minority direction, and of bytes (the one-way test:
+        # a pipeline hop moves as many bytes each way), share overlapping the other one
         "dir_share": pa.Column(pl.Float64, nullable=True),
+        "dir_byte_share": pa.Column(pl.Float64, nullable=True),
         "overlap": pa.Column(pl.Float64, nullable=True),
         # the overlap the pair's own flows give by chance (one direction shifted by fractions of its
         # period), and the z of (overlap - chance): > 0 together (DP), < 0 in turn (PP)

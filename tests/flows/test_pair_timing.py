@@ -70,6 +70,10 @@ def _job_pairs(r, job):
     (2203, "job-003", "exchanges whose starts spread in two levels", 0),
     # DDP whose light tree hops carry 1/2000 of the ring's bytes: 80 of 192 were not job traffic
     (2209, "job-000", "weak hops inside the job", 0),
+    # DDP TP8 x PP2 x DP2 whose pipeline gradients come back in three flows per activation (as many
+    # bytes each way, a third of the flows): the flow count made 12 of 16 pipeline hops one-way
+    # collectives, and the structure then made the 16 exchanges (overlap 0.97) pipeline hops
+    (2366, "job-000", "pipeline hops whose gradients travel in more flows", 0),
 ])
 def test_the_pairs_of_a_simulated_job_get_their_true_labels(data, seed, job, why, at_most):
     r = run_folder(simulated(data, seed, 64, 2, ""))
@@ -79,15 +83,23 @@ def test_the_pairs_of_a_simulated_job_get_their_true_labels(data, seed, job, why
     assert wrong.height <= at_most, (why, j.height, wrong.group_by("true", "comm_type", "method").len().rows())
 
 
-def test_a_two_rank_fsdp_group_busy_all_the_time_is_dp_by_its_starts(data):
+@pytest.mark.parametrize("seed,job,methods", [
     # FSDP TP4 x DP2 over TCP: each two-rank group all-gathers every unit in forward and backward,
     # so its link is busy nine tenths of the time and any shift of one direction overlaps the other
     # as often as the real alignment does (overlap z about 0): the overlap settles nothing and the
     # size count (one size) made all four groups PP. Both ends still start each exchange together
     # (z 8-9 against the shifted chance): a collective hop
-    r = run_folder(simulated(data, 2296, 64, 2, ""))
-    j = _job_pairs(r, "job-001")
+    (2296, "job-001", {"starts_together"}),
+    # FSDP TP4 x DP2 over RDMA: four of its two-rank groups overlap 0.38-0.50, above chance (z 13-19)
+    # but under half, and start together far more often than chance (z 9-12). With no overlap level
+    # from the window's jobs, under half was read as a 1F1B pipeline hop meeting its gradient now
+    # and then: 6 of 8 PP
+    (2369, "job-002", {"both_ways_together", "starts_together"}),
+])
+def test_a_two_rank_fsdp_group_is_dp_by_its_starts(data, seed, job, methods):
+    r = run_folder(simulated(data, seed, 64, 2, ""))
+    j = _job_pairs(r, job)
     assert j.height >= 8 and (j["true"] == "DP").all()
     wrong = j.filter(pl.col("comm_type").is_null() | (pl.col("comm_type") != pl.col("true")))
     assert wrong.height == 0, wrong.group_by("true", "comm_type", "method").len().rows()
-    assert set(j["method"]) == {"starts_together"}
+    assert set(j["method"]) <= methods, set(j["method"])
