@@ -51,6 +51,7 @@ def direction_features(seg_flows: pl.DataFrame, pids: pl.DataFrame, max_flows: i
     their bytes) and n_eff_bytes (the flows' effective number for it), overlap (share of an evenly spread sample of
     its flows that overlap a flow of the other direction), overlap_chance (the same with the other
     direction shifted by fractions of the pair's period), n_sample. pids: pid, period_ns."""
+    # (bytes weigh the one-way share; a frame without them, timing alone, weighs flows alike)
     w = pl.col("bytes").cast(pl.Float64) if "bytes" in seg_flows.columns else pl.lit(1.0)
     f = seg_flows.join(pids.select("pid"), on="pid").select(
         "pid", "start_ns", "end_ns", ab=pl.col("src_ip") == pl.col("ip_a"), w=w)
@@ -255,8 +256,10 @@ def classify_pairs(pairs: pl.DataFrame, job_pairs: pl.DataFrame, seg_flows: pl.D
     # once); a pipeline hop's gradient waits for the stages after it. In turn, whatever its overlap
     # (a large activation streams while the gradient comes back)
     p = p.with_columns(apart=(pl.col("start_z") < -zbar).fill_null(False))
-    # ... unless its two ends also START together significantly more often than chance: a 1F1B
-    # hop's activation and gradient meet now and then, but never leave together
+    # ... unless its two ends also START together significantly more often than chance (a two-rank
+    # FSDP group overlapping under half). Not a clean line: a 1F1B hop's next activation may leave
+    # as a gradient arrives, a little beyond chance (96-GPU seed 40: start z 3.8-4.5, just over the
+    # bar, read DP; docs/figures/flows.md, stop 55)
     p = p.with_columns(together=pl.col("together") & ~pl.col("apart")
                        & ((pl.col("overlap") >= 0.5) | pl.lit(lo_dp is not None) | (pl.col("start_z") > zbar).fill_null(False)))
     together_ov = p.filter(pl.col("job_traffic") & pl.col("together") & ~pl.col("one_way"))["overlap"]
