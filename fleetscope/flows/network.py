@@ -162,7 +162,7 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
         med=pl.col("lp").first(), n_peer=pl.col("n_peer").first(), n_pairs=pl.col("n_pairs").first()) \
         .join(f.group_by(*key, "bin").agg(tm=trimmed_mean(pl.col("x")), base_peer_s=pl.col("x").median()),
               on=[*key, "bin"], nulls_equal=True) \
-        .select(*key, "bin", "n_peer", "base_peer_s", base_peer=pl.when((pl.col("comm_type") == "DP") & (pl.col("n_pairs") >= 3))
+        .select(*key, "bin", "n_peer", "base_peer_s", "n_pairs", base_peer=pl.when((pl.col("comm_type") == "DP") & (pl.col("n_pairs") >= 3))
                 .then("med").otherwise("tm"))
     f = f.join(peer, on=[*key, "bin"], how="left", nulls_equal=True).with_columns(n_hist=pl.len().over("hid"))
     # stall_causes judges single transfers against medians (a stalled transfer is an outlier of its
@@ -198,15 +198,18 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
         base_peer=pl.col("base_peer") + pl.min_horizontal(pl.col("cls_off").fill_null(0.0), 0.0),
         base_peer_s=pl.col("base_peer_s") + pl.min_horizontal(pl.col("cls_off").fill_null(0.0), 0.0))
     f = with_cohorts(f, cfg).join(background_levels(f), on="fid", how="left")
+    f = f.join(_stall_levels(f, cfg), on=["src_ip", "dst_ip", "route", "size"], how="left", nulls_equal=True)
     return f.with_columns(
         # background transfers have no peers moving the same thing at the same time (two storage
         # servers serve at their own rates): only their own history is a baseline
         e_peer=pl.when((pl.col("n_peer") >= cfg.min_peer_flows) & (pl.col("comm_type") != "bg"))
         .then(pl.col("x") - pl.col("base_peer")),
         e_hist=pl.when(pl.col("n_hist") >= cfg.min_peer_flows).then(pl.col("x") - pl.col("base_hist")),
-        e_peer_s=pl.when((pl.col("n_peer") >= cfg.min_peer_flows) & (pl.col("comm_type") != "bg"))
+        # (a single transfer's peers are other pairs: a two-member group's one pair is no baseline for itself)
+        e_peer_s=pl.when((pl.col("n_peer") >= cfg.min_peer_flows) & (pl.col("comm_type") != "bg") & (pl.col("n_pairs") >= 2))
         .then(pl.col("x") - pl.col("base_peer_s")),
-        e_hist_s=pl.when(pl.col("n_hist") >= cfg.min_peer_flows).then(pl.col("x") - pl.col("base_hist_s")),
+        e_hist_s=pl.when(pl.col("own_ok")).then(pl.col("x") - pl.col("base_hist_s"))
+        .otherwise(pl.col("x") - pl.col("floor_s")),
         unit=pl.when(pl.col("comm_type") == "DP").then(pl.lit("dp:") + pl.col("job_id") + "/" + pl.col("dp_group").cast(pl.Utf8))
         .otherwise(pl.col("comm_type") + ":" + pl.col("pid").cast(pl.Utf8)),
         cohort=pl.col("job_id") + "/" + pl.col("cohort").cast(pl.Utf8),
@@ -278,6 +281,22 @@ def collective_wait(f: pl.DataFrame) -> pl.DataFrame:
     t0[tids], has[tids] = x["t0"].to_numpy(), True
     ft = f["tid"].to_numpy()
     return f.with_columns(t0=pl.when(pl.Series(has[ft])).then(pl.Series(t0[ft])).otherwise(pl.col("start_ns")))
+
+
+def _stall_levels(f: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
+    """Per directed pair, route and size class: own_ok, whether the class's level was measured at
+    min_peer_flows moments or more (its DP flows' cohorts, else its transfers), and floor_s, the
+    lowest such level among the pair's classes on that route: a single transfer's baseline (the stall
+    test's) where its own class has none. A link that goes down holds what it carries, and an exporter
+    merges the held pieces into one long record of a size of its own (64-GPU seed 2191: a 119 MB
+    record in 650 ms, four queue pairs, two moments, where the pair moves 26 MB pieces in 4 ms): that
+    class's level is the stall itself. The slowest credible class, not the largest smaller one: a
+    paced ring hop moves its larger transfers slower than its small ones all the time (seed 2195)."""
+    moment = pl.coalesce(pl.col("cohort").cast(pl.Utf8), pl.lit("t") + pl.col("tid").cast(pl.Utf8))
+    cls = f.group_by("src_ip", "dst_ip", "route", "size").agg(lv=pl.col("x").median(), m=moment.n_unique()) \
+        .with_columns(own_ok=pl.col("m") >= cfg.min_peer_flows)
+    return cls.with_columns(floor_s=pl.when("own_ok").then("lv").min().over("src_ip", "dst_ip", "route")) \
+        .select("src_ip", "dst_ip", "route", "size", "own_ok", "floor_s")
 
 
 def background_levels(f: pl.DataFrame) -> pl.DataFrame:
@@ -748,7 +767,7 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     duration, in episodes scattered over the window; no typical flow of it is slow. Per candidate
     (NIC or switch): its stalled flows (rate below stall_ratio of their peers') against the number
     its flows' jobs stall anyway (a Poisson test, Bonferroni over the candidates), in >= 2 episodes
-    (stalls more than a second apart) of more than one transfer each. The most
+    (runs of overlapping stalled flows) of more than one transfer each. The most
     specific candidate explains the others: the NIC whose stalls involve several peers, not each peer."""
     empty = pl.DataFrame(schema={"kind": pl.Utf8, "cand": pl.Utf8, "k": pl.Int64, "lam": pl.Float64,
                                  "episodes": pl.Int64, "s": pl.Int64, "e": pl.Int64, "jobs": pl.Utf8})
@@ -777,18 +796,24 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     out = []
     remaining = x
     for _ in range(cfg.max_causes):
-        st = remaining.filter("stall").sort("start_ns").with_columns(
-            ep=(pl.col("start_ns").diff().over("kind", "cand").fill_null(1 << 62) > 1_000_000_000).cast(pl.Int64))
-        # a link that is down stalls what it carries while it is down, transfer after transfer: an
-        # episode of one stalled transfer (its queue pairs, concurrent flows of one pair, stall together)
-        # while the rest of the link's traffic moved is that transfer's, not the link's
-        grp = ["kind", "cand", "epid", "src_ip", "dst_ip"]
-        st = st.with_columns(epid=pl.col("ep").cum_sum().over("kind", "cand")).sort(*grp, "start_ns").with_columns(
-            new=(pl.col("start_ns") > pl.col("end_ns").cum_max().shift(1).over(grp)).fill_null(True))
-        st = st.with_columns(ep=pl.when(pl.col("new").sum().over("kind", "cand", "epid") >= 2).then("ep").otherwise(0)) \
-            .sort("start_ns")
-        agg = st.group_by("kind", "cand").agg(k=pl.len(), episodes=pl.col("ep").sum(),
+        # episodes, two ways a link's stalls come (a candidate has the larger count of the two):
+        # - scattered: stalls more than a second apart start a new episode (a congested or lossy port
+        #   stalls one transfer here, one there: the real recording congested_uplink's spine);
+        # - held: a link that is down holds everything it carries until it is back, so its stalled
+        #   flows overlap; a new episode starts once every earlier one has ended (two flaps 0.4 s apart,
+        #   bridged by a held pipeline hop, were one scattered episode: 64-GPU seed 2191). It counts
+        #   only if most of the candidate's flows in flight then stalled and it lasted longer than the
+        #   candidate's typical gap between flow starts (a two-member group's small messages, slow all
+        #   window beside its fast ones, are each an episode by time: seed 2193's healthy job)
+        st = remaining.filter("stall").sort("start_ns", "end_ns")
+        apart = pl.col("start_ns").diff().over("kind", "cand").fill_null(1 << 62) > 1_000_000_000
+        after = (pl.col("start_ns") > pl.col("end_ns").cum_max().shift(1).over("kind", "cand")).fill_null(True)
+        st = _episodes(st.with_columns(ep=apart.cast(pl.Int64)), None).rename({"ep": "ep_apart"}) \
+            .with_columns(ep=after.cast(pl.Int64))
+        st = _episodes(st, remaining)
+        agg = st.group_by("kind", "cand").agg(k=pl.len(), episodes=pl.max_horizontal(pl.col("ep").sum(), pl.col("ep_apart").sum()),
                                                peers=pl.concat([pl.col("src_ip"), pl.col("dst_ip")]).n_unique(),
+                                               held=pl.col("held").mean(),
                                                s=pl.col("start_ns").min(), e=pl.col("end_ns").max(),
                                                jobs=pl.col("job_id").drop_nulls().unique().sort().str.join(","))
         # what its flows would stall anyway: each job's stall rate on its flows that do not cross the
@@ -806,14 +831,58 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
         agg = agg.with_columns(pv=pl.Series(pv)).filter(pl.col("pv") <= alpha)
         if agg.height == 0:
             break
-        # equal evidence (a leaf and the spine on the same stalled paths): the one whose stalls are least
-        # expected from its other flows
-        best = agg.sort(["episodes", "peers", "k", "pv", "kind", "cand"],
-                        descending=[True, True, True, False, False, False]).row(0, named=True)
+        # equal evidence (a leaf and the spine on the same stalled paths): the one that held the most of
+        # what it carried while its flows stalled (a down element holds all of it), then the one whose
+        # stalls are least expected from its other flows
+        best = agg.sort(["episodes", "peers", "held", "k", "pv", "kind", "cand"],
+                        descending=[True, True, True, True, False, False, False], nulls_last=True).row(0, named=True)
         out.append({k: best[k] for k in empty.columns})
         mine = remaining.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]) & pl.col("stall"))
         remaining = remaining.join(mine.select("fid").unique(), on="fid", how="anti")
     return pl.DataFrame(out, schema=empty.schema) if out else empty
+
+
+def _episodes(st: pl.DataFrame, x: pl.DataFrame | None) -> pl.DataFrame:
+    """st (a candidate's stalled flows in time order, ep: 1 where an episode starts) with ep kept only
+    on episodes of two or more transfers: a link stalls what it carries, transfer after transfer, and
+    one stalled transfer (its queue pairs, concurrent flows of one pair, stall together) while the
+    rest of the link's traffic moved is that transfer's, not the link's. With x (every flow of every
+    candidate), also only on episodes that held the link (_held_share)."""
+    grp = ["kind", "cand", "epid", "src_ip", "dst_ip"]
+    st = st.with_columns(epid=pl.col("ep").cum_sum().over("kind", "cand")).sort(*grp, "start_ns").with_columns(
+        new=(pl.col("start_ns") > pl.col("end_ns").cum_max().shift(1).over(grp)).fill_null(True))
+    keep = pl.col("new").sum().over("kind", "cand", "epid") >= 2
+    if x is not None:
+        st = st.join(_held_share(st, x), on=["kind", "cand", "epid"], how="left")
+        keep = keep & (pl.col("held") > 0.5) & pl.col("long")
+    return st.with_columns(ep=pl.when(keep).then("ep").otherwise(0)).drop("epid", "new", "long", strict=False) \
+        .sort("start_ns", "end_ns")
+
+
+def _held_share(st: pl.DataFrame, x: pl.DataFrame) -> pl.DataFrame:
+    """kind, cand, epid, held: per stall episode of a candidate (st: its stalled flows, with epid), the
+    share of the candidate's flows in flight during the episode's span (x: every flow of every
+    candidate) that stalled. Counted by binary search over each candidate's starts and ends, keyed
+    by candidate then time (a flow overlaps [s, e) when it starts before e and does not end by s)."""
+    ep = st.group_by("kind", "cand", "epid").agg(s=pl.col("start_ns").min(), e=pl.col("end_ns").max(), k=pl.len())
+    if ep.height == 0:
+        return ep.select("kind", "cand", "epid", held=pl.lit(None, dtype=pl.Float64), long=pl.lit(None, dtype=pl.Boolean))
+    fl = x.join(ep.select("kind", "cand").unique(), on=["kind", "cand"], how="semi") \
+        .unique(["kind", "cand", "fid"]).select("kind", "cand", "start_ns", "end_ns")
+    codes = fl.select("kind", "cand").unique().sort("kind", "cand").with_row_index("c")
+    fl, ep = fl.join(codes, on=["kind", "cand"]), ep.join(codes, on=["kind", "cand"])
+    t0 = int(min(fl["start_ns"].min(), ep["s"].min()))
+    span = int(max(fl["end_ns"].max(), ep["e"].max())) - t0 + 1
+    c, ce = fl["c"].to_numpy().astype(np.int64), ep["c"].to_numpy().astype(np.int64)
+    starts = np.sort(c * span + (fl["start_ns"].to_numpy() - t0))
+    ends = np.sort(c * span + (fl["end_ns"].to_numpy() - t0))
+    n = (np.searchsorted(starts, ce * span + (ep["e"].to_numpy() - t0), "left")
+         - np.searchsorted(ends, ce * span + (ep["s"].to_numpy() - t0), "right"))
+    # the candidate's typical spacing of flow starts (the median gap between distinct starts)
+    gap = fl.select("c", "start_ns").unique().sort("c", "start_ns").with_columns(
+        g=pl.col("start_ns").diff().over("c")).group_by("c").agg(gap=pl.col("g").median())
+    ep = ep.with_columns(held=ep["k"] / pl.Series(np.maximum(n, 1))).join(gap, on="c", how="left")
+    return ep.select("kind", "cand", "epid", "held", long=(pl.col("e") - pl.col("s")) > pl.col("gap").fill_null(0))
 
 
 # the detectors whose subject is a localized element (localize's causes)

@@ -262,3 +262,20 @@ def _busy_switch(job: JobSpec, fab: Fabric, rng: np.random.Generator, avoid: set
     if keep.any():
         vals, cnt = vals[keep], cnt[keep]
     return int(rng.choice(vals, p=cnt / cnt.sum()))
+
+
+def held_while_down(start: np.ndarray, dur: np.ndarray, src: np.ndarray, dst: np.ndarray, faults: list) -> np.ndarray:
+    """Durations of transfers (start, dur in ns; src, dst endpoints) once every flapping link has held
+    them: a link that is down moves nothing, so a transfer crossing it that is in flight (or starts)
+    while it is down finishes that much later, whatever it carries (a pipeline hop's activation, a
+    storage read). The DP collectives' stall is modelled in execution (it paces their rings)."""
+    dur = np.asarray(dur, dtype=np.int64).copy()
+    start = np.asarray(start, dtype=np.int64)
+    for f in faults:
+        if f.kind != "flapping_link" or not f.flaps:
+            continue
+        on = (src == f.endpoint) | (dst == f.endpoint)
+        for a, b in sorted(f.flaps):          # in time order: a transfer held by one may run into the next
+            hit = on & (start < b) & (start + dur > a)
+            dur = np.where(hit, dur + (b - np.maximum(start, a)), dur)
+    return dur

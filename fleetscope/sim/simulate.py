@@ -32,7 +32,7 @@ from fleetscope.sim.background import ROLE, background_flows, slowed_by_faults
 from fleetscope.sim.conventions import draw_conventions
 from fleetscope.sim.execution import KIND_DP, KIND_PP, run_job
 from fleetscope.sim.fabric import GPUS_PER_HOST, build_fabric
-from fleetscope.sim.faults import choose_faults
+from fleetscope.sim.faults import choose_faults, held_while_down
 from fleetscope.sim.jobs import place_jobs, records_per_minute
 from fleetscope.sim.render import identity, render_flows, transport, write_topology
 
@@ -139,6 +139,9 @@ def simulate(out_dir, gpus: int = 64, jobs: int | None = None, minutes: float = 
         bcode = _pair_code(bg["src"].to_numpy(), bg["dst"].to_numpy())
         bg = bg.filter(pl.Series(~np.isin(bcode, np.unique(code))))
     background = _truth_background(bg, job_ids, fab)
+
+    # ---- a flapping link holds what crosses it while down (pipeline hops, background) -----------
+    in_win, bg = (_held(x, fault_list, x["kind"] != KIND_DP) for x in (in_win, bg))
 
     # ---- render the records ------------------------------------------------------------------
     rcols = ["kind", "tr", "src", "dst", "fh", "start", "dur", "busy", "bytes"]
@@ -398,6 +401,18 @@ def _truth_background(bg: pl.DataFrame, job_ids, fab) -> pl.DataFrame:
     g = g.with_columns(ip_a=pl.min_horizontal("s", "d"), ip_b=pl.max_horizontal("s", "d"))
     return (g.group_by("ip_a", "ip_b", "role").agg(pl.col("job_id").drop_nulls().first(), pl.col("n_flows").sum().cast(pl.Int64))
             .sort("ip_a", "ip_b", "role"))
+
+
+def _held(df: pl.DataFrame, faults, which: pl.Series) -> pl.DataFrame:
+    """df's transfers in `which` held by the flapping links they cross (faults.held_while_down): the
+    time held is time the transfer was trying to send (busy), as in the DP collectives' stall."""
+    if df.height == 0 or not any(f.kind == "flapping_link" and f.flaps for f in faults):
+        return df
+    dur = df["dur"].to_numpy()
+    new = held_while_down(df["start"].to_numpy(), dur, df["src"].to_numpy(), df["dst"].to_numpy(), faults)
+    new = np.where(which.to_numpy(), new, dur)
+    return df.with_columns(dur=pl.Series(new).cast(df["dur"].dtype),
+                           busy=(pl.col("busy") + pl.Series(new - dur)).cast(df["busy"].dtype))
 
 
 def _affected(f, flows: pl.DataFrame, job_ids, fab) -> str | None:

@@ -173,3 +173,23 @@ def test_a_congested_hop_streaming_chunks_keeps_its_slow_rate():
     r = flow_residuals(*ring(recs), FlowConfig())
     late = r.filter((pl.col("start_ns") >= recs[3 * 200][1]) & pl.col("src_ip").is_in(["10.0.0.1", "10.0.2.1"]))
     assert abs(late["x"].median() - np.log(rate / 2)) < 0.02
+
+
+def test_a_held_transfer_merged_into_a_size_of_its_own_is_stalled_against_the_pairs_slowest_class():
+    """A link that goes down holds a two-member group's bucket: the exporter writes the whole 119 MB in
+    one 650 ms record, twice, where the pair moves its 26 MB pieces in 4 ms every 100 ms (64-GPU seed
+    2191). That size class is measured at two moments only: its own level is the stall, so its single
+    transfers are judged against the pair's slowest class measured at many moments. The same pair's
+    healthy classes keep their own level (no stall)."""
+    rng = np.random.default_rng(3)
+    recs = [(int(t * S) + int(rng.integers(0, 1000)), 4_000_000 + int(rng.normal(0, 20_000)), 26_214_400)
+            for t in np.arange(0, 60, 0.1)]
+    # (on four queue pairs: eight records, enough for a level by count)
+    held = [(int(61.4 * S) + q, 650_000_000, 119_215_317) for q in range(4)] \
+        + [(int(62.96 * S) + q, 517_000_000, 119_215_317) for q in range(4)]
+    f = pl.concat([stream(recs), stream(held).with_columns(src_qp=pl.Series([10, 11, 12, 13] * 2))], how="vertical_relaxed")
+    r = flow_residuals(f, PAIRS, FlowConfig())
+    held = r.filter(pl.col("start_ns") > 61 * S)
+    assert held.height == 8 and (held["e_hist_s"].fill_null(0.0) < np.log(0.1)).all(), held.select("size", "x", "e_hist_s")
+    # the healthy pieces: within their own jitter of their level
+    assert r.filter(pl.col("start_ns") < 61 * S)["e_hist_s"].abs().max() < 0.1

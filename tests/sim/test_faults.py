@@ -184,3 +184,21 @@ def test_a_congested_switch_or_degraded_nic_slows_the_background_transfers_throu
     crosses = fab.leaf[nic] == leaf
     assert (out["dur"][(kind == KIND_STORAGE) & crosses] == 2_000_000).all()
     assert (out["dur"][(kind == KIND_STORAGE) & ~crosses] == 1_000_000).all()
+
+
+def test_a_down_link_holds_every_transfer_crossing_it_and_nothing_else():
+    from fleetscope.sim.faults import Fault, held_while_down
+
+    S = 1_000_000_000
+    f = Fault(fault_id="F0", kind="flapping_link", scope="link", subject="n7", start_ns=0, end_ns=100 * S,
+              magnitude=1.5)
+    f.endpoint, f.flaps = 7, [(10 * S, 11 * S), (12 * S, 12 * S + S // 2)]
+    # in flight at the first flap; starting inside it; held by the first into the second; another link's
+    start = np.array([9 * S + S // 2, 10 * S + S // 4, 9 * S + S // 2, 9 * S + S // 2, 20 * S])
+    dur = np.array([S, S // 10, 2 * S, S, S // 10])
+    src, dst = np.array([7, 3, 3, 4, 7]), np.array([3, 7, 7, 5, 3])
+    got = held_while_down(start, dur, src, dst, [f])
+    assert got[0] == dur[0] + S                          # held for the whole first flap
+    assert got[1] == dur[1] + 3 * S // 4                 # waits from its start to the link's return
+    assert got[2] == dur[2] + S + S // 2                 # held by the first flap into the second, held again
+    assert got[3] == dur[3] and got[4] == dur[4]         # another link's; after the flaps
