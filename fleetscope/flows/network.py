@@ -138,7 +138,7 @@ def flow_residuals(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig,
         # transfers of one size class
         size=pl.col("tb").cast(pl.Float64).log(2).round(0).cast(pl.Int32),
         bin=(pl.col("start_ns") // cfg.diag_bin_ns),
-    ).drop("tb", "tt")
+    ).filter(pl.col("tt") >= tick).drop("tb", "tt")
     key = ["job_id", "comm_type", "size"]
     # history: the same pair in the same direction on the same path moving transfers of the same size
     # over the span (in a small ring most of a collective's flows may cross the faulty NIC, and then its
@@ -785,7 +785,7 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     # stalled flows first, so only their candidates' flows are joined
     stalled = cand.join(r.filter("stall").select("fid"), on="fid", how="semi").select("kind", "cand").unique()
     x = cand.join(stalled, on=["kind", "cand"], how="semi") \
-        .join(r.select("fid", "stall", "start_ns", "end_ns", "job_id", "src_ip", "dst_ip"), on="fid")
+        .join(r.select("fid", "stall", "start_ns", "end_ns", "job_id", "src_ip", "dst_ip", "unit"), on="fid")
     if exclude:
         # a named cause explains its flows' stalls too (the rate it moves at is its verdict): they are no
         # evidence against its neighbours
@@ -814,17 +814,30 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
         agg = st.group_by("kind", "cand").agg(k=pl.len(), episodes=pl.max_horizontal(pl.col("ep").sum(), pl.col("ep_apart").sum()),
                                                peers=pl.concat([pl.col("src_ip"), pl.col("dst_ip")]).n_unique(),
                                                held=pl.col("held").mean(),
+                                               hold=pl.col("cov").filter(pl.col("hop_first")).mean(),
                                                s=pl.col("start_ns").min(), e=pl.col("end_ns").max(),
                                                jobs=pl.col("job_id").drop_nulls().unique().sort().str.join(","))
         # what its flows would stall anyway: each job's stall rate on its flows that do not cross the
         # candidate (a degraded element's own stalls would otherwise raise the bar it is judged by)
+        # ... nor belong to the collectives its stalled flows belong to (a ring moves at its slowest hop's
+        # pace: the other hops of a ring through a down link stall with it, and are no evidence of how
+        # often the job stalls anyway: 64-GPU seed 2206's three-member ring)
         fl = remaining.unique("fid")
         tot = fl.group_by("job_id").agg(n_j=pl.len(), k_j=pl.col("stall").sum())
-        lam = remaining.group_by("kind", "cand", "job_id").agg(n_c=pl.len(), k_c=pl.col("stall").sum()) \
+        jc = ["kind", "cand", "job_id"]
+        cu = remaining.filter("stall").select(*jc, "unit").unique()
+        units = cu.join(fl.group_by("job_id", "unit").agg(n_u=pl.len(), k_u=pl.col("stall").sum()),
+                        on=["job_id", "unit"], nulls_equal=True).group_by(jc).agg(pl.col("n_u", "k_u").sum())
+        both = remaining.join(cu, on=[*jc, "unit"], how="semi", nulls_equal=True).group_by(jc) \
+            .agg(n_o=pl.len(), k_o=pl.col("stall").sum())
+        lam = remaining.group_by(jc).agg(n_c=pl.len(), k_c=pl.col("stall").sum()) \
+            .join(units, on=jc, how="left", nulls_equal=True).join(both, on=jc, how="left", nulls_equal=True) \
+            .with_columns(pl.col("n_u", "k_u", "n_o", "k_o").fill_null(0)).with_columns(
+            n_x=pl.col("n_c") + pl.col("n_u") - pl.col("n_o"), k_x=pl.col("k_c") + pl.col("k_u") - pl.col("k_o")) \
             .join(tot, on="job_id", nulls_equal=True).with_columns(
-            p0=((pl.col("k_j") - pl.col("k_c")) / (pl.col("n_j") - pl.col("n_c")).clip(lower_bound=1)).clip(1e-5, 0.5)) \
+            p0=((pl.col("k_j") - pl.col("k_x")) / (pl.col("n_j") - pl.col("n_x")).clip(lower_bound=1)).clip(1e-5, 0.5)) \
             .group_by("kind", "cand").agg(lam=(pl.col("n_c") * pl.col("p0")).sum())
-        agg = agg.join(lam, on=["kind", "cand"]).filter(pl.col("episodes") >= 2)
+        agg = agg.join(lam, on=["kind", "cand"]).filter((pl.col("episodes") >= 2) & (pl.col("peers") >= 3))
         if agg.height == 0:
             break
         pv = poisson.sf(agg["k"].to_numpy() - 1, agg["lam"].to_numpy())
@@ -834,8 +847,8 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
         # equal evidence (a leaf and the spine on the same stalled paths): the one that held the most of
         # what it carried while its flows stalled (a down element holds all of it), then the one whose
         # stalls are least expected from its other flows
-        best = agg.sort(["episodes", "peers", "held", "k", "pv", "kind", "cand"],
-                        descending=[True, True, True, True, False, False, False], nulls_last=True).row(0, named=True)
+        best = agg.sort(["episodes", "held", "hold", "peers", "k", "pv", "kind", "cand"],
+                        descending=[True, True, True, True, True, False, False, False], nulls_last=True).row(0, named=True)
         out.append({k: best[k] for k in empty.columns})
         mine = remaining.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]) & pl.col("stall"))
         remaining = remaining.join(mine.select("fid").unique(), on="fid", how="anti")
@@ -855,6 +868,13 @@ def _episodes(st: pl.DataFrame, x: pl.DataFrame | None) -> pl.DataFrame:
     if x is not None:
         st = st.join(_held_share(st, x), on=["kind", "cand", "epid"], how="left")
         keep = keep & (pl.col("held") > 0.5) & pl.col("long")
+        # cov: how much of the episode each of its stalled hops was held for (its longest stalled flow
+        # over the episode's span), once per hop (hop_first): the down link's own hops are held through
+        # the outage; the hops of its rings that it paces move in short pieces meanwhile
+        ep_cols = ["kind", "cand", "epid"]
+        span = pl.col("end_ns").max().over(ep_cols) - pl.col("start_ns").min().over(ep_cols)
+        st = st.with_columns(cov=pl.when(keep).then((pl.col("end_ns") - pl.col("start_ns")).max().over(grp) / span),
+                             hop_first=pl.int_range(pl.len()).over(grp) == 0)
     return st.with_columns(ep=pl.when(keep).then("ep").otherwise(0)).drop("epid", "new", "long", strict=False) \
         .sort("start_ns", "end_ns")
 

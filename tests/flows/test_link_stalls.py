@@ -10,12 +10,12 @@ from fleetscope.flows.network import stall_causes
 
 S = 1_000_000_000
 WINDOW = (0, 60 * S)
-LEAF = {"a": "leaf1", "b": "leaf1", "c": "leaf2", "d": "leaf2"}
+LEAF = {"a": "leaf1", "b": "leaf1", "c": "leaf2", "d": "leaf2", "e": "leaf2"}
 
 
 def flows(pairs: dict[tuple[str, str], float], seed: int = 0) -> pl.DataFrame:
-    """Residuals of one job's flows: per directed pair, one 50 ms flow every `every` seconds over the
-    window, healthy (both residuals around 0)."""
+    """Residuals of one job's flows: per directed pair (a collective of its own), one 50 ms flow every
+    `every` seconds over the window, healthy (both residuals around 0)."""
     rng = np.random.default_rng(seed)
     rows = []
     for (src, dst), every in pairs.items():
@@ -25,6 +25,7 @@ def flows(pairs: dict[tuple[str, str], float], seed: int = 0) -> pl.DataFrame:
     f = pl.DataFrame(rows, schema=["src_ip", "dst_ip", "start_ns", "end_ns", "path"], orient="row")
     return f.with_row_index("fid").with_columns(
         fid=pl.col("fid").cast(pl.Int64), job_id=pl.lit("job-1"), bin=pl.col("start_ns") // (10 * S),
+        unit=pl.lit("PP:") + pl.col("src_ip") + pl.col("dst_ip"),
         e_peer=pl.Series(rng.normal(0, 0.05, f.height)), e_hist=pl.Series(rng.normal(0, 0.05, f.height)))
 
 
@@ -130,3 +131,28 @@ def test_a_kind_of_message_slow_all_window_beside_fast_ones_is_no_flapping_link(
         end_ns=pl.col("start_ns") + 3_200_000) for i, s in enumerate(("b", "c"))])
     late = (pl.col("fid") >= 100_000) & (pl.col("start_ns") >= 20 * S)
     assert named(stall(pl.concat([f, small]), late)) == []
+
+
+def test_a_pair_whose_own_transfers_stall_is_no_link():
+    """Only one pair's flows stall (both ways, in three episodes): that pair's transfers are slow, or
+    its two ends cannot be told apart; no element is named on one pair's stalls (64-GPU seed 2193's
+    healthy job: one pair's small messages moving at a tenth of their peers' for half a minute)."""
+    pairs = {("a", "b"): 0.1, ("b", "c"): 0.1, ("c", "b"): 0.1, ("c", "d"): 0.1, ("d", "a"): 0.1}
+    f = flows(pairs)
+    at = through("b") & through("c") & down(*FLAPS)
+    assert named(stall(f, at)) == []
+
+
+def test_a_ring_paced_by_a_down_link_is_no_evidence_against_it():
+    """A three-member ring a -> b -> c -> a: b's link goes down twice and holds its two hops through each
+    outage; the hop c -> a, waiting on the ring, moves in short stalled pieces meanwhile. Those pieces
+    are the ring's pacing, not how often the job stalls anyway (counted so, they set a bar b's two held
+    hops could not pass, and the leaf carrying the whole ring was named: 64-GPU seed 2206). The job's
+    other collective (d <-> e) moves all along."""
+    ring = {("a", "b"): 0.1, ("b", "c"): 0.1, ("c", "a"): 0.1}
+    other = {("d", "e"): 0.05, ("e", "d"): 0.05}
+    f = pl.concat([flows(ring).with_columns(unit=pl.lit("dp:job-1/0")),
+                   flows(other, seed=1).with_columns(fid=pl.col("fid") + 100_000, unit=pl.lit("dp:job-1/1"))])
+    paced = (pl.col("src_ip") == "c") & (pl.col("dst_ip") == "a") & down((10, 11), (30, 31))
+    f = stall(flap(f, "b", (10, 11), (30, 31)), paced)
+    assert named(f) == [("nic", "b")]
