@@ -828,21 +828,17 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
                                                jobs=pl.col("job_id").drop_nulls().unique().sort().str.join(","))
         # what its flows would stall anyway: each job's stall rate on its flows that do not cross the
         # candidate (a degraded element's own stalls would otherwise raise the bar it is judged by)
-        # ... nor belong to the collectives its stalled flows belong to (a ring moves at its slowest hop's
-        # pace: the other hops of a ring through a down link stall with it, and are no evidence of how
-        # often the job stalls anyway: 64-GPU seed 2206's three-member ring)
+        # ... nor move in its stalled flows' collectives while those stalled (a ring moves at its slowest
+        # hop's pace: the other hops of a ring through a down link stall with it, and are no evidence of
+        # how often the job stalls anyway: 64-GPU seed 2206's three-member ring)
         fl = remaining.unique("fid")
         tot = fl.group_by("job_id").agg(n_j=pl.len(), k_j=pl.col("stall").sum())
         jc = ["kind", "cand", "job_id"]
-        cu = remaining.filter("stall").select(*jc, "unit").unique()
-        units = cu.join(fl.group_by("job_id", "unit").agg(n_u=pl.len(), k_u=pl.col("stall").sum()),
-                        on=["job_id", "unit"], nulls_equal=True).group_by(jc).agg(pl.col("n_u", "k_u").sum())
-        both = remaining.join(cu, on=[*jc, "unit"], how="semi", nulls_equal=True).group_by(jc) \
-            .agg(n_o=pl.len(), k_o=pl.col("stall").sum())
+        paced = _paced_with(remaining, fl)
         lam = remaining.group_by(jc).agg(n_c=pl.len(), k_c=pl.col("stall").sum()) \
-            .join(units, on=jc, how="left", nulls_equal=True).join(both, on=jc, how="left", nulls_equal=True) \
-            .with_columns(pl.col("n_u", "k_u", "n_o", "k_o").fill_null(0)).with_columns(
-            n_x=pl.col("n_c") + pl.col("n_u") - pl.col("n_o"), k_x=pl.col("k_c") + pl.col("k_u") - pl.col("k_o")) \
+            .join(paced, on=jc, how="left", nulls_equal=True) \
+            .with_columns(pl.col("n_p", "k_p").fill_null(0)).with_columns(
+            n_x=pl.col("n_c") + pl.col("n_p"), k_x=pl.col("k_c") + pl.col("k_p")) \
             .join(tot, on="job_id", nulls_equal=True).with_columns(
             p0=((pl.col("k_j") - pl.col("k_x")) / (pl.col("n_j") - pl.col("n_x")).clip(lower_bound=1)).clip(1e-5, 0.5)) \
             .group_by("kind", "cand").agg(lam=(pl.col("n_c") * pl.col("p0")).sum())
@@ -870,6 +866,22 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
         mine = remaining.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]) & pl.col("stall"))
         remaining = remaining.join(mine.select("fid").unique(), on="fid", how="anti")
     return pl.DataFrame(out, schema=empty.schema) if out else empty
+
+
+def _paced_with(x: pl.DataFrame, fl: pl.DataFrame) -> pl.DataFrame:
+    """kind, cand, job_id, n_p, k_p: per candidate (x: every flow of every candidate, with stall and
+    unit), the flows (fl: one row per flow) it does not carry that moved in the collective (unit) of
+    one of its stalled flows while that stalled, and how many of them stalled. Its stalled spans are
+    merged per collective first (few intervals), then matched by time."""
+    g = ["kind", "cand", "unit"]
+    sp = x.filter("stall").select(*g, "start_ns", "end_ns").sort(*g, "start_ns").with_columns(
+        iv=(pl.col("start_ns") > pl.col("end_ns").cum_max().shift(1).over(g)).fill_null(True).cum_sum().over(g)) \
+        .group_by(*g, "iv").agg(s=pl.col("start_ns").min(), e=pl.col("end_ns").max())
+    hit = sp.join(fl.select("fid", "unit", "job_id", "stall", "start_ns", "end_ns"), on="unit") \
+        .filter((pl.col("start_ns") < pl.col("e")) & (pl.col("end_ns") > pl.col("s"))).select("kind", "cand", "fid", "job_id", "stall").unique()
+    # (its own flows are counted as its own)
+    hit = hit.join(x.select("kind", "cand", "fid"), on=["kind", "cand", "fid"], how="anti")
+    return hit.group_by("kind", "cand", "job_id").agg(n_p=pl.len(), k_p=pl.col("stall").sum())
 
 
 def _episodes(st: pl.DataFrame, x: pl.DataFrame | None) -> pl.DataFrame:

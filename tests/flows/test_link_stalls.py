@@ -156,3 +156,14 @@ def test_a_ring_paced_by_a_down_link_is_no_evidence_against_it():
     paced = (pl.col("src_ip") == "c") & (pl.col("dst_ip") == "a") & down((10, 11), (30, 31))
     f = stall(flap(f, "b", (10, 11), (30, 31)), paced)
     assert named(f) == [("nic", "b")]
+
+
+def test_a_two_member_groups_link_that_goes_down_is_named_with_the_other_end():
+    """b and c are a two-member group and b carries nothing else: b's link goes down three times and
+    holds the pair's flows through each outage (64-GPU seeds 2192, 2212). Held outages count on their
+    own, but every stalled flow is between b and c, which the flows cannot tell apart: one is named,
+    the other is its equal alternative."""
+    f = flap(flows({("b", "c"): 0.1, ("c", "b"): 0.1, ("c", "d"): 0.1, ("d", "c"): 0.1}), "b", *FLAPS)
+    got = stall_causes(medians(f), 1, WINDOW, FlowConfig())
+    assert got.height == 1 and got["kind"][0] == "nic" and got["cand"][0] == "b", got
+    assert got["alts"][0] == "c"
