@@ -792,7 +792,7 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     # stalled flows first, so only their candidates' flows are joined
     stalled = cand.join(r.filter("stall").select("fid"), on="fid", how="semi").select("kind", "cand").unique()
     x = cand.join(stalled, on=["kind", "cand"], how="semi") \
-        .join(r.select("fid", "stall", "start_ns", "end_ns", "job_id", "src_ip", "dst_ip", "unit"), on="fid")
+        .join(r.select("fid", "stall", "start_ns", "end_ns", "job_id", "src_ip", "dst_ip", "unit", "size"), on="fid")
     if exclude:
         # a named cause explains its flows' stalls too (the rate it moves at is its verdict): they are no
         # evidence against its neighbours
@@ -822,6 +822,8 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
                                                held_eps=pl.col("ep").sum(), apart_eps=pl.col("ep_apart").sum(),
                                                peers=pl.concat([pl.col("src_ip"), pl.col("dst_ip")]).n_unique(),
                                                ips=pl.concat([pl.col("src_ip"), pl.col("dst_ip")]).unique().sort(),
+                                               kinds=pl.struct(a=pl.min_horizontal("src_ip", "dst_ip"),
+                                                               b=pl.max_horizontal("src_ip", "dst_ip"), n=pl.col("size")).n_unique(),
                                                held=pl.col("held").mean(),
                                                hold=pl.col("cov").filter(pl.col("hop_first")).mean(),
                                                s=pl.col("start_ns").min(), e=pl.col("end_ns").max(),
@@ -843,10 +845,12 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
             p0=((pl.col("k_j") - pl.col("k_x")) / (pl.col("n_j") - pl.col("n_x")).clip(lower_bound=1)).clip(1e-5, 0.5)) \
             .group_by("kind", "cand").agg(lam=(pl.col("n_c") * pl.col("p0")).sum())
         # (outages that held what the candidate carried count on their own; scattered stalls only where
-        # they involve two pairs or more: one pair's transfers stall on their own, slow all window beside
-        # their fast ones, 64-GPU seeds 2193 and 2420)
-        agg = agg.join(lam, on=["kind", "cand"]).filter((pl.col("held_eps") >= 2)
-                                                        | ((pl.col("apart_eps") >= 2) & (pl.col("peers") >= 3)))
+        # they hit two pairs, or one pair's transfers of two sizes or more: a slow or lossy link slows
+        # whatever crosses it (the real recordings' shaped host links: one ring hop, every bucket size),
+        # while one pair's messages of one size, slow all window beside its other transfers, are that
+        # kind of message's, not the link's: 64-GPU seeds 2193 and 2420)
+        agg = agg.join(lam, on=["kind", "cand"]).filter(
+            (pl.col("held_eps") >= 2) | ((pl.col("apart_eps") >= 2) & ((pl.col("peers") >= 3) | (pl.col("kinds") >= 2))))
         if agg.height == 0:
             break
         pv = poisson.sf(agg["k"].to_numpy() - 1, agg["lam"].to_numpy())

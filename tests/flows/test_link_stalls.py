@@ -25,7 +25,7 @@ def flows(pairs: dict[tuple[str, str], float], seed: int = 0) -> pl.DataFrame:
     f = pl.DataFrame(rows, schema=["src_ip", "dst_ip", "start_ns", "end_ns", "path"], orient="row")
     return f.with_row_index("fid").with_columns(
         fid=pl.col("fid").cast(pl.Int64), job_id=pl.lit("job-1"), bin=pl.col("start_ns") // (10 * S),
-        unit=pl.lit("PP:") + pl.col("src_ip") + pl.col("dst_ip"),
+        unit=pl.lit("PP:") + pl.col("src_ip") + pl.col("dst_ip"), size=pl.lit(20, dtype=pl.Int32),
         e_peer=pl.Series(rng.normal(0, 0.05, f.height)), e_hist=pl.Series(rng.normal(0, 0.05, f.height)))
 
 
@@ -133,14 +133,18 @@ def test_a_kind_of_message_slow_all_window_beside_fast_ones_is_no_flapping_link(
     assert named(stall(pl.concat([f, small]), late)) == []
 
 
-def test_a_pair_whose_own_transfers_stall_is_no_link():
-    """Only one pair's flows stall (both ways, in three episodes): that pair's transfers are slow, or
-    its two ends cannot be told apart; no element is named on one pair's stalls (64-GPU seed 2193's
-    healthy job: one pair's small messages moving at a tenth of their peers' for half a minute)."""
+def test_a_pair_whose_messages_of_one_size_stall_is_no_link():
+    """Only one pair's flows of one size stall (both ways, in three episodes) while its other transfers
+    move: that kind of message is slow, not the link (64-GPU seed 2193's healthy job: one pair's small
+    messages moving at a tenth of their peers' for half a minute). The same pair's stalls in two sizes
+    are a link slowing whatever crosses it (the real recordings' shaped host links: one ring hop, every
+    bucket size)."""
     pairs = {("a", "b"): 0.1, ("b", "c"): 0.1, ("c", "b"): 0.1, ("c", "d"): 0.1, ("d", "a"): 0.1}
     f = flows(pairs)
     at = through("b") & through("c") & down(*FLAPS)
     assert named(stall(f, at)) == []
+    two_sizes = stall(f, at).with_columns(size=pl.when(at & (pl.col("src_ip") == "c")).then(22).otherwise(pl.col("size")))
+    assert named(two_sizes) in ([("nic", "b")], [("nic", "c")])
 
 
 def test_a_ring_paced_by_a_down_link_is_no_evidence_against_it():
