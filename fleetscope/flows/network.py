@@ -773,9 +773,13 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     """A link that flaps stalls the few flows crossing it while it is down, many times their peers'
     duration, in episodes scattered over the window; no typical flow of it is slow. Per candidate
     (NIC or switch): its stalled flows (rate below stall_ratio of their peers') against the number
-    its flows' jobs stall anyway (a Poisson test, Bonferroni over the candidates), in >= 2 episodes
-    (runs of overlapping stalled flows) of more than one transfer each. The most
-    specific candidate explains the others: the NIC whose stalls involve several peers, not each peer."""
+    its flows' jobs stall anyway (a Poisson test, Bonferroni over the candidates; the job's rate
+    without the candidate's flows and without its collectives' flows that moved while its own
+    stalled: _paced_with), in >= 2 episodes of more than one transfer each: held outages (overlapping
+    stalled flows holding most of what it carried, longer than its usual gap between flows), or
+    scattered stalls (a second apart) on two pairs or on one pair's transfers of two sizes. The most
+    specific candidate explains the others: the NIC whose stalls involve several peers, not each peer;
+    a NIC whose stalls are all with one peer is named with that peer (alts)."""
     empty = pl.DataFrame(schema={"kind": pl.Utf8, "cand": pl.Utf8, "k": pl.Int64, "lam": pl.Float64,
                                  "episodes": pl.Int64, "s": pl.Int64, "e": pl.Int64, "jobs": pl.Utf8, "alts": pl.Utf8})
     if r.height == 0:
@@ -857,9 +861,11 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
         agg = agg.with_columns(pv=pl.Series(pv)).filter(pl.col("pv") <= alpha)
         if agg.height == 0:
             break
-        # equal evidence (a leaf and the spine on the same stalled paths): the one that held the most of
-        # what it carried while its flows stalled (a down element holds all of it), then the one whose
-        # stalls are least expected from its other flows
+        # equal evidence (a leaf and the spine on the same stalled paths, the members of one ring): the
+        # one that held the most of what it carried while its flows stalled (a down element holds all of
+        # it: seed 2411's NIC over its leaf), then the one whose own stalled hops were held longest through
+        # its episodes (hold: a ring's hops that a down link paces move in short pieces meanwhile, seed
+        # 2206), then the one whose stalls are least expected from its other flows
         best = agg.sort(["episodes", "held", "hold", "peers", "k", "pv", "kind", "cand"],
                         descending=[True, True, True, True, True, False, False, False], nulls_last=True).row(0, named=True)
         # a NIC whose stalled flows are all with one peer: the other end of that pair shows the same
