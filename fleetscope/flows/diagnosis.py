@@ -157,7 +157,8 @@ def network_impact(c: dict, job: str, flows: pl.DataFrame, pairs: pl.DataFrame, 
 
 def explain_late_ranks(rows: list[dict], impact=None, feeds=None) -> list[dict]:
     """Late ranks against the NIC and switch findings of their job at the same time: the one that
-    costs the job's steps less is the other's symptom (info, pointing at it). A rank that computes
+    costs the job's steps less is the other's symptom (info, pointing at it; a finding that slowed
+    other jobs too stays a cause of its own). A rank that computes
     late slows its rings (its peers wait, its inputs drain late): a rate finding on its job costing
     a few ms per step is its effect; a slow link makes the ranks behind it start late by about its
     extra transfer time: a late rank by no more than that is the link's. A switch that the late
@@ -181,6 +182,11 @@ def explain_late_ranks(rows: list[dict], impact=None, feeds=None) -> list[dict]:
             cost = impact(c, r["job_id"]) if impact is not None else None
             fed = feeds is not None and feeds(c, ips)
             if cost is not None and r["value"] > cost and not fed:
+                # ... for the late rank's job only: a finding that slowed another job too has that job's
+                # slowdown as evidence of its own (demo seed 613: a congested leaf under two jobs, one with
+                # a slow GPU, was set to info and the other job's slowdown left unexplained)
+                if jobs(c) - {r["job_id"]}:
+                    continue
                 c["severity"] = "info"
                 c["explanation"] += (f" (its extra transfer time, {cost / 1e6:.1f} ms per step of {r['job_id']}, is less than "
                                      f"{r['scope']} {r['subject']} starting {r['value'] / 1e6:.1f} ms late: the rings wait on it)")

@@ -182,6 +182,22 @@ def test_a_late_rank_whose_pipeline_inputs_cross_a_slow_switch_is_the_switchs_sy
     assert rows[0]["severity"] == "warning" and rows[1]["severity"] == "info"
 
 
+def test_a_slow_switch_that_also_slows_another_job_stays_a_cause_beside_a_costlier_late_rank():
+    """Demo seed 613's shape: a congested leaf under two jobs, one of which has a slow GPU starting 346 ms
+    late per step (more than the leaf's 118 ms of extra transfer time for that job). The late rank keeps
+    its warning; the leaf is still the only thing slowing the other job, so it keeps its own severity. On
+    the late rank's job alone the leaf is the rank's symptom (info) as before."""
+    late = dict(detector="flows.late_rank", scope="host", subject="h2", job_id="j", start_ns=0, end_ns=10, severity="warning",
+                value=346e6, explanation="late", evidence=json.dumps({"jobs": ["j"], "ips": ["a"]}))
+    both = dict(detector="flows.switch_bandwidth", scope="switch", subject="leaf1", job_id=None, start_ns=5, end_ns=20,
+                severity="critical", value=0.36, explanation="slow", evidence=json.dumps({"jobs": ["j", "k"]}))
+    rows = explain_late_ranks([dict(late), dict(both)], impact=lambda c, job: 118e6)
+    assert rows[0]["severity"] == "warning" and rows[1]["severity"] == "critical"
+    alone = dict(both, evidence=json.dumps({"jobs": ["j"]}))
+    rows = explain_late_ranks([dict(late), dict(alone)], impact=lambda c, job: 118e6)
+    assert rows[0]["severity"] == "warning" and rows[1]["severity"] == "info"
+
+
 def test_a_slow_last_stage_rank_whose_last_message_spills_into_the_next_step_is_named_not_its_peer():
     """PP2 x DP2: the last stage's ranks b0, b1 (one DP group) receive their input 50 ms into a step and
     send back 250 ms later. From step 15 on b1 computes 100 ms slower: its first send is 100 ms late,

@@ -353,3 +353,24 @@ def test_a_leaf_is_compared_with_a_nic_of_its_ring_over_the_same_bins():
         fid=pl.col("fid").cast(pl.Int64), end_ns=pl.col("start_ns") + 20_000_000, bin=pl.col("start_ns") // (10 * S),
         e_peer=pl.when(pl.col("job_id").is_not_null()).then(pl.col("e0") + noise[0]), e_hist=pl.col("e0") + noise[1]).drop("e0")
     assert named(f) == [("switch", "leaf2")]
+
+
+def test_a_named_switch_lists_a_job_whose_ring_moves_half_of_its_chunks_at_the_congested_rate():
+    """Demo seed 621's shape: the jobs a named switch slowed are judged by the trimmed mean its value and
+    cells are (a ring's chunks at two rates): a second job under the congested leaf with 45 % of its
+    chunks at a fifth of their rate (median: not slowed) is one of its jobs, so that job's slowdown can
+    be pinned on the switch."""
+    f = ring_flows(RINGS, {"leaf2": 0.4})
+    rng = np.random.default_rng(3)
+    rows = []
+    for k, t in enumerate(np.arange(0, 60, 0.2)):
+        for src, dst in (("u", "v"), ("v", "u")):
+            e = np.log(0.2) if (k * 2 + (src == "u")) % 20 < 9 else 0.0
+            rows.append((src, dst, int(t * S), int(t * S) + 20_000_000, ["leaf2"], e + rng.normal(0, 0.03), e + rng.normal(0, 0.03)))
+    g = pl.DataFrame(rows, schema=["src_ip", "dst_ip", "start_ns", "end_ns", "path", "e_peer", "e_hist"], orient="row")
+    assert g.select(pl.col("e_peer").median()).item() > np.log(1 - FlowConfig().min_bw_drop)
+    g = g.with_row_index("fid").with_columns(fid=pl.col("fid").cast(pl.Int64) + f.height, job_id=pl.lit("job-2"),
+                                             unit=pl.lit("dp:job-2/0"), bin=pl.col("start_ns") // (10 * S))
+    causes, _ = localize(pl.concat([f, g.select(f.columns)]), 2, (0, 60 * S), FlowConfig())
+    assert causes.select("kind", "cand").rows()[0] == ("switch", "leaf2")
+    assert causes["jobs"][0].split(",") == ["job-1", "job-2"]
