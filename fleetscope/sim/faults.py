@@ -129,6 +129,16 @@ def _window_time(rng: np.random.Generator, window: tuple[int, int], all_along_p:
     return start, max(end, start + int(0.15 * span))
 
 
+def _live(job: JobSpec, window: tuple[int, int]) -> tuple[int, int]:
+    """The part of the window the job runs in: from its first step when it launches inside the window,
+    to its stop or crash. A fault on the job's GPU, NIC or switch is drawn there: a switch congested only
+    after the one job crossing it had crashed carries no traffic to congest (demo seed 671's spine: no
+    job affected, nothing any measurement could name)."""
+    lo = job.start_ns if job.launch_ns is not None else window[0]
+    hi = min(x for x in (job.stop_ns, job.crash_ns, window[1]) if x is not None)
+    return (int(lo), int(hi)) if hi > lo else window
+
+
 def choose_faults(spec: str | None, jobs: list[JobSpec], fab: Fabric, rng: np.random.Generator,
                   window: tuple[int, int]) -> list[Fault]:
     """Draw a subject, a time span and a magnitude for each requested fault. Each fault goes to a
@@ -167,7 +177,7 @@ def choose_faults(spec: str | None, jobs: list[JobSpec], fab: Fabric, rng: np.ra
             scope = KINDS[kind][0]
             ji = next_job((lambda j: j.nic_overload is False) if kind == "nic_overload" else (lambda j: True))
             job = jobs[ji]
-            start, end = _window_time(rng, window, 0.2 if kind in ("slow_gpu", "degraded_nic", "straggler") else 0.0)
+            start, end = _window_time(rng, _live(job, window), 0.2 if kind in ("slow_gpu", "degraded_nic", "straggler") else 0.0)
             g_mask = np.zeros(fab.n_gpus, bool)
             f = Fault(fid, kind, scope, "", start, end, 0.0, job_idx=ji, job_id=job.job_id)
             if kind == "hang":

@@ -202,3 +202,30 @@ def test_a_down_link_holds_every_transfer_crossing_it_and_nothing_else():
     assert got[1] == dur[1] + 3 * S // 4                 # waits from its start to the link's return
     assert got[2] == dur[2] + S + S // 2                 # held by the first flap into the second, held again
     assert got[3] == dur[3] and got[4] == dur[4]         # another link's; after the flaps
+
+
+def test_a_fault_on_a_job_that_stops_or_crashes_begins_while_the_job_still_runs():
+    """Demo seed 671: a spine congested only after the one job crossing it had crashed carried nothing to
+    congest (no job affected). Each fault is drawn in the part of the window its job runs in: over many
+    seeds of fleets with jobs that stop, crash or launch late, every fault overlaps the span from its job's
+    first step in the window to its stop or crash."""
+    from fleetscope.sim.conventions import draw_conventions
+    from fleetscope.sim.faults import choose_faults
+    from fleetscope.sim.fabric import build_fabric
+    from fleetscope.sim.jobs import place_jobs
+
+    W0 = 1_795_262_400_000_000_000
+    window = (W0, W0 + 120_000_000_000)
+    checked = 0
+    for seed in range(120):
+        conv = draw_conventions(seed, 64, None)
+        fab = build_fabric(64, conv, seed)
+        jobs, _ = place_jobs(fab, None, np.random.default_rng([seed, 1]), window, conv)
+        for f in choose_faults("congested_switch:2,degraded_nic:1,slow_gpu:1", jobs, fab, np.random.default_rng([seed, 2]), window):
+            j = jobs[f.job_idx]
+            end = min(x for x in (j.stop_ns, j.crash_ns, window[1]) if x is not None)
+            if end < window[1] or j.launch_ns is not None:
+                checked += 1
+                first = j.start_ns if j.launch_ns is not None else window[0]
+                assert f.start_ns < end and f.end_ns > first, (seed, f.kind, f.subject)
+    assert checked >= 100
