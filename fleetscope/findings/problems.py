@@ -31,6 +31,7 @@ import re
 import pandera.polars as pa
 import polars as pl
 
+from fleetscope.ingest.windows import parse_window_id
 from fleetscope.schemas.base import Table, conform
 
 PROBLEMS = pa.DataFrameSchema({
@@ -391,6 +392,7 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
             g["jobs"] |= c["jobs"]
             absorbed.add(i)
     causes = [c for i, c in enumerate(causes) if i not in absorbed]
+    causes = _onsets_into_switches(causes)
 
     # a GPU or NIC finding on a host that is itself flagged at the same time: the host is the cause
     host_cause = {c["lead"]["host"]: c for c in causes if c["family"] == "host"}
@@ -479,6 +481,48 @@ def _rails(topology: pl.DataFrame) -> dict[str, set]:
             if row[k] is not None:
                 out.setdefault(str(row[k]), set()).add(row["rail"])
     return out
+
+
+def _windows(c: dict) -> list[tuple[int, int]]:
+    """The analysis windows (start_ns, end_ns) of a cause's findings; [] when one has none."""
+    out = []
+    for d in c["members"]:
+        try:
+            out.append(parse_window_id(d.get("window_id") or ""))
+        except ValueError:
+            return []
+    return out
+
+
+def _onsets_into_switches(causes: list[dict]) -> list[dict]:
+    """A NIC the flows named only in the window just before a switch's first, that the switch's findings
+    list among the elements they cannot tell it from (its rings', or its equals), on the same jobs, is the
+    switch's onset: a window that saw only its first seconds pinned them on one NIC of a ring crossing it,
+    and the next window, seeing all of it, named the switch with that NIC in its rings (demo seeds 671,
+    679: a congested spine from 12:00:52 named at 12:01 after a NIC of its rings at 12:00:51). It joins
+    the switch's problem as evidence."""
+    absorbed = set()
+    for c in causes:
+        if c["family"] != "switch" or not (win := _windows(c)):
+            continue
+        first = min(win)
+        places = set()
+        for d in c["members"]:
+            if d["detector"] == "flows.switch_bandwidth":
+                places |= set(d["ev"].get("or_equally") or []) | set(d["ev"].get("or_in_its_rings") or [])
+        for i, o in enumerate(causes):
+            if i in absorbed or o["family"] != "nic" or o["lead"].get("ip") not in places or not o["jobs"] & c["jobs"] \
+                    or not all(d["detector"] == "flows.nic_bandwidth" for d in o["members"]):
+                continue
+            ow = _windows(o)
+            if ow and all(e == first[0] for _, e in ow):
+                for d in o["members"]:
+                    d["evidence_only"] = True
+                c["members"] += o["members"]
+                c["start_ns"] = min(x for x in (c["start_ns"], o["start_ns"]) if x is not None) \
+                    if o["start_ns"] is not None else c["start_ns"]
+                absorbed.add(i)
+    return [c for i, c in enumerate(causes) if i not in absorbed]
 
 
 def _slow_alone(switch: dict, slow_spans: dict[str, list[tuple[int, int]]]) -> bool:

@@ -366,3 +366,25 @@ def test_a_nic_the_flows_cannot_tell_from_its_own_leaf_is_named_with_it():
     subj = dict(zip(problems["ip"].to_list(), problems["subject"].to_list()))
     assert subj["10.0.5.3"] == "NIC of h5/gpu3 (10.0.5.3) or its switch leaf-2"
     assert subj["10.0.6.3"] == "NIC of h6/gpu3 (10.0.6.3)"
+
+
+def test_a_nic_named_in_the_window_before_a_switch_that_lists_it_in_its_rings_is_the_switchs_onset():
+    """Demo seeds 671 and 679: a spine congested from 12:00:52; the window 12:00-12:01 saw only its first
+    seconds and pinned them on one NIC of a ring crossing it; the next window named the spine with that NIC
+    among the elements its rings cannot tell it from. One problem, the switch's, with the NIC as evidence.
+    The same NIC named again in the switch's own window, or a NIC outside its rings, stays a problem."""
+    topo, jc, _ = _fleet()
+    w1, w2 = "w60s-20261121T120000Z", "w60s-20261121T120100Z"
+    t1 = 1_795_262_400 * S
+    nic = _v(detector="flows.nic_bandwidth", scope="link", subject="10.0.2.0", window_id=w1, start_ns=t1 + 51 * S,
+             end_ns=t1 + 60 * S, evidence=json.dumps({"jobs": ["jobA"], "or_equally": [], "or_in_its_rings": []}))
+    sw = _v(detector="flows.switch_bandwidth", scope="switch", subject="spine-1", window_id=w2, start_ns=t1 + 60 * S,
+            end_ns=t1 + 120 * S, severity="critical",
+            evidence=json.dumps({"jobs": ["jobA"], "or_equally": [], "or_in_its_rings": ["10.0.2.0", "10.0.1.1"]}))
+    problems, members = group_problems(make_verdicts([nic, sw]), topo, jc)
+    assert problems["cause"].to_list() == ["switch"], problems.select("cause", "title")
+    assert members.height == 2
+    again = dict(nic, window_id=w2, start_ns=t1 + 60 * S, end_ns=t1 + 120 * S)
+    assert sorted(group_problems(make_verdicts([nic, again, sw]), topo, jc)[0]["cause"].to_list()) == ["nic", "switch"]
+    outside = dict(nic, subject="10.0.2.3")
+    assert sorted(group_problems(make_verdicts([outside, sw]), topo, jc)[0]["cause"].to_list()) == ["nic", "switch"]
