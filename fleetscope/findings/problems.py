@@ -400,9 +400,7 @@ def group_problems(verdicts: pl.DataFrame, topology: pl.DataFrame | None = None,
     for c in causes:
         h = host_cause.get(c["lead"].get("host")) if c["family"] in ("gpu", "nic") else None
         if h is not None and _overlaps(c, h):
-            h["members"] += c["members"]
-            h["jobs"] |= c["jobs"]
-            h["start_ns"] = min(x for x in (h["start_ns"], c["start_ns"]) if x is not None) if c["start_ns"] is not None else h["start_ns"]
+            _join(h, c)
             continue
         merged.append(c)
     causes = merged
@@ -483,6 +481,14 @@ def _rails(topology: pl.DataFrame) -> dict[str, set]:
     return out
 
 
+def _join(into: dict, c: dict) -> None:
+    """Cause c's findings, jobs and first time joined into cause `into` (one problem from here on)."""
+    into["members"] += c["members"]
+    into["jobs"] |= c["jobs"]
+    if c["start_ns"] is not None:
+        into["start_ns"] = c["start_ns"] if into["start_ns"] is None else min(into["start_ns"], c["start_ns"])
+
+
 def _windows(c: dict) -> list[tuple[int, int]]:
     """The analysis windows (start_ns, end_ns) of a cause's findings; [] when one has none."""
     out = []
@@ -518,9 +524,7 @@ def _onsets_into_switches(causes: list[dict]) -> list[dict]:
             if ow and all(e == first[0] for _, e in ow):
                 for d in o["members"]:
                     d["evidence_only"] = True
-                c["members"] += o["members"]
-                c["start_ns"] = min(x for x in (c["start_ns"], o["start_ns"]) if x is not None) \
-                    if o["start_ns"] is not None else c["start_ns"]
+                _join(c, o)
                 absorbed.add(i)
     return [c for i, c in enumerate(causes) if i not in absorbed]
 
