@@ -98,6 +98,12 @@ LAYOUTS = {
     "shared": [(2, 2, ["--micro", "4", "--fwd-ms", "35", "--bwd-ms", "70"]),
                (1, 4, ["--micro", "1", "--mb", "96", "--fwd-ms", "90", "--bwd-ms", "200"])],
     "slow3s": [(2, 2, ["--micro", "4", "--fwd-ms", "280", "--bwd-ms", "480"])],
+    # FSDP2: every unit's all-gathers and reduce-scatters spread over the step (no one quiet time
+    # per step stands out the way a DDP job's forward pass does)
+    "fsdp2": [(1, 2, ["--fsdp", "--micro", "1", "--mb", "64", "--width", "512", "--layers", "6",
+                      "--fwd-ms", "90", "--bwd-ms", "180"])],
+    "fsdp4": [(1, 4, ["--fsdp", "--micro", "2", "--mb", "64", "--width", "512", "--layers", "4",
+                      "--fwd-ms", "70", "--bwd-ms", "140"])],
 }
 
 

@@ -6,6 +6,10 @@ compute emulated by sleeps (which cost no CPU on a shared box) around real small
   synchronous all-reduce per gradient tensor in the stage's DP group (buckets of several sizes).
 - `--pp 1`: DistributedDataParallel with small buckets, all-reduced asynchronously from a comm
   hook while backward still runs (sleeps inside backward, between layers).
+- `--fsdp` (with `--pp 1`): FSDP2 (`fully_shard`) over `--layers` Linear(width, width) units, each
+  unit's forward and backward compute emulated per unit (so every unit's all-gather and
+  reduce-scatter has its own place in the step); `--micro` > 1 accumulates gradients without
+  reduce-scatters (`set_requires_gradient_sync(False)`) until the last microbatch.
 - `--tokens N` (with `--pp` > 1): token-sized microbatches. Each stage holds `--stage-layers` real
   Linear(width, width) layers over activations [tokens, width]; a layer's forward / backward costs
   its real matmuls plus emulated accelerator time (`--layer-fwd-ms` / `--layer-bwd-ms` per N
@@ -116,6 +120,19 @@ class SleepGrad(torch.autograd.Function):
     def backward(ctx, g):
         time.sleep(ctx.ms / 1e3)
         return g, None
+
+
+class SleepUnit(torch.nn.Module):
+    """An FSDP unit: a real Linear(width, width) whose forward sleeps fwd_ms and whose backward
+    sleeps bwd_ms (emulated accelerator time per unit)."""
+
+    def __init__(self, width: int, fwd_ms: float, bwd_ms: float):
+        super().__init__()
+        self.lin, self.fwd_ms, self.bwd_ms = torch.nn.Linear(width, width), fwd_ms, bwd_ms
+
+    def forward(self, x):
+        time.sleep(self.fwd_ms / 1e3)
+        return torch.relu(self.lin(SleepGrad.apply(x, self.bwd_ms)))
 
 
 def _mlp(dims: list[int], bwd_ms: float) -> torch.nn.Module:
@@ -252,6 +269,13 @@ class Rank:
             else:
                 dims = [a.width, 1024, a.width, 384, a.width] if self.stage % 2 == 0 else [a.width, 768, 96, a.width]
                 self.model = _mlp(dims, a.bwd_ms)
+        elif a.fsdp:
+            from torch.distributed.fsdp import fully_shard
+            self.model = torch.nn.Sequential(*[SleepUnit(a.width, a.fwd_ms / a.layers, a.bwd_ms / a.layers)
+                                               for _ in range(a.layers)])
+            for unit in self.model:
+                fully_shard(unit)
+            fully_shard(self.model)
         else:
             from torch.nn.parallel import DistributedDataParallel as DDP
             self.model = DDP(_mlp([a.width, 512, 384, 256, 10], a.bwd_ms), bucket_cap_mb=0.5)
@@ -306,6 +330,18 @@ class Rank:
         self._bwd(y, None, 0)  # DDP buckets are all-reduced from the hook during this
         if self.buckets:  # the DP phase as one op, overlapping backward as DDP does
             self.ops.add(("grads-all-reduce",), min(b[0] for b in self.buckets), max(b[1] for b in self.buckets), None)
+        with self.ops.timed("optimizer"):
+            self.opt.step()
+
+    def step_fsdp(self, step):
+        """FSDP2: each unit all-gathers its parameters before its forward and again before its
+        backward, and reduce-scatters its gradients after the last microbatch's backward."""
+        a = self.a
+        for mb in range(a.micro):
+            self.model.set_requires_gradient_sync(mb == a.micro - 1)
+            with self.ops.timed("forward-compute", mb=mb):
+                y = self.model(torch.randn(a.mb, a.width))
+            self._bwd(y, None, mb)
         with self.ops.timed("optimizer"):
             self.opt.step()
 
@@ -422,7 +458,7 @@ class Rank:
             self.ops.step = step
             t0 = now()
             self.opt.zero_grad()
-            (self.step_pp if a.pp > 1 else self.step_dp)(step)
+            (self.step_pp if a.pp > 1 else self.step_fsdp if a.fsdp else self.step_dp)(step)
             self.log.write("step", step=step, start_ns=t0, end_ns=now(), extra_ms=self.extra_ms)
             self._profile_step_end()
             step += 1
@@ -464,6 +500,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layer-bwd-ms", type=float, default=12.0, help="token model: emulated backward time per layer at --tokens")
     ap.add_argument("--seq-sigma", type=float, default=0.0, help="token model: log-normal spread of the microbatches' lengths")
     ap.add_argument("--data-seed", type=int, default=0, help="token model: seed of the sequence lengths")
+    ap.add_argument("--fsdp", action="store_true", help="(--pp 1) FSDP2 over --layers units instead of DDP")
+    ap.add_argument("--layers", type=int, default=6, help="--fsdp: units (each fully_shard-ed)")
     ap.add_argument("--clip-grad", action="store_true", help="a world all-reduce of the gradient norm before the optimizer")
     ap.add_argument("--stacks", action="store_true", help="Python stacks in the Kineto traces (~3x larger files)")
     ap.add_argument("--hard-deadline-ns", type=int, required=True)
@@ -471,7 +509,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)  # six ranks share two cores: one intra-op thread each
     # import what setup() and the windows need now: lazy imports (DDP, the profiler, the tracer)
     # take seconds on a busy box and would delay the job inside the capture
-    for mod in ("torch.nn.parallel", "torch.profiler", "fleetscope.collectors.tracer"):
+    for mod in ("torch.nn.parallel", "torch.distributed.fsdp", "torch.profiler", "fleetscope.collectors.tracer"):
         importlib.import_module(mod)
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)  # the first optimizer imports torch._dynamo (~1 s)
     r = Rank(a)

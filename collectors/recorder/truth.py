@@ -162,7 +162,7 @@ def write(rec, flows: pl.DataFrame) -> dict:
                                        first_step_ns=pl.col("compute_start_ns").min())
     lay = pl.DataFrame([{"job_id": j.job_id, "tenant": j.tenant, "tp": 1, "pp": j.pp, "dp": j.dp,
                          "n_microbatches": int(j.args[j.args.index("--micro") + 1]), "n_gpus": len(j.hosts),
-                         "n_hosts": len({h.name for h in j.hosts}), "dp_style": "megatron" if j.pp > 1 else "ddp",
+                         "n_hosts": len({h.name for h in j.hosts}), "dp_style": "megatron" if j.pp > 1 else "fsdp" if "--fsdp" in j.args else "ddp",
                          "cut_by_capture_end": j.stop_s is None} for j in rec.jobs]).join(med, on="job_id", how="left")
     lay.write_csv(out / "job_layout.csv")
 
