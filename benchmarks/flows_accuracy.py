@@ -134,7 +134,9 @@ def main() -> int:
         if not Path(root).is_dir():   # a shell glob over a folder picks up its README too
             continue
         # one set per folder of recordings (tests/data/flow_matrix: design, first_look, held_out)
-        label = "recording" if Path(root).name == "recordings" else Path(root).name
+        # (named with their parent: tests/data/flow_matrix/held_out and tests/data/flow_fsdp/held_out
+        # are two sets)
+        label = "recording" if Path(root).name == "recordings" else f"{Path(root).parent.name}/{Path(root).name}"
         for folder in sorted(p for p in Path(root).iterdir() if (p / "ground_truth").is_dir()):
             r = run_folder(folder, tail_ns=0)
             key = f"{label} healthy" if r["faults"] == 0 else f"{label} faulty"

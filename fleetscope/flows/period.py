@@ -11,6 +11,10 @@ well, even where a fault slows it for a while:
    level), else the autocorrelation of their flows; and a step clock (step_warp) from the address
    with the shortest ladder period of at least half the job's: time counted in steps, one unit per
    step through a slower stretch.
+   A ladder may settle on a step's inner rhythm instead: an FSDP job all-gathers and
+   reduce-scatters every unit through forward and backward, so its units' spacings tile the time
+   more evenly than its steps (whose boundary need not be its longest quiet time).
+   step_scale_period looks for a longer repetition at the scale of the step itself.
 2. periodic_boundaries: per address, a gap starts a step when it is the largest gap within half a
    step on either side of it on that clock, and clearly above the address's typical gap: one
    boundary per step wherever the step's longest quiet time falls, robust to jitter and to single
@@ -185,15 +189,138 @@ def step_warp(tb: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
     return tb.astype(np.float64), u, float(ref[0]), float(ref[-1])
 
 
+def _byte_spectrum(trains: list[tuple[np.ndarray, np.ndarray]], bin_ns: float) -> tuple[np.ndarray, float, int, float]:
+    """Summed power spectrum of the trains' byte rates (bins of bin_ns, mean removed): (power,
+    frequency step in cycles per ns, FFT length, span in ns)."""
+    t0 = min(int(t.min()) for t, _ in trains)
+    span = float(max(int(t.max()) for t, _ in trains) - t0)
+    n = int(span // bin_ns) + 1
+    nfft = 1 << int(np.ceil(np.log2(2 * n)))
+    pw = np.zeros(nfft // 2 + 1)
+    for t, w in trains:
+        x = np.bincount(((t - t0) // bin_ns).astype(np.int64), weights=w, minlength=n)
+        X = np.fft.rfft(x, nfft)
+        pw += X.real ** 2 + X.imag ** 2
+    pw[0] = 0.0
+    return pw, 1.0 / (nfft * bin_ns), nfft, span
+
+
+def _scale_peaks(pw: np.ndarray, df: float, span: float, s: float, ratio: float) -> list[tuple[float, float]]:
+    """Peaks (lag ns, correlation) of the trains' autocorrelation at lags within a factor
+    sqrt(ratio) of s, the trains band-passed to the scale s: smoothed over s/10 (finer detail,
+    a step's units, drops out) and without what varies over much more than s (a job's load
+    changing over the window would make every long lag look alike)."""
+    f = np.arange(len(pw)) * df
+    g = np.exp(-0.5 * (2 * np.pi * f * s / 10) ** 2) - np.exp(-0.5 * (2 * np.pi * f * s / 2) ** 2)
+    keep = np.flatnonzero(g * g > 1e-6)
+    if len(keep) == 0:
+        return []
+    kc = int(keep.max()) + 2
+    m = 2 * (kc - 1)
+    ac = np.fft.irfft(pw[:kc] * g[:kc] ** 2, m)      # the band's autocorrelation, lag step 1/(m df)
+    if ac[0] <= 0:
+        return []
+    dl = 1.0 / (m * df)
+    lag = np.arange(m // 2) * dl
+    ok = lag < 0.5 * span
+    # each lag as a share of the overlap it has (fewer repetitions at longer lags)
+    r = ac[: m // 2][ok] / ac[0] / np.maximum(1 - lag[ok] / span, 1e-3)
+    idx = np.flatnonzero((lag[ok] >= s / np.sqrt(ratio)) & (lag[ok] < s * np.sqrt(ratio)))
+    out = []
+    for i in idx[(idx > 0) & (idx < len(r) - 1)]:
+        if r[i] >= r[i - 1] and r[i] >= r[i + 1]:
+            y0, y1, y2 = r[i - 1], r[i], r[i + 1]
+            den = y0 - 2 * y1 + y2
+            off = float(np.clip(0.5 * (y0 - y2) / den, -0.5, 0.5)) if den < 0 else 0.0
+            out.append(((i + off) * dl, float(y1)))
+    return out
+
+
+def step_scale_period(trains: list[tuple[np.ndarray, np.ndarray]], p: float, near: float = 0.95,
+                      min_reps: int = 8) -> float | None:
+    """A step period longer than p (a ladder's) when p is only the step's inner rhythm, else None.
+
+    trains: (start times ns, bytes) of a job's addresses. Each lag is judged on the trains
+    band-passed to its own scale (_scale_peaks), so a unit's rhythm counts at its scale and a
+    step's pattern (forward against backward, microbatches) at its own. The longer period is the
+    smallest lag nearly as self-similar as the best one and dividing it, among lags past p's own
+    harmonics (4 p) with at least min_reps repetitions in the data; it replaces p when it repeats
+    beyond chance and at least half as strongly as the strongest repetition at any lag (a job whose
+    period p is right shows little beyond it: correlations near 0)."""
+    span = max(float(t.max()) for t, _ in trains) - min(float(t.min()) for t, _ in trains)
+    if p <= 0 or span < 2 * min_reps * p:
+        return None
+    pw, df, _, span = _byte_spectrum(trains, max(p / 16, span / (1 << 17)))
+    ratio = 1.5
+    peaks, s = [], p / 1.2
+    while s <= span / min_reps * np.sqrt(ratio):
+        peaks += _scale_peaks(pw, df, span, s, ratio)
+        s *= ratio
+    # beyond p's own harmonics: a stretch of slower steps (a straggler, a slow GPU) makes a job's
+    # traffic self-similar at a few times p too (two slow steps against p), never at many
+    cand = [(c, v) for c, v in peaks if 4.2 * p <= c <= span / min_reps]
+    if not cand:
+        return None
+    best, top = max(cand, key=lambda x: x[1])
+    # the step's pattern must repeat beyond chance (a correlation over span / best repetitions: its
+    # noise about 1 / sqrt of that; twice it) and at least half as strongly as anything in the
+    # job's traffic does (a job whose period p is right, or nearly: a ladder moved by a slow
+    # stretch, repeats far more strongly near p)
+    if top < 2.0 / np.sqrt(span / best) or top < 0.5 * max(v for _, v in peaks):
+        return None
+    P = best
+    for c, v in sorted(cand):
+        r = best / c
+        if v >= near * top and abs(r - round(r)) <= 0.05:
+            P = c
+            break
+    return _refine_period(pw, df, span, P)
+
+
+def _refine_period(pw: np.ndarray, df: float, span: float, P0: float) -> float:
+    """P0 refined on the autocorrelation near each of its multiples (the trains smoothed over
+    P0 / 40), least squares through the origin."""
+    f = np.arange(len(pw)) * df
+    g2 = np.exp(-(2 * np.pi * f * P0 / 40) ** 2)
+    kc = min(int(np.flatnonzero(g2 > 1e-9).max()) + 2, len(pw))
+    m = 2 * (kc - 1)
+    dl = 1.0 / (m * df)
+    lag = np.arange(m // 2) * dl
+    # each lag as a share of its overlap: the raw sum falls with the lag and would tilt every
+    # peak toward shorter lags
+    ac = np.fft.irfft(pw[:kc] * g2[:kc], m)[: m // 2] / np.maximum(1 - lag / span, 1e-3)
+    js, ls = [], []
+    for j in range(1, int(span / 3 / P0) + 1):
+        a, z = int((j * P0 * 0.97) / dl), int((j * P0 * 1.03) / dl) + 1
+        if a < 1 or z >= len(ac) - 1:
+            break
+        i = a + int(np.argmax(ac[a:z]))
+        y0, y1, y2 = ac[i - 1], ac[i], ac[i + 1]
+        den = y0 - 2 * y1 + y2
+        js.append(j)
+        ls.append((i + (float(np.clip(0.5 * (y0 - y2) / den, -0.5, 0.5)) if den < 0 else 0.0)) * dl)
+    if not js:
+        return float(P0)
+    j, at = np.asarray(js, dtype=np.float64), np.asarray(ls)
+    return float((j * at).sum() / (j * j).sum())
+
+
 def job_periods(bnd: pl.DataFrame, min_lag_ns: int, max_ips: int = 4) -> tuple[pl.DataFrame, dict]:
-    """bnd: boundary flows (job_id, ix, start_ns, end_ns, gap) sorted by (ix, start_ns). Per job its
-    step period (period_ns, null when no repetition shows): the median of its first max_ips
-    addresses' gap-ladder periods, else the autocorrelation of their flows; and per job with a
-    gap ladder the step clock's knots (step_warp; from its address with the shortest ladder period
-    of at least half the job's): the job's steps may be slower for a while."""
+    """bnd: boundary flows (job_id, ix, start_ns, end_ns, gap, bytes) sorted by (ix, start_ns). Per
+    job its step period (period_ns, null when no repetition shows): the median of its first max_ips
+    addresses' gap-ladder periods, else the autocorrelation of their flows, or a longer period at the
+    step's own scale where the ladders held the step's inner rhythm (step_scale_period; `streaming`:
+    the job's largest gaps are not its step boundaries); and per job with a gap ladder the step
+    clock's knots (step_warp; from its address with the shortest ladder period of at least half the
+    job's): the job's steps may be slower for a while."""
+    schema = {"job_id": pl.Utf8, "period_ns": pl.Float64, "streaming": pl.Boolean}
     if bnd.height == 0:
-        return pl.DataFrame(schema={"job_id": pl.Utf8, "period_ns": pl.Float64}), {}
-    sub = bnd.select("job_id", "ix", "start_ns", "gap").with_columns(
+        return pl.DataFrame(schema=schema), {}
+    # a pipeline's hops (boundary source PP) carry activations, not collectives streaming through
+    # the step: its steps come from where it drains (pipeline.py)
+    pipe = set(bnd.group_by("job_id").agg(pp=(pl.col("source") == "PP").all()).filter("pp")["job_id"].to_list()) \
+        if "source" in bnd.columns else set()
+    sub = bnd.select("job_id", "ix", "start_ns", "gap", "bytes").with_columns(
         r=pl.col("ix").rank("dense").over("job_id")).filter(pl.col("r") <= max_ips)
     out, warps = [], {}
     for (job,), g in sub.group_by(["job_id"]):
@@ -203,18 +330,28 @@ def job_periods(bnd: pl.DataFrame, min_lag_ns: int, max_ips: int = 4) -> tuple[p
             lad = gap_ladder(pos["start_ns"].to_numpy(), pos["gap"].to_numpy())
             if lad is not None and lad[0] >= min_lag_ns:
                 per.append(lad)
+        trains = [(h["start_ns"].to_numpy(), h["bytes"].to_numpy().astype(np.float64)) for _, h in g.group_by("ix")]
         if per:
             p = float(np.median([x[0] for x in per]))
-            # the clock from the address with the shortest ladder period of at least half the job's:
-            # addresses disagree when a job slows for a while (some ladders hold the slow stretch's
-            # steps, and a faster clock never merges steps) or one ladder took a burst's flows (far
-            # under the job's period)
-            fast = min((x for x in per if x[0] >= 0.5 * p), key=lambda x: x[0])
-            warps[job] = step_warp(fast[1])
+            longer = None if job in pipe else step_scale_period(trains, p)
+            streaming = longer is not None
+            if streaming:
+                # the ladders held the step's inner rhythm: a steady clock at the step's period
+                p = longer
+            else:
+                # the clock from the address with the shortest ladder period of at least half the
+                # job's: addresses disagree when a job slows for a while (some ladders hold the slow
+                # stretch's steps, and a faster clock never merges steps) or one ladder took a
+                # burst's flows (far under the job's period)
+                fast = min((x for x in per if x[0] >= 0.5 * p), key=lambda x: x[0])
+                warps[job] = step_warp(fast[1])
         else:
             p = autocorr_period(g["start_ns"].to_numpy(), min_lag_ns)
-        out.append((job, p))
-    return pl.DataFrame(out, schema={"job_id": pl.Utf8, "period_ns": pl.Float64}, orient="row"), warps
+            longer = None if p is None or job in pipe else step_scale_period(trains, p)
+            streaming = longer is not None
+            p = longer if streaming else p
+        out.append((job, p, streaming))
+    return pl.DataFrame(out, schema=schema, orient="row"), warps
 
 
 def warped_units(job: np.ndarray | pl.Series, t: np.ndarray, period: np.ndarray, warps: dict) -> np.ndarray:

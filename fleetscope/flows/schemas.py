@@ -21,7 +21,11 @@ JOBS = pa.DataFrameSchema(
         "last_ns": pa.Column(pl.Int64, nullable=True),
         "n_flows": pa.Column(pl.Int64, pa.Check.ge(0)),
         "n_clusters": pa.Column(pl.Int64, pa.Check.ge(1)),  # cross-machine clusters merged into it
-        "step_period_ns": pa.Column(pl.Int64, nullable=True),
+        "step_period_ns": pa.Column(pl.Int64, nullable=True),   # the median reconstructed step
+        # a job whose traffic streams through its steps (FSDP: steps withheld): the period its flows
+        # repeat with at the step's scale (flows.period.step_scale_period): its step, or one
+        # microbatch of it where the step adds little to that pattern; null otherwise
+        "repeat_period_ns": pa.Column(pl.Int64, nullable=True),
     },
     unique=["window_id", "job_id"],
 )

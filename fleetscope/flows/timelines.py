@@ -143,8 +143,14 @@ def reconstruct_steps(ipf: pl.DataFrame, window_start_ns: int, window_end_ns: in
     # shifted by a guard of about half a period (a boundary nearer the data's end than that is not
     # yet sure); an address's last step (its job stopped) to the window holding its end + 2 guards.
     # Windows see the same boundaries, so no step is claimed twice or lost (timelines module doc).
-    steps = steps.join(periods.select("job_id", "guard_ns"), on="job_id", how="left").with_columns(
-        pl.col("guard_ns").fill_null(cfg.edge_guard_ns))
+    # a job whose traffic streams through its steps keeps its period for the jobs table (its steps
+    # are withheld: window.withheld_jobs). Not a pipelined job's: its DP collectives run after the
+    # pipeline's flush, and the step-scale period (a ladder that took its microbatches' rhythm)
+    # splits its steps as any period does
+    piped = ipf.filter(pl.col("comm_type") == "PP").select("job_id").unique()["job_id"].implode()
+    periods = periods.with_columns(streaming=pl.col("streaming") & ~pl.col("job_id").is_in(piped))
+    steps = steps.join(periods.select("job_id", "guard_ns", streaming_period_ns=pl.when("streaming").then("period_ns")),
+                       on="job_id", how="left").with_columns(pl.col("guard_ns").fill_null(cfg.edge_guard_ns))
     steps = steps.with_columns(
         when=pl.coalesce(pl.col("next_first") + pl.col("guard_ns"), pl.col("end_ns") + 2 * pl.col("guard_ns")))
     claim = (pl.col("when") >= window_start_ns) & (pl.col("when") < window_end_ns)
@@ -165,7 +171,7 @@ def split_ip_steps(bnd: pl.DataFrame, cfg: FlowConfig) -> tuple[pl.DataFrame, pl
     steps are balanced by their gradient volume (volume.py)."""
     if bnd.height == 0:
         return bnd.with_columns(seg=pl.lit(0, dtype=pl.Int64)), pl.DataFrame(
-            schema={"job_id": pl.Utf8, "period_ns": pl.Float64, "guard_ns": pl.Int64})
+            schema={"job_id": pl.Utf8, "period_ns": pl.Float64, "streaming": pl.Boolean, "guard_ns": pl.Int64})
     df = bnd.sort("ix", "start_ns")
     gid = df["ix"].to_numpy()
     start = df["start_ns"].to_numpy()

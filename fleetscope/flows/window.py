@@ -110,7 +110,10 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
     steps_all = reconstruct_steps(ipf, window_start_ns, window_end_ns, wid, cfg)
     withheld = withheld_jobs(steps_all, cfg)
     notes += [f"NOTE: steps of {j} withheld: {why}; its jobs and pairs are reported" for j, why in withheld.items()]
-    steps_all = steps_all.filter(~pl.col("job_id").is_in(list(withheld)))
+    # a job streaming through its steps: the period its flows repeat with still says its pace
+    streaming = steps_all.filter(pl.col("streaming_period_ns").is_not_null()).group_by("job_id").agg(
+        repeat_period_ns=pl.col("streaming_period_ns").first().cast(pl.Int64))
+    steps_all = steps_all.filter(~pl.col("job_id").is_in(list(withheld))).drop("streaming_period_ns")
     steps = steps_all.filter("claimed")
     tm["timelines"] = time.perf_counter() - t
 
@@ -122,7 +125,8 @@ def analyze_window(flows: pl.DataFrame, topology: pl.DataFrame | None, window_st
     jobs = members.group_by("job_id").agg(
         n_gpus=pl.col("ip").n_unique().cast(pl.Int64), n_hosts=pl.col("host").drop_nulls().n_unique().cast(pl.Int64),
         n_clusters=pl.col("cluster_id").n_unique().cast(pl.Int64),
-    ).join(span, on="job_id", how="left").join(period, on="job_id", how="left").with_columns(
+    ).join(span, on="job_id", how="left").join(period, on="job_id", how="left").join(
+        streaming, on="job_id", how="left").with_columns(
         window_id=pl.lit(wid), n_flows=pl.col("n_flows").fill_null(0)).sort("job_id")
     active = jobs.filter(pl.col("n_flows") > 0)["job_id"].implode()
     jobs = jobs.filter(pl.col("job_id").is_in(active))
@@ -193,13 +197,22 @@ def withheld_jobs(steps_all: pl.DataFrame, cfg: FlowConfig) -> dict[str, str]:
     A job whose steps mostly stray from its typical step was not split reliably (its step gaps do
     not stand out: traffic streaming through the whole step). Typical of its level, which may shift
     once (stats.typical_split, on the job's per-step medians: a slowdown's onset is no straying);
-    each address's steps are judged against the level of their side.
+    each address's steps are judged against the level of their side. A job whose period came from
+    its flows' repetition at the step's scale (period.step_scale_period: its largest gaps are
+    inside its steps) has no boundary to split at.
 
     And a job whose steps are not job-wide: every step of a synchronous job involves all its ranks,
     so its median step covers at least half of its addresses. Pieces of one collective are not: a
     job launched late in the window shows one all-reduce, whose ring chunks are evenly spaced and
     each ring's seen on its own addresses only (a 2,048-GPU healthy fleet: 17 ms "steps" of a
     3.7 s job, each on one ring of eight, read as a slowdown)."""
+    out = {}
+    if "streaming_period_ns" in steps_all.columns:
+        for j, per in steps_all.filter(pl.col("streaming_period_ns").is_not_null()).group_by("job_id").agg(
+                pl.col("streaming_period_ns").first()).iter_rows():
+            out[j] = (f"its traffic streams through its steps (no quiet time marks where one ends: an FSDP job's "
+                      f"all-gathers and reduce-scatters); its flows repeat every {per / 1e6:.0f} ms (its step, or one "
+                      f"microbatch of it where the step adds little to that pattern: jobs.repeat_period_ns)")
     d = steps_all.filter("start_observed").with_columns(d=pl.col("end_ns") - pl.col("start_ns"))
     per_step = d.group_by("job_id", "job_step").agg(pl.col("d").median(), n=pl.col("ip").n_unique()).sort("job_id", "job_step")
     cuts = [(j, st[k] if k else None) for j, st, x in per_step.group_by("job_id", maintain_order=True).agg(
@@ -208,8 +221,8 @@ def withheld_jobs(steps_all: pl.DataFrame, cfg: FlowConfig) -> dict[str, str]:
     spread = d.join(cut, on="job_id", how="left").with_columns(seg=(pl.col("job_step") >= pl.col("cut")).fill_null(False)) \
         .with_columns(ref=pl.col("d").median().over("job_id", "seg")).group_by("job_id").agg(
         share=typical(pl.col("d"), pl.col("ref"), cfg.max_rel_spread).mean(), n=pl.len())
-    out = {j: "its step boundaries do not stand out in its flows (most reconstructed steps stray from its typical step)"
-           for j in spread.filter((pl.col("share") < cfg.min_typical) & (pl.col("n") >= 4))["job_id"].to_list()}
+    for j in spread.filter((pl.col("share") < cfg.min_typical) & (pl.col("n") >= 4))["job_id"].to_list():
+        out.setdefault(j, "its step boundaries do not stand out in its flows (most reconstructed steps stray from its typical step)")
     cover = per_step.join(steps_all.group_by("job_id").agg(n_ip=pl.col("ip").n_unique()), on="job_id") \
         .group_by("job_id").agg(cov=(pl.col("n") / pl.col("n_ip")).median(), n=pl.len())
     for j, c in cover.filter((pl.col("cov") < 0.5) & (pl.col("n") >= 4)).select("job_id", "cov").iter_rows():

@@ -7,17 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.flows_accuracy import run_folder
+from tests.flows.recordings import recorded_runs
 
 ROOT = Path(__file__).resolve().parents[1] / "data" / "flow_matrix"
-FOLDERS = sorted(p for p in ROOT.glob("*/*") if (p / "ground_truth").is_dir())
 
 
 @pytest.fixture(scope="module")
 def runs():
-    if len(FOLDERS) < 19:
-        pytest.fail(f"the recorder matrix is incomplete under {ROOT}: {len(FOLDERS)} recordings")
-    return {f"{p.parent.name}/{p.name}": run_folder(p, tail_ns=0) for p in FOLDERS}
+    return recorded_runs(ROOT, 19)
 
 
 def test_every_pair_labelled_right_and_no_label_on_background(runs):

@@ -116,3 +116,57 @@ def test_the_period_of_a_train_of_chunks_on_a_clock_wide_grid_is_a_positive_lag(
     starts, _ = _cadenced(int(1.259e9), 50, offset_ns=400_000_000)
     p = autocorr_period(starts, 20_000_000)
     assert p is not None and p > 20_000_000
+
+
+def _streaming_train(n_steps: int, step_ms: float, units: int, seed: int = 0):
+    """An FSDP-like address: per step an all-gather before each unit's forward (fast rhythm), and
+    one before each unit's backward, each unit's reduce-scatter beside the next one's all-gather
+    (slow rhythm), the last unit's alone, then a short optimizer gap (shorter than a backward
+    unit's, a quiet time shorter than a backward unit's); every step 1.5 % longer or shorter at random. Returns (starts, bytes)."""
+    rng = np.random.default_rng(seed)
+    t, w, now = [], [], 0.0
+    for _ in range(n_steps):
+        d = step_ms * (1 + 0.015 * rng.standard_normal())
+        fwd, bwd = 0.3 * d, 0.6 * d               # and the optimizer 0.1 d
+        for u in range(units):
+            t.append(now + u * fwd / units)
+            w.append(4e6)
+        t.append(now + fwd)                        # the first backward unit's all-gather
+        w.append(4e6)
+        for u in range(units):                     # reduce-scatter u (+ all-gather u + 1)
+            t += [now + fwd + (u + 1) * bwd / units] + ([now + fwd + (u + 1) * bwd / units + 0.5] if u < units - 1 else [])
+            w += [4e6] + ([4e6] if u < units - 1 else [])
+        now += d
+    return np.asarray(t) * MS, np.asarray(w)
+
+
+def test_a_job_streaming_through_its_steps_gets_its_step_period_not_its_units_rhythm():
+    """FSDP-like traffic: the units' all-gathers tile the time more evenly than the steps (whose
+    boundary is no longer quiet than a backward unit), so the gap ladder settles on the units'
+    rhythm; the repetition at the step's own scale gives the step."""
+    from fleetscope.flows.period import step_scale_period
+
+    trains = [_streaming_train(120, 600.0, 6, seed=s) for s in (1, 2)]
+    t, _ = trains[0]
+    g = np.diff(t)
+    p_ladder, _ = gap_ladder(t[1:], g)
+    assert p_ladder < 300 * MS          # the inner rhythm, the premise
+    p = step_scale_period(trains, p_ladder)
+    assert p is not None and abs(p / (600 * MS) - 1) < 0.02, p
+
+
+def test_a_job_whose_ladder_holds_its_steps_keeps_them():
+    """DDP-like traffic (a quiet forward pass, then gradient buckets): nothing at a longer scale
+    repeats; the ladder's period stands."""
+    from fleetscope.flows.period import step_scale_period
+
+    rng = np.random.default_rng(3)
+    t, now = [], 0.0
+    for _ in range(100):
+        d = 800 * (1 + 0.015 * rng.standard_normal())
+        t += [now + 0.4 * d + k * 0.05 * d for k in range(10)]
+        now += d
+    t = np.asarray(t) * MS
+    p_ladder, _ = gap_ladder(t[1:], np.diff(t))
+    assert abs(p_ladder / (800 * MS) - 1) < 0.02
+    assert step_scale_period([(t, np.full(len(t), 4e6))], p_ladder) is None
