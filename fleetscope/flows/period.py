@@ -75,16 +75,18 @@ def autocorr_period(t: np.ndarray, min_lag_ns: int, bin_ns: int | None = None, n
         if abs(r - round(r)) <= 0.1:
             lag = int(c + lo)
             break
-    # refine to sub-bin precision with a parabola through the peak
-    if 1 <= lag < len(ac) - 1:
-        y0, y1, y2 = ac[lag - 1], ac[lag], ac[lag + 1]
-        den = y0 - 2 * y1 + y2
-        # (the lag was picked on the smoothed autocorrelation: where the raw one has no peak at it, the
-        # parabola's vertex may lie anywhere, even at a negative lag; it refines within half a bin)
-        off = float(np.clip(0.5 * (y0 - y2) / den, -0.5, 0.5)) if den < 0 else 0.0
-    else:
-        off = 0.0
+    # refine to sub-bin precision with a parabola through the peak (the lag was picked on the
+    # smoothed autocorrelation: where the raw one has no peak at it, _vertex keeps within half a bin)
+    off = _vertex(ac, lag) if 1 <= lag < len(ac) - 1 else 0.0
     return float((lag + off) * b)
+
+
+def _vertex(y: np.ndarray, i: int) -> float:
+    """The offset (bins, within half a bin) of the vertex of the parabola through y[i-1..i+1]
+    from i; 0 where the three points do not bend down (no peak to refine)."""
+    y0, y1, y2 = y[i - 1], y[i], y[i + 1]
+    den = y0 - 2 * y1 + y2
+    return float(np.clip(0.5 * (y0 - y2) / den, -0.5, 0.5)) if den < 0 else 0.0
 
 
 def _regime_ratio(sp: np.ndarray, far: float = 1.5, spread: float = 0.25, min_run: int = 5,
@@ -189,9 +191,9 @@ def step_warp(tb: np.ndarray) -> tuple[np.ndarray, np.ndarray, float, float]:
     return tb.astype(np.float64), u, float(ref[0]), float(ref[-1])
 
 
-def _byte_spectrum(trains: list[tuple[np.ndarray, np.ndarray]], bin_ns: float) -> tuple[np.ndarray, float, int, float]:
+def _byte_spectrum(trains: list[tuple[np.ndarray, np.ndarray]], bin_ns: float) -> tuple[np.ndarray, float, float]:
     """Summed power spectrum of the trains' byte rates (bins of bin_ns, mean removed): (power,
-    frequency step in cycles per ns, FFT length, span in ns)."""
+    frequency step in cycles per ns, span in ns)."""
     t0 = min(int(t.min()) for t, _ in trains)
     span = float(max(int(t.max()) for t, _ in trains) - t0)
     n = int(span // bin_ns) + 1
@@ -202,7 +204,7 @@ def _byte_spectrum(trains: list[tuple[np.ndarray, np.ndarray]], bin_ns: float) -
         X = np.fft.rfft(x, nfft)
         pw += X.real ** 2 + X.imag ** 2
     pw[0] = 0.0
-    return pw, 1.0 / (nfft * bin_ns), nfft, span
+    return pw, 1.0 / (nfft * bin_ns), span
 
 
 def _scale_peaks(pw: np.ndarray, df: float, span: float, s: float, ratio: float) -> list[tuple[float, float]]:
@@ -226,14 +228,8 @@ def _scale_peaks(pw: np.ndarray, df: float, span: float, s: float, ratio: float)
     # each lag as a share of the overlap it has (fewer repetitions at longer lags)
     r = ac[: m // 2][ok] / ac[0] / np.maximum(1 - lag[ok] / span, 1e-3)
     idx = np.flatnonzero((lag[ok] >= s / np.sqrt(ratio)) & (lag[ok] < s * np.sqrt(ratio)))
-    out = []
-    for i in idx[(idx > 0) & (idx < len(r) - 1)]:
-        if r[i] >= r[i - 1] and r[i] >= r[i + 1]:
-            y0, y1, y2 = r[i - 1], r[i], r[i + 1]
-            den = y0 - 2 * y1 + y2
-            off = float(np.clip(0.5 * (y0 - y2) / den, -0.5, 0.5)) if den < 0 else 0.0
-            out.append(((i + off) * dl, float(y1)))
-    return out
+    return [((i + _vertex(r, i)) * dl, float(r[i])) for i in idx[(idx > 0) & (idx < len(r) - 1)]
+            if r[i] >= r[i - 1] and r[i] >= r[i + 1]]
 
 
 def step_scale_period(trains: list[tuple[np.ndarray, np.ndarray]], p: float, near: float = 0.95,
@@ -250,7 +246,7 @@ def step_scale_period(trains: list[tuple[np.ndarray, np.ndarray]], p: float, nea
     span = max(float(t.max()) for t, _ in trains) - min(float(t.min()) for t, _ in trains)
     if p <= 0 or span < 2 * min_reps * p:
         return None
-    pw, df, _, span = _byte_spectrum(trains, max(p / 16, span / (1 << 17)))
+    pw, df, span = _byte_spectrum(trains, max(p / 16, span / (1 << 17)))
     ratio = 1.5
     peaks, s = [], p / 1.2
     while s <= span / min_reps * np.sqrt(ratio):
@@ -295,10 +291,8 @@ def _refine_period(pw: np.ndarray, df: float, span: float, P0: float) -> float:
         if a < 1 or z >= len(ac) - 1:
             break
         i = a + int(np.argmax(ac[a:z]))
-        y0, y1, y2 = ac[i - 1], ac[i], ac[i + 1]
-        den = y0 - 2 * y1 + y2
         js.append(j)
-        ls.append((i + (float(np.clip(0.5 * (y0 - y2) / den, -0.5, 0.5)) if den < 0 else 0.0)) * dl)
+        ls.append((i + _vertex(ac, i)) * dl)
     if not js:
         return float(P0)
     j, at = np.asarray(js, dtype=np.float64), np.asarray(ls)
