@@ -780,7 +780,8 @@ def paced_by(flows: pl.DataFrame, own: pl.DataFrame, key: list[str]) -> pl.DataF
 
 
 def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: FlowConfig,
-                 exclude: set[str] | None = None, cand: pl.DataFrame | None = None) -> pl.DataFrame:
+                 exclude: set[str] | None = None, cand: pl.DataFrame | None = None,
+                 witnesses: pl.DataFrame | None = None) -> pl.DataFrame:
     """A link that flaps stalls the few flows crossing it while it is down, many times their peers'
     duration, in episodes scattered over the window; no typical flow of it is slow. Per candidate
     (NIC or switch): its stalled flows (rate below stall_ratio of their peers') against the number
@@ -790,9 +791,16 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     stalled flows holding most of what it carried, longer than its usual gap between flows), or
     scattered stalls (a second apart) on two pairs or on one pair's transfers of two sizes. The most
     specific candidate explains the others: the NIC whose stalls involve several peers, not each peer;
-    a NIC whose stalls are all with one peer is named with that peer (alts)."""
+    a NIC whose stalls are all with one peer is named with that peer (alts).
+
+    A ring moves at its slowest hop's pace: every hop of a ring through a down link stalls with it, and
+    its members are equal on the ring's flows. What else crossed each of them while the ring stalled
+    tells them apart (witnesses: held_witnesses' probes, monitoring and storage transfers held far
+    beyond their own pair's usual time); a named cause explains its rings' stalls at those moments, and
+    members it leaves with no evidence of their own are its equals (alts), not causes of their own."""
     empty = pl.DataFrame(schema={"kind": pl.Utf8, "cand": pl.Utf8, "k": pl.Int64, "lam": pl.Float64,
-                                 "episodes": pl.Int64, "s": pl.Int64, "e": pl.Int64, "jobs": pl.Utf8, "alts": pl.Utf8})
+                                 "episodes": pl.Int64, "s": pl.Int64, "e": pl.Int64, "jobs": pl.Utf8, "w_held": pl.Int64,
+                                 "alts": pl.Utf8})
     if r.height == 0:
         return empty
     from scipy.stats import poisson
@@ -869,23 +877,34 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
         if agg.height == 0:
             break
         pv = poisson.sf(agg["k"].to_numpy() - 1, agg["lam"].to_numpy())
-        agg = agg.with_columns(pv=pl.Series(pv)).filter(pl.col("pv") <= alpha)
+        agg = _witnessed(agg.with_columns(pv=pl.Series(pv)).filter(pl.col("pv") <= alpha), st, witnesses, cfg.stall_ratio)
         if agg.height == 0:
             break
         # equal evidence (a leaf and the spine on the same stalled paths, the members of one ring): the
+        # one whose other traffic was held while its flows stalled (w_held: a down link holds the probes
+        # and storage reads crossing it; its ring neighbours' moved: 64-GPU seeds 2651, 2654), then the
         # one that held the most of what it carried while its flows stalled (a down element holds all of
         # it: seed 2411's NIC over its leaf), then the one whose own stalled hops were held longest through
         # its episodes (hold: a ring's hops that a down link paces move in short pieces meanwhile, seed
         # 2206), then the one whose stalls are least expected from its other flows
-        best = agg.sort(["episodes", "held", "hold", "peers", "k", "pv", "kind", "cand"],
-                        descending=[True, True, True, True, True, False, False, False], nulls_last=True).row(0, named=True)
+        best = agg.sort(["episodes", "w_held", "held", "hold", "peers", "k", "pv", "kind", "cand"],
+                        descending=[True, True, True, True, True, True, False, False, False], nulls_last=True).row(0, named=True)
         # a NIC whose stalled flows are all with one peer: the other end of that pair shows the same
         # stalls (a two-member group's only pair), named with it (its own other flows, where it has any,
         # already ordered the two)
         other = [a for a in best["ips"] if a != best["cand"]] if best["kind"] == "nic" and len(best["ips"]) == 2 else []
-        out.append({k: best[k] for k in empty.columns if k != "alts"} | {"alts": ",".join(other)})
         mine = remaining.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") == best["cand"]) & pl.col("stall"))
-        remaining = remaining.join(mine.select("fid").unique(), on="fid", how="anti")
+        # it explains its stalled flows and its collectives' other stalled flows while its own stalled
+        # (the ring it paces); a candidate left with none of its own, as strong as it on them and with
+        # no witness of its own, is its equal: said, not named
+        gone = pl.concat([mine.select("fid"), _paced_stalls(mine, remaining)]).unique()
+        left = remaining.filter("stall").join(gone, on="fid", how="anti").select("kind", "cand").unique()
+        ties = agg.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") != best["cand"])
+                          & (pl.col("episodes") == best["episodes"]) & (pl.col("w_held") == best["w_held"])) \
+            .join(left, on=["kind", "cand"], how="anti")["cand"].sort().to_list()
+        other = other + [c for c in ties if c not in other]
+        out.append({k: best[k] for k in empty.columns if k != "alts"} | {"alts": ",".join(other)})
+        remaining = remaining.join(gone, on="fid", how="anti")
     return pl.DataFrame(out, schema=empty.schema) if out else empty
 
 
@@ -903,6 +922,51 @@ def _paced_with(x: pl.DataFrame, fl: pl.DataFrame) -> pl.DataFrame:
     # (its own flows are counted as its own)
     hit = hit.join(x.select("kind", "cand", "fid"), on=["kind", "cand", "fid"], how="anti")
     return hit.group_by("kind", "cand", "job_id").agg(n_p=pl.len(), k_p=pl.col("stall").sum())
+
+
+def _paced_stalls(mine: pl.DataFrame, x: pl.DataFrame) -> pl.DataFrame:
+    """fid: the stalled flows of x in the collectives (unit) of `mine` (a cause's stalled flows) that
+    overlap one of its stalled spans there: the hops its outage paced."""
+    sp = mine.select("unit", s="start_ns", e="end_ns").drop_nulls("unit").unique()
+    return x.filter("stall").select("fid", "unit", "start_ns", "end_ns").join(sp, on="unit") \
+        .filter((pl.col("start_ns") < pl.col("e")) & (pl.col("end_ns") > pl.col("s"))).select("fid").unique()
+
+
+def held_witnesses(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
+    """kind, cand, fid, start_ns, end_ns: the records outside the jobs' collectives (probes, monitoring,
+    storage, control: no DP or PP pair) that moved at under stall_ratio of their own directed pair's
+    median rate in the data (min_peer_flows records or more), per element they cross: a link that is
+    down holds every packet crossing it, whatever its size, while the ring neighbours it paces carry
+    their other traffic as usual. Any size: a probe's few bytes, held, take the outage's time. fid
+    numbers the records (one record crosses several elements)."""
+    cols = [c for c in ("start_ns", "end_ns", "bytes", "src_ip", "dst_ip", "path", "pid") if c in flows.columns]
+    f = flows.select(cols).filter(pl.col("end_ns") > pl.col("start_ns"))
+    if "pid" in f.columns and pairs.height:
+        f = f.join(pairs.filter(pl.col("comm_type").is_in(["DP", "PP"])).select("pid"), on="pid", how="anti")
+    x = (pl.col("bytes").cast(pl.Float64) / (pl.col("end_ns") - pl.col("start_ns")).cast(pl.Float64)).log()
+    h = f.with_columns(x=x).filter(
+        (pl.len().over("src_ip", "dst_ip") >= cfg.min_peer_flows)
+        & (pl.col("x") - pl.col("x").median().over("src_ip", "dst_ip") < float(np.log(cfg.stall_ratio))))
+    if "path" not in h.columns:
+        h = h.with_columns(path=pl.lit(None, dtype=pl.List(pl.Utf8)))
+    h = h.with_row_index("fid").with_columns(bin=pl.lit(0))
+    return _candidates(h).join(h.select("fid", "start_ns", "end_ns"), on="fid").select("kind", "cand", "fid", "start_ns", "end_ns")
+
+
+def _witnessed(agg: pl.DataFrame, st: pl.DataFrame, witnesses: pl.DataFrame | None, share: float) -> pl.DataFrame:
+    """agg (kind, cand) with w_held: its held witnesses (held_witnesses) in flight while one of its own
+    flows stalled (st: its stalled flows), each for at least `share` of that stall: held by the
+    same outage, not a probe's jitter (64-GPU seed 2659: a probe of 0.25 ms, ten times its pair's usual
+    time, passing through a spine during a NIC's 763 ms stall tipped the spine over the NIC that
+    flapped: a spine that was down would have held it for as long)."""
+    if witnesses is None or witnesses.height == 0 or agg.height == 0:
+        return agg.with_columns(w_held=pl.lit(0, dtype=pl.UInt32))
+    w = st.select("kind", "cand", s="start_ns", e="end_ns").join(agg.select("kind", "cand"), on=["kind", "cand"]) \
+        .join(witnesses, on=["kind", "cand"]).filter(
+            (pl.col("start_ns") < pl.col("e")) & (pl.col("end_ns") > pl.col("s"))
+            & (pl.col("end_ns") - pl.col("start_ns") >= share * (pl.col("e") - pl.col("s")))) \
+        .group_by("kind", "cand").agg(w_held=pl.col("fid").n_unique())
+    return agg.join(w, on=["kind", "cand"], how="left").with_columns(pl.col("w_held").fill_null(0))
 
 
 def _episodes(st: pl.DataFrame, x: pl.DataFrame | None) -> pl.DataFrame:
@@ -980,7 +1044,8 @@ def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, wind
     causes, st = localize(res, n_jobs, window, cfg, cand=cand, prior=suspects)
     out = []
     named = set(causes["cand"].to_list())
-    stalls = stall_causes(res, n_jobs, window, cfg, exclude=named, cand=cand) if res.height else pl.DataFrame()
+    stalls = stall_causes(res, n_jobs, window, cfg, exclude=named, cand=cand,
+                          witnesses=held_witnesses(flows, pairs, cfg)) if res.height else pl.DataFrame()
     for r in stalls.iter_rows(named=True):
         jobs = r["jobs"].split(",") if r["jobs"] else []
         alts = [a for a in (r["alts"] or "").split(",") if a]
@@ -989,11 +1054,13 @@ def network_verdicts(flows: pl.DataFrame, pairs: pl.DataFrame, n_jobs: int, wind
             detector="flows.link_stalls", scope=scope, subject=r["cand"], job_id=jobs[0] if len(jobs) == 1 else None,
             start_ns=r["s"], end_ns=r["e"], metric="stalled_flows", value=float(r["k"]), baseline=float(r["lam"]),
             severity="warning", team="operations", window_id=wid,
-            evidence=json.dumps({"episodes": r["episodes"], "jobs": jobs, "or_equally": alts}),
+            evidence=json.dumps({"episodes": r["episodes"], "jobs": jobs, "or_equally": alts, "held_witnesses": r["w_held"]}),
             explanation=f"{r['k']} flows through {scope} {r['cand']} stalled (under {cfg.stall_ratio:.0%} of their peers' rate) "
                         f"in {r['episodes']} episodes, where its jobs would stall {r['lam']:.1f}: a flapping link or port"
-                        + (f" (or NIC {', '.join(alts)}: the stalled flows are all between the two, which cannot be told "
-                           "apart; check both)" if alts else "")))
+                        + (f"; {r['w_held']} of its other transfers (probes, storage) were held meanwhile" if r["w_held"] else "")
+                        + (f" (or {'NIC' if scope == 'link' else 'switch'} {', '.join(alts)}: "
+                           f"{'they carry' if len(alts) > 1 else 'it carries'} the same stalled flows, their ring moves at its "
+                           "slowest hop's pace, and nothing else crossing them told them apart; check each)" if alts else "")))
     for r in causes.iter_rows(named=True):
         jobs = r["jobs"].split(",") if r["jobs"] else []
         alts = [a for a in (r["alts"] or "").split(",") if a]

@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 
 from fleetscope.flows import FlowConfig
-from fleetscope.flows.network import stall_causes
+from fleetscope.flows.network import held_witnesses, stall_causes
 
 S = 1_000_000_000
 WINDOW = (0, 60 * S)
@@ -171,3 +171,43 @@ def test_a_two_member_groups_link_that_goes_down_is_named_with_the_other_end():
     got = stall_causes(medians(f), 1, WINDOW, FlowConfig())
     assert got.height == 1 and got["kind"][0] == "nic" and got["cand"][0] == "b", got
     assert got["alts"][0] == "c"
+
+
+def probes(ips: list[str], held: dict[str, tuple[tuple[float, float], ...]]) -> pl.DataFrame:
+    """Raw records of a prober p: a 4 KB probe to and from each NIC every second, 20 us each; a probe
+    to a NIC whose link is down over a span is held until the link is back."""
+    rows = []
+    for ip in ips:
+        for t in np.arange(0.3, 60, 1.0):
+            end = t + 20e-6
+            for a, b in held.get(ip, ()):
+                if a <= t < b:
+                    end = b
+            rows += [("p", ip, int(t * S), int(end * S), 4096, None), (ip, "p", int(t * S), int(end * S), 4096, None)]
+    return pl.DataFrame(rows, schema={"src_ip": pl.Utf8, "dst_ip": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64,
+                                      "bytes": pl.Int64, "path": pl.List(pl.Utf8)}, orient="row")
+
+
+def test_a_ring_stalling_as_a_whole_names_the_member_whose_other_traffic_was_held_and_no_neighbour():
+    """A four-member ring a -> b -> c -> d -> a moves at its slowest hop's pace: while b's link is down,
+    every hop of the ring stalls with it (the simulator lumps the outage into the ring's collective; 64-GPU
+    seeds 2651, 2654 named b's two neighbours, each a verdict of its own). The probes crossing b were held
+    through its outages; those crossing a, c and d moved. Without any such witness the ring's elements
+    are equal: one is named with its equals as alternatives, and no second verdict is raised for the
+    same stalls."""
+    ring = flows(RING).with_columns(unit=pl.lit("dp:job-1/0"))
+    spans = ((10, 11), (25, 26), (40, 41))
+    f = stall(ring, down(*spans))
+    f = f.with_columns(end_ns=pl.when(down(*spans)).then(pl.col("start_ns") + S).otherwise("end_ns"))
+    wit = held_witnesses(probes(["a", "b", "c", "d"], {"b": spans}), pl.DataFrame(), FlowConfig())
+    assert set(wit["cand"].to_list()) == {"b", "p"}
+    got = stall_causes(medians(f), 1, WINDOW, FlowConfig(), witnesses=wit)
+    assert got.select("kind", "cand").rows() == [("nic", "b")] and got["alts"][0] == "", got
+    blind = stall_causes(medians(f), 1, WINDOW, FlowConfig())
+    assert blind.height == 1 and len(blind["alts"][0].split(",")) >= 2, blind
+    # a probe through a that took ten times its usual 20 us during an outage moved (0.2 ms of a 1 s
+    # stall): a was up, and it tips nothing (64-GPU seed 2659: such a probe named a spine)
+    jitter = pl.DataFrame({"kind": ["nic"], "cand": ["a"], "fid": [10**6], "start_ns": [int(25.5 * S)],
+                           "end_ns": [int(25.5 * S) + 200_000]}, schema=wit.schema)
+    tipped = stall_causes(medians(f), 1, WINDOW, FlowConfig(), witnesses=jitter)
+    assert tipped.select("cand", "alts").rows() == blind.select("cand", "alts").rows()
