@@ -126,7 +126,7 @@ def flow_verdicts(tables: dict[str, pl.DataFrame], flows: pl.DataFrame, topology
         rows += nic_overload_rows(flows, pairs, topology, win, window_id)
     impact = (lambda c, job: network_impact(c, job, flows, pairs, st)) if pairs.height and st.height else None
     feeds = (lambda c, ips: inputs_cross(c, ips, flows, pairs)) if pairs.height else None
-    return make_verdicts(explain_symptoms(explain_late_ranks(rows, impact, feeds)))
+    return make_verdicts(explain_symptoms(explain_late_ranks(rows, impact, feeds, resolution_ns=cfg.diag_bin_ns)))
 
 
 def inputs_cross(c: dict, ips: set, flows: pl.DataFrame, pairs: pl.DataFrame) -> bool:
@@ -155,7 +155,7 @@ def network_impact(c: dict, job: str, flows: pl.DataFrame, pairs: pl.DataFrame, 
     return float(extra) / max(n, 1)
 
 
-def explain_late_ranks(rows: list[dict], impact=None, feeds=None) -> list[dict]:
+def explain_late_ranks(rows: list[dict], impact=None, feeds=None, resolution_ns: int | None = None) -> list[dict]:
     """Late ranks against the NIC and switch findings of their job at the same time: the one that
     costs the job's steps less is the other's symptom (info, pointing at it; a finding that slowed
     other jobs too stays a cause of its own). A rank that computes
@@ -166,7 +166,28 @@ def explain_late_ranks(rows: list[dict], impact=None, feeds=None) -> list[dict]:
     activations the switch delays, microbatch after microbatch, which the lag (measured from when the
     inputs start) counts as its own. impact(c, job): the finding's cost per step (network_impact);
     unknown (a stall finding, no flows): the late rank yields. feeds(c, ips): whether the rank's
-    pipeline inputs cross switch c (inputs_cross)."""
+    pipeline inputs cross switch c (inputs_cross).
+
+    A cause comes before its effect: a rank late from steps before a rate finding began (by more than
+    the finding's time resolution, resolution_ns: its bins) did not become late through it, and a rate
+    finding that began after the rank was late is not the rank's waiting either; both stay causes
+    (64-GPU seed 2643: a straggler late from the window's start, a congested leaf flagged 30 s later;
+    the leaf's summed extra transfer time, 1.5 s per step, made the straggler its symptom). Only rate
+    findings whose onsets fall together are weighed against each other. Stalls and switches the rank's
+    inputs cross are not timed so: a stall finding starts at its first stall, and a congested spine
+    under a real pipeline made a rank late before its first stall (the recording pp2dp2+dp2-congested
+    of flow_faults/seed9).
+
+    A job whose traffic is funnelled through one NIC per host (a loud NIC-overload finding) queues its
+    ranks' sends on that NIC: some of them leave a few ms after their DP peers' every step, however fast
+    the GPUs compute (64-GPU seed 2664: three ranks of such a job "late" by 0.9-3.9 ms, at z in the
+    thousands). Its late ranks are the funnel's symptoms."""
+    funnel = {r["job_id"]: r for r in rows if r["detector"] == NIC_OVERLOAD and r["severity"] != "info" and r.get("job_id")}
+    for r in rows:
+        if r["detector"] == "flows.late_rank" and r["severity"] != "info" and r.get("job_id") in funnel:
+            r["severity"] = "info"
+            r["explanation"] += (f" (job {r['job_id']} sends through one NIC per host: its ranks' sends queue there, and "
+                                 "that may be the wait)")
     net = [r for r in rows if r["scope"] in ("link", "switch") and r["severity"] != "info"
            and r["detector"] != "flows.late_rank"]
 
@@ -181,6 +202,8 @@ def explain_late_ranks(rows: list[dict], impact=None, feeds=None) -> list[dict]:
                 continue
             cost = impact(c, r["job_id"]) if impact is not None else None
             fed = feeds is not None and feeds(c, ips)
+            if cost is not None and not fed and resolution_ns is not None and abs(r["start_ns"] - c["start_ns"]) > resolution_ns:
+                continue
             if cost is not None and r["value"] > cost and not fed:
                 # ... for the late rank's job only: a finding that slowed another job too has that job's
                 # slowdown as evidence of its own (demo seed 613: a congested leaf under two jobs, one with

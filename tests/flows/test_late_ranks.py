@@ -277,3 +277,32 @@ def test_a_pipeline_stage_late_by_one_microbatch_whose_steps_slow_by_all_of_them
     lag = np.where(k >= 20, 5e6, 0.0)
     assert _flagged(_series(lag, sd=3e5, jitter=20e6, slower=np.where(k >= 20, 70e6, 0.0))) == ["a"]
     assert _flagged(_series(lag, sd=3e5, jitter=20e6, waits=False)) == []
+
+
+def test_late_ranks_of_a_job_funnelled_through_one_nic_per_host_are_its_symptoms():
+    """64-GPU seed 2664's shape: a job sending all its traffic through one NIC per host (a loud NIC-overload
+    finding) has ranks whose sends queue behind their host-mates' on that NIC, a few ms after their DP
+    peers' every step: the funnel explains them (info); another job's late rank keeps its warning."""
+    def late(ip, job):
+        return dict(detector="flows.late_rank", scope="gpu", subject=ip, job_id=job, start_ns=0, end_ns=10, severity="warning",
+                    value=3.9e6, explanation="late", evidence=json.dumps({"jobs": [job], "ips": [ip]}))
+    funnel = dict(detector="flows.nic_overload", scope="job", subject="j", job_id="j", start_ns=0, end_ns=10,
+                  severity="warning", value=0.4, explanation="one NIC per host", evidence=json.dumps({"jobs": ["j"]}))
+    rows = explain_late_ranks([late("a", "j"), late("b", "k"), funnel])
+    assert [r["severity"] for r in rows] == ["info", "warning", "warning"] and "one NIC per host" in rows[0]["explanation"]
+
+
+def test_a_late_rank_and_a_slow_switch_with_onsets_apart_are_both_causes():
+    """64-GPU seed 2643's shape: a straggler late by 708 ms per step from the window's start, a congested
+    leaf on its job flagged 30 s later (its summed extra transfer time 1.5 s per step). The rank was late
+    before the leaf slowed anything: neither is the other's symptom. With onsets in the same bin the
+    costlier one is the cause, as before."""
+    S = 1_000_000_000
+    late = dict(detector="flows.late_rank", scope="host", subject="h3", job_id="j", start_ns=0, end_ns=50 * S,
+                severity="warning", value=708e6, explanation="late", evidence=json.dumps({"jobs": ["j"], "ips": ["a"]}))
+    sw = dict(detector="flows.switch_bandwidth", scope="switch", subject="leaf1", job_id=None, start_ns=30 * S, end_ns=58 * S,
+              severity="critical", value=0.3, explanation="slow", evidence=json.dumps({"jobs": ["j"]}))
+    rows = explain_late_ranks([dict(late), dict(sw)], impact=lambda c, job: 1492e6, resolution_ns=10 * S)
+    assert rows[0]["severity"] == "warning" and rows[1]["severity"] == "critical"
+    rows = explain_late_ranks([dict(late), dict(sw, start_ns=5 * S)], impact=lambda c, job: 1492e6, resolution_ns=10 * S)
+    assert rows[0]["severity"] == "info" and rows[1]["severity"] == "critical"
