@@ -206,15 +206,20 @@ def late_ranks(lags: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Fl
     return span.join(best.select(*key, "z"), on=key).with_columns(z_bar=pl.lit(z_bar)).select(list(empty.columns))
 
 
-def late_rank_verdicts(late: pl.DataFrame, pairs: pl.DataFrame, host: dict[str, str], wid: str) -> list[dict]:
+def late_rank_verdicts(late: pl.DataFrame, pairs: pl.DataFrame, host: dict[str, str], wid: str,
+                       known_hosts: set[str] | None = None) -> list[dict]:
     """Late ranks -> verdict rows (flows.late_rank): per host with several late ranks of one job, the
     host; else the GPU address. A late unit with a pipeline neighbour later by more of its own is that
-    neighbour's symptom (info). host: address -> host name (topology)."""
+    neighbour's symptom (info). host: address -> host name (topology); known_hosts: hosts an earlier
+    window named: one late rank of such a host is that host's finding going on (the GPUs of a
+    tensor-parallel group wait on the slow one together; a window where only one of them passes the bar
+    named that GPU, a healthy one, on its own: demo seed 752)."""
     if late.height == 0:
         return []
     late = late.with_columns(host=pl.col("ip").replace_strict(host, default=None, return_dtype=pl.Utf8))
     # units: a host's late ranks of one job together, a rank with no known host alone
-    late = late.with_columns(unit=pl.when(pl.col("host").is_not_null() & (pl.len().over("job_id", "host") >= 2))
+    late = late.with_columns(unit=pl.when(pl.col("host").is_not_null() & (
+        (pl.len().over("job_id", "host") >= 2) | pl.col("host").is_in(list(known_hosts or ()))))
                              .then(pl.concat_str(pl.lit("host:"), "host")).otherwise(pl.concat_str(pl.lit("ip:"), "ip")))
     units = late.group_by("job_id", "unit").agg(ips=pl.col("ip").sort(), lag=pl.col("lag").median(), n=pl.col("n").min(),
                                                z=pl.col("z").min(), z_bar=pl.col("z_bar").max(), s=pl.col("s").min(),
@@ -263,4 +268,5 @@ def late_rank_rows(steps: pl.DataFrame, ipf: pl.DataFrame, pairs: pl.DataFrame, 
     host = dict(zip(topology["ip"].to_list(), topology["host"].to_list())) if topology is not None and topology.height else {}
     lags = rank_lags(steps, ipf, pairs, cfg.min_data_bytes)
     known = {ip for ip in lags["ip"].unique().to_list() if ip in (suspects or ()) or host.get(ip) in (suspects or ())}
-    return late_rank_verdicts(late_ranks(lags, n_jobs, window, cfg, known=known), pairs, host, wid)
+    return late_rank_verdicts(late_ranks(lags, n_jobs, window, cfg, known=known), pairs, host, wid,
+                              known_hosts=set(host.values()) & set(suspects or ()))

@@ -306,3 +306,18 @@ def test_a_late_rank_and_a_slow_switch_with_onsets_apart_are_both_causes():
     assert rows[0]["severity"] == "warning" and rows[1]["severity"] == "critical"
     rows = explain_late_ranks([dict(late), dict(sw, start_ns=5 * S)], impact=lambda c, job: 1492e6, resolution_ns=10 * S)
     assert rows[0]["severity"] == "info" and rows[1]["severity"] == "critical"
+
+
+def test_one_late_rank_of_a_host_an_earlier_window_named_is_that_hosts_finding():
+    """Demo seed 752's shape: a slow GPU holds back its tensor-parallel group; the first window found two
+    of the host's ranks late and named the host, the next found only one over the bar and named that GPU
+    (a healthy one) on its own. With the host named before, the one rank continues the host's finding;
+    a host never named keeps naming its one late GPU."""
+    late = pl.DataFrame({"job_id": ["j"], "ip": ["10.0.3.5"], "g": [4], "n": [30], "lag": [137e6], "z": [377.0],
+                         "z_bar": [5.4], "s": [0], "e": [10], "p": [508e6]})
+    pairs = pl.DataFrame(schema={"ip_a": pl.Utf8, "ip_b": pl.Utf8, "comm_type": pl.Utf8})
+    host = {"10.0.3.5": "h0003", "10.0.3.6": "h0003"}
+    v = late_rank_verdicts(late, pairs, host, "w2", known_hosts={"h0003"})
+    assert [(r["scope"], r["subject"]) for r in v] == [("host", "h0003")]
+    v = late_rank_verdicts(late, pairs, host, "w2")
+    assert [(r["scope"], r["subject"]) for r in v] == [("gpu", "10.0.3.5")]
