@@ -856,15 +856,20 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
         # ... nor move in its stalled flows' collectives while those stalled (a ring moves at its slowest
         # hop's pace: the other hops of a ring through a down link stall with it, and are no evidence of
         # how often the job stalls anyway: 64-GPU seed 2206's three-member ring)
+        # ... per size class of transfer: a kind of message that waits on its collective's slowest member
+        # stalls in every group of the job alike (healthy 64-GPU seed 2636: a fifth of two groups' 1 MB
+        # transfers at a thirtieth of their rate, every step), and a link carrying one such group is
+        # judged by that class's rate, not by the job's all-sizes rate (a leaf "flapping" at 55 stalls
+        # against 4.3)
         fl = remaining.unique("fid")
-        tot = fl.group_by("job_id").agg(n_j=pl.len(), k_j=pl.col("stall").sum())
-        jc = ["kind", "cand", "job_id"]
+        tot = fl.group_by("job_id", "size").agg(n_j=pl.len(), k_j=pl.col("stall").sum())
+        jc = ["kind", "cand", "job_id", "size"]
         paced = _paced_with(remaining, fl)
         lam = remaining.group_by(jc).agg(n_c=pl.len(), k_c=pl.col("stall").sum()) \
             .join(paced, on=jc, how="left", nulls_equal=True) \
             .with_columns(pl.col("n_p", "k_p").fill_null(0)).with_columns(
             n_x=pl.col("n_c") + pl.col("n_p"), k_x=pl.col("k_c") + pl.col("k_p")) \
-            .join(tot, on="job_id", nulls_equal=True).with_columns(
+            .join(tot, on=["job_id", "size"], nulls_equal=True).with_columns(
             p0=((pl.col("k_j") - pl.col("k_x")) / (pl.col("n_j") - pl.col("n_x")).clip(lower_bound=1)).clip(1e-5, 0.5)) \
             .group_by("kind", "cand").agg(lam=(pl.col("n_c") * pl.col("p0")).sum())
         # (outages that held what the candidate carried count on their own; scattered stalls only where
@@ -909,7 +914,7 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
 
 
 def _paced_with(x: pl.DataFrame, fl: pl.DataFrame) -> pl.DataFrame:
-    """kind, cand, job_id, n_p, k_p: per candidate (x: every flow of every candidate, with stall and
+    """kind, cand, job_id, size, n_p, k_p: per candidate (x: every flow of every candidate, with stall and
     unit), the flows (fl: one row per flow) it does not carry that moved in the collective (unit) of
     one of its stalled flows while that stalled, and how many of them stalled. Its stalled spans are
     merged per collective first (few intervals), then matched by time."""
@@ -917,11 +922,12 @@ def _paced_with(x: pl.DataFrame, fl: pl.DataFrame) -> pl.DataFrame:
     sp = x.filter("stall").select(*g, "start_ns", "end_ns").sort(*g, "start_ns").with_columns(
         iv=(pl.col("start_ns") > pl.col("end_ns").cum_max().shift(1).over(g)).fill_null(True).cum_sum().over(g)) \
         .group_by(*g, "iv").agg(s=pl.col("start_ns").min(), e=pl.col("end_ns").max())
-    hit = sp.join(fl.select("fid", "unit", "job_id", "stall", "start_ns", "end_ns"), on="unit") \
-        .filter((pl.col("start_ns") < pl.col("e")) & (pl.col("end_ns") > pl.col("s"))).select("kind", "cand", "fid", "job_id", "stall").unique()
+    hit = sp.join(fl.select("fid", "unit", "job_id", "size", "stall", "start_ns", "end_ns"), on="unit") \
+        .filter((pl.col("start_ns") < pl.col("e")) & (pl.col("end_ns") > pl.col("s"))) \
+        .select("kind", "cand", "fid", "job_id", "size", "stall").unique()
     # (its own flows are counted as its own)
     hit = hit.join(x.select("kind", "cand", "fid"), on=["kind", "cand", "fid"], how="anti")
-    return hit.group_by("kind", "cand", "job_id").agg(n_p=pl.len(), k_p=pl.col("stall").sum())
+    return hit.group_by("kind", "cand", "job_id", "size").agg(n_p=pl.len(), k_p=pl.col("stall").sum())
 
 
 def _paced_stalls(mine: pl.DataFrame, x: pl.DataFrame) -> pl.DataFrame:

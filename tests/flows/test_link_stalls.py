@@ -211,3 +211,23 @@ def test_a_ring_stalling_as_a_whole_names_the_member_whose_other_traffic_was_hel
                            "end_ns": [int(25.5 * S) + 200_000]}, schema=wit.schema)
     tipped = stall_causes(medians(f), 1, WINDOW, FlowConfig(), witnesses=jitter)
     assert tipped.select("cand", "alts").rows() == blind.select("cand", "alts").rows()
+
+
+def test_a_kind_of_message_that_stalls_in_every_group_of_the_job_is_no_link():
+    """Healthy 64-GPU seed 2636's shape: a fifth of the job's 1 MB transfers wait on their collective's
+    slowest member and read as stalled, in every DP group alike, while its many larger transfers move.
+    Ring c -> d -> e -> c crosses leaf2; the job's other group (a <-> b on leaf1) moves far more large
+    transfers. Against the job's stall rate over all sizes the leaf "flapped" (20 stalls against ~2);
+    against the same class's rate in the job it stalls as often as the rest. The same class stalling
+    only on the ring is a link again."""
+    ring = {("c", "d"): 0.3, ("d", "e"): 0.3, ("e", "c"): 0.3}
+    other = {("a", "b"): 0.3, ("b", "a"): 0.3}
+    small = pl.concat([flows(ring).with_columns(unit=pl.lit("dp:job-1/0")),
+                       flows(other, seed=1).with_columns(fid=pl.col("fid") + 100_000, unit=pl.lit("dp:job-1/1"))])
+    big = pl.concat([flows({("c", "d"): 1.0}, seed=2).with_columns(fid=pl.col("fid") + 200_000, unit=pl.lit("dp:job-1/0")),
+                     flows({("a", "b"): 0.02, ("b", "a"): 0.02}, seed=3).with_columns(fid=pl.col("fid") + 300_000,
+                                                                                    unit=pl.lit("dp:job-1/1"))])
+    f = pl.concat([small, big.with_columns(size=pl.lit(24, dtype=pl.Int32))])
+    every_fifth = (pl.col("size") == 20) & (pl.col("fid") % 5 == 0)
+    assert named(stall(f, every_fifth)) == []
+    assert named(stall(f, every_fifth & (pl.col("fid") < 100_000))) != []
