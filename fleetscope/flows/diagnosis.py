@@ -182,7 +182,7 @@ def explain_late_ranks(rows: list[dict], impact=None, feeds=None, resolution_ns:
     ranks' sends on that NIC: some of them leave a few ms after their DP peers' every step, however fast
     the GPUs compute (64-GPU seed 2664: three ranks of such a job "late" by 0.9-3.9 ms, at z in the
     thousands). Its late ranks are the funnel's symptoms."""
-    funnel = {r["job_id"]: r for r in rows if r["detector"] == NIC_OVERLOAD and r["severity"] != "info" and r.get("job_id")}
+    funnel = {r["job_id"] for r in rows if r["detector"] == NIC_OVERLOAD and r["severity"] != "info" and r.get("job_id")}
     for r in rows:
         if r["detector"] == "flows.late_rank" and r["severity"] != "info" and r.get("job_id") in funnel:
             r["severity"] = "info"

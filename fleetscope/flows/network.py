@@ -902,7 +902,7 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
         # it explains its stalled flows and its collectives' other stalled flows while its own stalled
         # (the ring it paces); a candidate left with none of its own, as strong as it on them and with
         # no witness of its own, is its equal: said, not named
-        gone = pl.concat([mine.select("fid"), _paced_stalls(mine, remaining)]).unique()
+        gone = pl.concat([mine.select("fid"), _paced_flows(mine, remaining.unique("fid")).filter("stall").select("fid")]).unique()
         left = remaining.filter("stall").join(gone, on="fid", how="anti").select("kind", "cand").unique()
         ties = agg.filter((pl.col("kind") == best["kind"]) & (pl.col("cand") != best["cand"])
                           & (pl.col("episodes") == best["episodes"]) & (pl.col("w_held") == best["w_held"])) \
@@ -913,11 +913,11 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
     return pl.DataFrame(out, schema=empty.schema) if out else empty
 
 
-def _paced_with(x: pl.DataFrame, fl: pl.DataFrame) -> pl.DataFrame:
-    """kind, cand, job_id, size, n_p, k_p: per candidate (x: every flow of every candidate, with stall and
-    unit), the flows (fl: one row per flow) it does not carry that moved in the collective (unit) of
-    one of its stalled flows while that stalled, and how many of them stalled. Its stalled spans are
-    merged per collective first (few intervals), then matched by time."""
+def _paced_flows(x: pl.DataFrame, fl: pl.DataFrame) -> pl.DataFrame:
+    """kind, cand, fid, job_id, size, stall: per candidate (x: its flows, with stall and unit), the
+    flows (fl: one row per flow) it does not carry that moved in the collective (unit) of one of its
+    stalled flows while that stalled. Its stalled spans are merged per collective first (few
+    intervals), then matched by time."""
     g = ["kind", "cand", "unit"]
     sp = x.filter("stall").select(*g, "start_ns", "end_ns").sort(*g, "start_ns").with_columns(
         iv=(pl.col("start_ns") > pl.col("end_ns").cum_max().shift(1).over(g)).fill_null(True).cum_sum().over(g)) \
@@ -926,16 +926,13 @@ def _paced_with(x: pl.DataFrame, fl: pl.DataFrame) -> pl.DataFrame:
         .filter((pl.col("start_ns") < pl.col("e")) & (pl.col("end_ns") > pl.col("s"))) \
         .select("kind", "cand", "fid", "job_id", "size", "stall").unique()
     # (its own flows are counted as its own)
-    hit = hit.join(x.select("kind", "cand", "fid"), on=["kind", "cand", "fid"], how="anti")
-    return hit.group_by("kind", "cand", "job_id", "size").agg(n_p=pl.len(), k_p=pl.col("stall").sum())
+    return hit.join(x.select("kind", "cand", "fid"), on=["kind", "cand", "fid"], how="anti")
 
 
-def _paced_stalls(mine: pl.DataFrame, x: pl.DataFrame) -> pl.DataFrame:
-    """fid: the stalled flows of x in the collectives (unit) of `mine` (a cause's stalled flows) that
-    overlap one of its stalled spans there: the hops its outage paced."""
-    sp = mine.select("unit", s="start_ns", e="end_ns").drop_nulls("unit").unique()
-    return x.filter("stall").select("fid", "unit", "start_ns", "end_ns").join(sp, on="unit") \
-        .filter((pl.col("start_ns") < pl.col("e")) & (pl.col("end_ns") > pl.col("s"))).select("fid").unique()
+def _paced_with(x: pl.DataFrame, fl: pl.DataFrame) -> pl.DataFrame:
+    """kind, cand, job_id, size, n_p, k_p: per candidate (x: every flow of every candidate), how many
+    flows its stalls paced (_paced_flows), and how many of them stalled."""
+    return _paced_flows(x, fl).group_by("kind", "cand", "job_id", "size").agg(n_p=pl.len(), k_p=pl.col("stall").sum())
 
 
 def held_witnesses(flows: pl.DataFrame, pairs: pl.DataFrame, cfg: FlowConfig) -> pl.DataFrame:
