@@ -124,8 +124,13 @@ def job_health(st_all: pl.DataFrame, ipf_all: pl.DataFrame, bg_ip: pl.DataFrame,
                          .reverse().over("job_id").cast(pl.Boolean))
     js = js.with_columns(run=(pl.col("in_run") != pl.col("in_run").shift(1)).fill_null(True).cum_sum().over("job_id"))
     rows: list[dict] = []
+    # A window speaks for the steps it claims: the margin's steps were judged by the window that
+    # claimed them, against its own level. A rolling median reaches L - 1 steps back into the margin,
+    # so a run's slowness is its claimed steps' (2,048-GPU healthy fleet, seed 1001: a run of margin
+    # steps that the window before had judged typical, flagged +10 % against the faster level this
+    # window's split found, while the window's own steps of the run were at that level)
     runs = js.filter("in_run").group_by("job_id", "run").agg(
-        dur=pl.col("dur").median(), base=pl.col("base").first(), s=pl.col("s").min(), e=pl.col("e").max(),
+        dur=pl.col("dur").filter("claimed").median(), base=pl.col("base").first(), s=pl.col("s").min(), e=pl.col("e").max(),
         n=pl.len(), first=pl.col("job_step").min(), last=pl.col("job_step").max(),
         zmax=((pl.col("roll") - pl.col("roll_base")) / pl.col("roll_scale")).max()).sort("job_id", "s")
     # the run's own steps must be slow too (an alternation of short and long steps can lift a

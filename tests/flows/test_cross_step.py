@@ -13,14 +13,16 @@ GRAD = 64 << 20
 IPS = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4"]
 
 
-def timeline(durations: list[float], units: list[int] | None = None, t0: float = 0.0) -> tuple[pl.DataFrame, pl.DataFrame]:
+def timeline(durations: list[float], units: list[int] | None = None, t0: float = 0.0,
+             margin: int = 0) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Step rows of one 4-rank job (every rank the same step times) and its flows' span. durations in
-    seconds; units: how many steps of gradient traffic each row carries (1 each by default)."""
+    seconds; units: how many steps of gradient traffic each row carries (1 each by default); the first
+    `margin` steps lie in the window's margin (not claimed: the window before judged them)."""
     units = units or [1] * len(durations)
     rows, t = [], t0
     for k, (d, u) in enumerate(zip(durations, units)):
         for ip in IPS:
-            rows.append(("job-1", ip, k, int(t * S), int((t + d) * S), k > 0, True, u * GRAD))
+            rows.append(("job-1", ip, k, int(t * S), int((t + d) * S), k > 0, k >= margin, u * GRAD))
         t += d
     st = pl.DataFrame(rows, schema=["job_id", "ip", "job_step", "start_ns", "end_ns", "start_observed", "claimed", "dp_bytes"],
                       orient="row")
@@ -28,8 +30,8 @@ def timeline(durations: list[float], units: list[int] | None = None, t0: float =
     return st, ipf
 
 
-def warnings(durations, units=None, t0=0.0, data_start=0.0) -> list[dict]:
-    st, ipf = timeline(durations, units, t0)
+def warnings(durations, units=None, t0=0.0, data_start=0.0, margin=0) -> list[dict]:
+    st, ipf = timeline(durations, units, t0, margin)
     end = int(ipf["end_ns"][0])
     bg = pl.DataFrame(schema={"ip": pl.Utf8, "start_ns": pl.Int64, "end_ns": pl.Int64, "bytes": pl.Int64})
     rows, _ = job_health(st, ipf, bg, (int(data_start * S), end + 10 * S), int(t0 * S), end + 10 * S, "w", FlowConfig())
@@ -44,6 +46,18 @@ def test_a_sustained_slowdown_is_a_warning():
     w = warnings(jitter(30) + jitter(12, 1.5) + jitter(30))
     assert [r["detector"] for r in w] == ["flows.cross_step"]
     assert 1.4e9 < w[0]["value"] < 1.6e9 and 0.95e9 < w[0]["baseline"] < 1.05e9
+
+
+def test_slow_steps_of_the_margin_are_not_this_windows_slowdown():
+    """The margin's steps are history: the window before claimed and judged them. Its last steps ran
+    15 % slower and this window's are back at the job's level: a rolling median reaching back into
+    the margin must not report them again, against this window's faster level (2,048-GPU healthy
+    fleet, seed 1001: a warning on steps the window before had found typical)."""
+    assert warnings(jitter(5, 1.15) + jitter(40), margin=5) == []
+    # ... while a slowdown that goes on into the window is this window's
+    w = warnings(jitter(5, 1.15) + jitter(10, 1.15) + jitter(30), margin=5)
+    assert [r["detector"] for r in w] == ["flows.cross_step"]
+    assert 1.1e9 < w[0]["value"] < 1.2e9
 
 
 def test_steps_the_flows_did_not_split_are_not_a_slowdown():
