@@ -83,6 +83,20 @@ def job_health(st_all: pl.DataFrame, ipf_all: pl.DataFrame, bg_ip: pl.DataFrame,
             for k in [level_shift(d.to_numpy(), L, cfg.min_rel_excess)]]
     js = js.join(pl.DataFrame(cuts, schema={"job_id": pl.Utf8, "cut": js.schema["job_step"]}, orient="row"),
                  on="job_id", how="left").with_columns(seg=(pl.col("job_step") >= pl.col("cut")).fill_null(False))
+    # ... and a job launched inside the span that began at its slower level and shifted to the faster
+    # one was warming up until the shift: a fault slows a running job, it does not end where the job
+    # settles (a 384-GPU job launched in the 16,384-GPU healthy fleet's minute, its steps seen as
+    # pieces: the first 12 s of pieces slower than the rest, past the first typical one; thirteen
+    # warnings). Began: its first L steps after the fixed warm-up over the later level by more than a
+    # slowdown's floor (a job that ran at its level first and then slowed is slowed, however long: where
+    # the slow stretch holds most steps, the first typical step is a slow one and the warm-up above
+    # swallows the fast start)
+    after = pl.col("dur").filter(~warm & pl.col("seg")).median().over("job_id")
+    began = pl.col("dur").filter((pl.col("k") >= cfg.warmup_steps) & (pl.col("k") < cfg.warmup_steps + L)) \
+        .median().over("job_id")
+    js = js.with_columns(warm=warm | (pl.col("launched") & ~pl.col("seg")
+                                      & (began > (1 + cfg.min_rel_excess) * after).fill_null(False)))
+    warm = pl.col("warm")
     js = js.with_columns(
         # warm-up steps never enter a rolling median of later steps
         roll=pl.when(~warm).then("dur").rolling_median(L).over("job_id"),

@@ -84,6 +84,21 @@ def test_a_long_warm_up_after_a_launch_is_not_a_slowdown():
     assert warnings(jitter(8, 2.3) + jitter(60), t0=20.0) == []
 
 
+def test_a_launch_whose_first_level_is_its_slower_one_is_warming_up():
+    """Launched 20 s into the data, the job's first dozen steps run 70 % slower than the rest (one of
+    them, early, already typical: steps the flows see as pieces of a longer step vary): the job settles
+    at its faster level, and a fault does not end where a job settles (a 384-GPU job launched inside
+    the 16,384-GPU healthy fleet's minute: thirteen warnings)."""
+    assert warnings([1.7, 1.0] + jitter(12, 1.7) + jitter(40), t0=20.0) == []
+    # ... while a job that slows down after its launch, at its usual level first, is slowed
+    w = warnings([1.7, 1.0] + jitter(20) + jitter(12, 1.7) + jitter(20), t0=20.0)
+    assert [r["detector"] for r in w] == ["flows.cross_step"]
+    # ... even where its slow stretch holds most of the time before it recovers (the level before the
+    # shift is then the slower one: 64-GPU seed 2627's straggler, in a job launched the minute before)
+    w = warnings([1.7, 1.0] + jitter(10) + jitter(40, 1.4) + jitter(20), t0=20.0)
+    assert [r["detector"] for r in w] and {r["detector"] for r in w} == {"flows.cross_step"}
+
+
 def test_steps_long_one_time_in_four_by_chance_are_not_a_slowdown():
     """An uneven split (an FSDP unit's gathers cut a step in two unequal parts): a quarter of the
     job's steps are twice as long, here and there; runs of three long in five occur by chance, and
