@@ -835,7 +835,9 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
         #   only if most of the candidate's flows in flight then stalled and it lasted longer than the
         #   candidate's typical gap between flow starts (a two-member group's small messages, slow all
         #   window beside its fast ones, are each an episode by time: seed 2193's healthy job)
-        st = remaining.filter("stall").sort("start_ns", "end_ns")
+        # (complete orders here and in the sums below: a pair's two ends tie on every count, and float
+        # sums in the order rows happened to arrive named one end or the other from run to run)
+        st = remaining.filter("stall").sort("start_ns", "end_ns", "kind", "cand", "fid")
         apart = pl.col("start_ns").diff().over("kind", "cand").fill_null(1 << 62) > 1_000_000_000
         after = (pl.col("start_ns") > pl.col("end_ns").cum_max().shift(1).over("kind", "cand")).fill_null(True)
         st = _episodes(st.with_columns(ep=apart.cast(pl.Int64)), None).rename({"ep": "ep_apart"}) \
@@ -871,7 +873,7 @@ def stall_causes(r: pl.DataFrame, n_jobs: int, window: tuple[int, int], cfg: Flo
             n_x=pl.col("n_c") + pl.col("n_p"), k_x=pl.col("k_c") + pl.col("k_p")) \
             .join(tot, on=["job_id", "size"], nulls_equal=True).with_columns(
             p0=((pl.col("k_j") - pl.col("k_x")) / (pl.col("n_j") - pl.col("n_x")).clip(lower_bound=1)).clip(1e-5, 0.5)) \
-            .group_by("kind", "cand").agg(lam=(pl.col("n_c") * pl.col("p0")).sum())
+            .sort(jc, nulls_last=True).group_by("kind", "cand", maintain_order=True).agg(lam=(pl.col("n_c") * pl.col("p0")).sum())
         # (outages that held what the candidate carried count on their own; scattered stalls only where
         # they hit two pairs, or one pair's transfers of two sizes or more: a slow or lossy link slows
         # whatever crosses it (the real recordings' shaped host links: one ring hop, every bucket size),
@@ -979,7 +981,7 @@ def _episodes(st: pl.DataFrame, x: pl.DataFrame | None) -> pl.DataFrame:
     rest of the link's traffic moved is that transfer's, not the link's. With x (every flow of every
     candidate), also only on episodes that held the link (_held_share)."""
     grp = ["kind", "cand", "epid", "src_ip", "dst_ip"]
-    st = st.with_columns(epid=pl.col("ep").cum_sum().over("kind", "cand")).sort(*grp, "start_ns").with_columns(
+    st = st.with_columns(epid=pl.col("ep").cum_sum().over("kind", "cand")).sort(*grp, "start_ns", "end_ns", "fid").with_columns(
         new=(pl.col("start_ns") > pl.col("end_ns").cum_max().shift(1).over(grp)).fill_null(True))
     keep = pl.col("new").sum().over("kind", "cand", "epid") >= 2
     if x is not None:
@@ -993,7 +995,7 @@ def _episodes(st: pl.DataFrame, x: pl.DataFrame | None) -> pl.DataFrame:
         st = st.with_columns(cov=pl.when(keep).then((pl.col("end_ns") - pl.col("start_ns")).max().over(grp) / span),
                              hop_first=pl.int_range(pl.len()).over(grp) == 0)
     return st.with_columns(ep=pl.when(keep).then("ep").otherwise(0)).drop("epid", "new", "long", strict=False) \
-        .sort("start_ns", "end_ns")
+        .sort("start_ns", "end_ns", "kind", "cand", "fid")
 
 
 def _held_share(st: pl.DataFrame, x: pl.DataFrame) -> pl.DataFrame:
